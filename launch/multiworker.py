@@ -1,0 +1,312 @@
+"""``python -m launch.multiworker``: a local multi-worker group, or a cluster's configs.
+
+Local group (every task on this machine, loopback only)::
+
+    python -m launch.multiworker --workers 4 [--chief] [--evaluator] [--max_restarts R] \\
+        [--start_timeout S] [--hang_timeout S] [--frozen_timeout S] [--grace_s G] \\
+        [--collective_timeout_s S] --config=models/configs/digits.py --workdir=/tmp/run
+
+``--workers N`` is the number of training processes; with ``--chief`` the first one is
+the ``chief`` task, the others ``worker:0..N-2``. ``--evaluator`` adds an ``evaluator``
+task (a sidecar: the group succeeds without waiting for it). Every task runs
+``python -m trainer.main FLAGS --config.distribute.strategy=multi_worker`` with its own
+TF_CONFIG on free 127.0.0.1 ports, and its output lines are prefixed ``[worker:1] ``.
+Every argument the launcher does not know is passed to the trainer unchanged (after
+``--`` everything is).
+
+The launcher owns the tasks' lives (see :mod:`launch._process`): when one fails, hangs
+or freezes the others are stopped (SIGTERM, SIGKILL after ``--grace_s``) and, with
+``--max_restarts R``, the whole group is restarted up to R times on new ports; the
+trainer resumes from the latest checkpoint in its workdir if there is one. A port taken
+between the pick and TensorFlow's bind restarts the group on new ports without counting
+as a restart. SIGINT / SIGTERM / SIGHUP to the launcher stop every task the same way;
+a second one sends SIGKILL at once.
+
+Exit status: 0 when every training task exited 0; otherwise the failing task's status
+(``128 + N`` if it was killed by signal N), 124 when a task was declared hung, ``128 + N``
+when the launcher itself got signal N, 2 for a usage error.
+
+Cluster mode prints instead of spawning (see :mod:`launch.cluster`)::
+
+    python -m launch.multiworker --hosts 10.0.0.1:2222,10.0.0.2:2222 --emit tf_config
+    python -m launch.multiworker --workers 4 --emit slurm [--port 12345] FLAGS > job.sbatch
+    python -m launch.multiworker --workers 4 --chief --emit tfjob --image IMG FLAGS > tfjob.yaml
+
+Public host addresses are refused unless ``--allow_public_bind``: TensorFlow's gRPC has
+no authentication or encryption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Sequence
+
+from launch import cluster as cluster_lib
+from launch._process import Bounds, GroupResult, ProcessGroup, TaskSpec
+from launch.tf_config import build_tf_config, cluster_tasks, task_name
+
+EXIT_USAGE = 2
+_PORT_RETRIES = 3
+_RESTART_PAUSE_S = 1.0
+_STRATEGY_FLAG = "--config.distribute.strategy"
+
+
+def pick_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns ``count`` distinct ports that were free on ``host`` a moment ago.
+
+    All sockets are held open until every port is picked, so the ports are distinct;
+    another process may still take one before the task binds it (the group then retries
+    on new ports).
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def local_cluster(workers: int, chief: bool, evaluator: bool, ports: Sequence[int]) -> dict:
+    """The cluster dict of a local group on 127.0.0.1 ``ports`` (chief, workers, evaluator)."""
+    addresses = [f"127.0.0.1:{port}" for port in ports]
+    if len(addresses) != workers + int(evaluator):
+        raise ValueError(f"need {workers + int(evaluator)} ports, got {len(addresses)}.")
+    return cluster_lib.cluster_from_addresses(addresses, chief=chief, evaluator=evaluator)
+
+
+def task_specs(
+    cluster: dict, module: str, trainer_flags: Sequence[str], collective_timeout_s: int = 0,
+    environ: dict[str, str] | None = None,
+) -> list[TaskSpec]:
+    """One :class:`TaskSpec` per task of ``cluster``: same command, its own TF_CONFIG."""
+    argv = cluster_lib.trainer_command(module, trainer_flags, python=sys.executable)
+    if collective_timeout_s:
+        argv.append(f"--config.distribute.collective_timeout_s={collective_timeout_s}")
+    base_env = dict(os.environ if environ is None else environ, PYTHONUNBUFFERED="1")
+    return [
+        TaskSpec(
+            name=task_name(kind, index),
+            argv=argv,
+            env={**base_env, "TF_CONFIG": json.dumps(build_tf_config(cluster, kind, index))},
+            sidecar=kind == "evaluator",
+        )
+        for kind, index, _ in cluster_tasks(cluster)
+    ]
+
+
+def _flag_value(flags: Sequence[str], name: str) -> str | None:
+    for i, flag in enumerate(flags):
+        if flag.startswith(name + "="):
+            return flag.split("=", 1)[1]
+        if flag == name and i + 1 < len(flags):
+            return flags[i + 1]
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.multiworker", description=__doc__, allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s --workers N [options] TRAINER_FLAGS...")
+    group = parser.add_argument_group("local group")
+    group.add_argument("--workers", type=int, help="number of training processes")
+    group.add_argument("--chief", action="store_true", help="the first task is the chief")
+    group.add_argument("--evaluator", action="store_true", help="add an evaluator task")
+    group.add_argument("--max_restarts", type=int, default=0,
+                       help="restart the whole group up to R times after a failure")
+    group.add_argument("--start_timeout", type=float, default=300.0, metavar="S",
+                       help="a task that writes nothing within S s of its start is hung (0: off)")
+    group.add_argument("--hang_timeout", type=float, default=900.0, metavar="S",
+                       help="a task that writes nothing for S s is hung (0: off)")
+    group.add_argument("--frozen_timeout", type=float, default=30.0, metavar="S",
+                       help="a task stopped (SIGSTOP) for S s is hung (0: off)")
+    group.add_argument("--grace_s", type=float, default=10.0,
+                       help="seconds between SIGTERM and SIGKILL when stopping tasks")
+    group.add_argument("--collective_timeout_s", type=int, default=0,
+                       help="pass --config.distribute.collective_timeout_s=S to the tasks "
+                            "(0: leave the config's value)")
+    group.add_argument("--module", default="trainer.main",
+                       help="the entry point each task runs with `python -m` (it must accept "
+                            "trainer.main's flags)")
+    emit = parser.add_argument_group("cluster outputs (print, do not spawn)")
+    emit.add_argument("--emit", choices=("tf_config", "slurm", "tfjob"))
+    emit.add_argument("--hosts", help="--emit tf_config: 'h1:port,h2:port,...' in task order")
+    emit.add_argument("--port", type=int, default=12345,
+                      help="port for --hosts entries without one and for --emit slurm")
+    emit.add_argument("--image", default="", help="--emit tfjob: the container image")
+    emit.add_argument("--job_name", default="tf-trainer", help="SLURM job / TFJob name")
+    emit.add_argument("--output", default="-", help="file to write the output to ('-': stdout)")
+    emit.add_argument("--allow_public_bind", action="store_true",
+                      help="accept public addresses in --hosts (gRPC is unauthenticated!)")
+    return parser
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = _parser()
+    argv = list(argv)
+    tail = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
+    args, trainer_flags = parser.parse_known_args(argv)
+    args.trainer_flags = trainer_flags + tail
+    if any(f == _STRATEGY_FLAG or f.startswith(_STRATEGY_FLAG + "=") for f in args.trainer_flags):
+        parser.error(f"{_STRATEGY_FLAG} is set by this launcher (multi_worker); remove it.")
+    if args.emit is None:
+        if args.hosts:
+            parser.error("--hosts describes other machines, which this launcher does not start; "
+                         "add --emit tf_config (or --emit slurm / tfjob for a scheduler).")
+        if args.workers is None or args.workers < 1:
+            parser.error("--workers N (N >= 1 training processes) is required.")
+        if args.max_restarts < 0:
+            parser.error(f"--max_restarts={args.max_restarts} must be >= 0.")
+        try:
+            args.bounds = Bounds(args.start_timeout, args.hang_timeout, args.frozen_timeout,
+                                 args.grace_s)
+        except ValueError as error:
+            parser.error(str(error))
+    elif args.emit == "tf_config":
+        if not args.hosts:
+            parser.error("--emit tf_config needs --hosts h1:port,h2:port,...")
+    else:
+        if args.hosts:
+            parser.error(f"--emit {args.emit}: the scheduler picks the hosts; drop --hosts and "
+                         f"give --workers N.")
+        if args.workers is None or args.workers < 1:
+            parser.error(f"--emit {args.emit} needs --workers N (N >= 1).")
+    return args, args.trainer_flags
+
+
+def _emit(args: argparse.Namespace, log) -> str:
+    if args.emit == "tf_config":
+        addresses = cluster_lib.parse_hosts(args.hosts, args.port)
+        for warning in cluster_lib.check_private_hosts(addresses, args.allow_public_bind):
+            log(f"[launcher] warning: {warning}")
+        cluster = cluster_lib.cluster_from_addresses(addresses, args.chief, args.evaluator)
+        training = len(cluster.get("chief", [])) + len(cluster.get("worker", []))
+        if args.workers is not None and args.workers != training:
+            raise cluster_lib.ClusterError(
+                f"--workers={args.workers} but --hosts gives {training} training task(s); "
+                f"drop --workers or list one host per task.")
+        log(f"[launcher] {cluster_lib.SECURITY_NOTE}")
+        return cluster_lib.emit_tf_config(cluster)
+    if args.emit == "slurm":
+        return cluster_lib.emit_slurm(args.workers, args.trainer_flags, port=args.port,
+                                      chief=args.chief, job_name=args.job_name, module=args.module)
+    return cluster_lib.emit_tfjob(args.workers, args.trainer_flags, image=args.image,
+                                  chief=args.chief, evaluator=args.evaluator, name=args.job_name,
+                                  module=args.module, backoff_limit=args.max_restarts)
+
+
+class _StopSignals:
+    """Records the first SIGINT/SIGTERM/SIGHUP; a second one raises KeyboardInterrupt."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.received: int | None = None
+
+    def __enter__(self) -> "_StopSignals":
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __call__(self) -> int | None:
+        return self.received
+
+
+def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:
+    """Runs the local group with restarts; returns the launcher's exit status."""
+    workdir = _flag_value(args.trainer_flags, "--workdir")
+    resume = (f"the trainer resumes from the latest checkpoint in {workdir} if there is one"
+              if workdir else "the trainer resumes from its workdir's latest checkpoint if any")
+    restarts = port_retries = 0
+    while True:
+        if stop() is not None:
+            return 128 + stop()
+        ports = pick_free_ports(args.workers + int(args.evaluator))
+        cluster = local_cluster(args.workers, args.chief, args.evaluator, ports)
+        specs = task_specs(cluster, args.module, args.trainer_flags, args.collective_timeout_s)
+        log(f"[launcher] starting {len(specs)} task(s) on 127.0.0.1: " + ", ".join(
+            f"{task_name(k, i)}={a.rsplit(':', 1)[1]}" for k, i, a in cluster_tasks(cluster)))
+        result: GroupResult = ProcessGroup(specs, args.bounds, stop_requested=stop, log=log).run()
+        if result.exit_code == 0:
+            log(f"[launcher] done: {result.reason}.")
+            return 0
+        if stop() is not None:
+            return result.exit_code
+        if result.port_clash and port_retries < _PORT_RETRIES:
+            port_retries += 1
+            log(f"[launcher] {result.failed_task}'s port was taken before it could bind; "
+                f"restarting the group on new ports (port retry {port_retries} of {_PORT_RETRIES}).")
+            continue
+        if restarts < args.max_restarts:
+            restarts += 1
+            log(f"[launcher] {result.reason}; restarting the whole group (restart {restarts} of "
+                f"{args.max_restarts}); {resume}.")
+            time.sleep(_RESTART_PAUSE_S)
+            continue
+        if args.max_restarts:
+            log(f"[launcher] giving up after {restarts} restart(s): {result.reason}.")
+        else:
+            log(f"[launcher] failed: {result.reason} (exit status {result.exit_code}).")
+        return result.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    try:
+        args, _ = _parse(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    if args.emit:
+        try:
+            text = _emit(args, log)
+        except (cluster_lib.ClusterError, ValueError) as error:
+            log(f"launch.multiworker: {error}")
+            return EXIT_USAGE
+        if args.output == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.output, "w") as f:
+                f.write(text)
+            log(f"[launcher] wrote {args.output}")
+        return 0
+    with _StopSignals() as stop:
+        try:
+            return run_group(args, stop, log)
+        except KeyboardInterrupt:
+            log("[launcher] second stop signal: the tasks were killed.")
+            return 128 + (stop() or signal.SIGINT)
+
+
+def run() -> None:
+    """Console-script entry point (``tf-launch-multiworker``)."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
