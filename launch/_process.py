@@ -249,6 +249,7 @@ class ProcessGroup:
             self._children.append(child)
             self._selector.register(popen.stdout, selectors.EVENT_READ, (child, 1))
             self._selector.register(popen.stderr, selectors.EVENT_READ, (child, 2))
+        self._log("[launcher] pids: " + " ".join(f"{c.name}={c.pid}" for c in self._children))
 
     def _signal_all(self, sig: int) -> None:
         for child in self._children:
