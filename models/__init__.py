@@ -1,0 +1,1 @@
+"""Example Trainer subclasses; each has a config in ``models/configs/``."""

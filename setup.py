@@ -1,0 +1,4 @@
+"""Package metadata lives in setup.cfg; this file only enables `pip install -e .`."""
+from setuptools import setup
+
+setup()

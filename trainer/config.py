@@ -1,0 +1,237 @@
+"""The configuration schema: the default ``ConfigDict`` every experiment extends.
+
+An experiment file defines ``get_config()`` that starts from :func:`get_config`, sets
+``config.trainer = "package.module:ClassName"`` and overrides what it needs. Any field
+can be overridden on the command line: ``--config.train.steps=500``.
+
+Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its own
+settings there. Every other section has a fixed set of keys, and :func:`validate`
+rejects an unknown key (a typo such as ``train.step``) with a suggestion.
+
+The whole schema, field by field, is documented in README.md ("Config schema").
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+import ml_collections
+
+STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
+SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
+ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring")
+FREE_FORM_SECTIONS = ("model", "data")
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """Returns the default configuration (the full schema with its defaults)."""
+    config = ml_collections.ConfigDict()
+    config.trainer = ""  # "package.module:ClassName" of the Trainer subclass main.py builds
+    config.seed = 0
+
+    config.train = ml_collections.ConfigDict(
+        dict(
+            global_batch_size=64,  # examples per step over ALL replicas and workers
+            steps=1000,  # total optimizer steps (global batches) of the run
+            steps_per_loop=50,  # steps run inside one tf.function call (in-graph loop)
+            log_every_steps=100,  # logging window, rounded up to whole loops
+            on_nonfinite="skip",  # "skip" | "stop": what a NaN/inf gradient does
+            deterministic=True,  # tf.data deterministic order (exact resume needs it)
+        )
+    )
+    config.eval = ml_collections.ConfigDict(
+        dict(
+            global_batch_size=0,  # 0: same as train.global_batch_size
+            every_steps=0,  # 0: evaluate only at the end of fit()
+            steps=-1,  # -1: a full pass over the eval dataset
+        )
+    )
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adam",
+            learning_rate=1e-3,
+            schedule="constant",
+            warmup_steps=0,
+            decay_steps=0,  # 0: train.steps
+            min_learning_rate=0.0,
+            momentum=0.9,  # sgd / rmsprop only
+            weight_decay=0.0,
+            clipnorm=0.0,  # > 0: clip by GLOBAL norm of the all-reduced gradients
+            lr_scaling="none",  # "none" | "linear" (against reference_batch_size)
+            reference_batch_size=0,
+        )
+    )
+    config.precision = ml_collections.ConfigDict(
+        dict(policy="float32", initial_loss_scale=2.0**15, growth_interval=2000)
+    )
+    config.distribute = ml_collections.ConfigDict(
+        dict(
+            strategy="auto",
+            devices=(),  # explicit device names, e.g. ("/gpu:0", "/gpu:1")
+            virtual_devices=0,  # > 1: split the first physical device into N logical ones
+            memory_growth=False,
+            log_placement=False,
+            memory_limit_mb=0,  # > 0: cap this process's memory on each GPU
+            tpu="",  # TPU name or grpc:// address; "" = local / from the environment
+            all_reduce="auto",
+            collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
+        )
+    )
+    config.perf = ml_collections.ConfigDict(
+        dict(jit_compile=False, grad_accum_steps=1, recompute=False)
+    )
+    config.checkpoint = ml_collections.ConfigDict(
+        dict(
+            every_steps=0,  # 0: only at the end of fit() (and on preemption)
+            max_to_keep=3,
+            best_metric="",  # e.g. "eval/accuracy": keep the best N as well
+            best_mode="max",  # "max" | "min"
+            async_save=True,
+        )
+    )
+    config.telemetry = ml_collections.ConfigDict(
+        dict(
+            profile_steps="",  # "200:210" or "200:210,500:505": profiler windows
+            progress="auto",  # "auto" | "bar" | "lines" | "off"
+        )
+    )
+    config.model = ml_collections.ConfigDict()
+    config.data = ml_collections.ConfigDict()
+    return config
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+def _suggest(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _check_known_keys(config: ml_collections.ConfigDict) -> None:
+    schema = get_config()
+    for key in config.keys():
+        if key not in schema:
+            raise ConfigError(
+                f"config.{key} is not a field of the schema.{_suggest(key, schema.keys())} "
+                f"Keep model- or data-specific settings under config.model or config.data."
+            )
+        if key in FREE_FORM_SECTIONS or not isinstance(schema[key], ml_collections.ConfigDict):
+            continue
+        section = config[key]
+        if not isinstance(section, (ml_collections.ConfigDict, dict)):
+            raise ConfigError(f"config.{key} must be a section (ConfigDict), got {section!r}.")
+        for sub in section.keys():
+            if sub not in schema[key]:
+                raise ConfigError(
+                    f"config.{key}.{sub} is not a field of the schema."
+                    f"{_suggest(sub, schema[key].keys())} Known fields of config.{key}: "
+                    f"{', '.join(sorted(schema[key].keys()))}."
+                )
+
+
+def _check_choice(field: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"config.{field}={value!r} is not one of {', '.join(map(repr, choices))}."
+            f"{_suggest(str(value), choices)}"
+        )
+
+
+def _check_positive(field: str, value: Any, allow_zero: bool = False) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and (
+        value >= 0 if allow_zero else value > 0
+    )
+    if not ok:
+        bound = "a non-negative" if allow_zero else "a positive"
+        raise ConfigError(f"config.{field}={value!r} must be {bound} integer.")
+
+
+def resolve_trainer_class(path: str) -> type:
+    """Imports ``"package.module:ClassName"`` and checks it is a Trainer subclass."""
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+        raise ConfigError(
+            f"config.trainer={path!r} must name a Trainer subclass as "
+            f"'package.module:ClassName', e.g. 'models.digits:DigitsTrainer'."
+        )
+    module_name, class_name = path.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise ConfigError(
+            f"config.trainer={path!r}: module '{module_name}' cannot be imported ({error}). "
+            f"Check the spelling and that its package is on PYTHONPATH."
+        ) from error
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        public = [n for n in dir(module) if not n.startswith("_")]
+        raise ConfigError(
+            f"config.trainer={path!r}: module '{module_name}' has no attribute "
+            f"'{class_name}'.{_suggest(class_name, public)}"
+        )
+    from trainer.trainer import Trainer
+
+    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
+        raise ConfigError(f"config.trainer={path!r} is not a subclass of trainer.Trainer.")
+    return cls
+
+
+def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -> None:
+    """Checks the config against the schema; raises ConfigError naming the field.
+
+    Checks that need the strategy (batch divisibility by the replica count) are in
+    :func:`check_batch_divisible`, called once the strategy exists.
+    """
+    _check_known_keys(config)
+    _check_positive("train.global_batch_size", config.train.global_batch_size)
+    _check_positive("train.steps", config.train.steps)
+    _check_positive("train.steps_per_loop", config.train.steps_per_loop)
+    _check_positive("train.log_every_steps", config.train.log_every_steps)
+    _check_choice("train.on_nonfinite", config.train.on_nonfinite, ("skip", "stop"))
+    _check_positive("eval.global_batch_size", config.eval.global_batch_size, allow_zero=True)
+    _check_positive("eval.every_steps", config.eval.every_steps, allow_zero=True)
+    if not (isinstance(config.eval.steps, int) and (config.eval.steps == -1 or config.eval.steps > 0)):
+        raise ConfigError(f"config.eval.steps={config.eval.steps!r} must be -1 (full pass) or > 0.")
+    _check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
+    _check_choice("optimizer.schedule", config.optimizer.schedule, SCHEDULES)
+    _check_choice("optimizer.lr_scaling", config.optimizer.lr_scaling, ("none", "linear"))
+    if not config.optimizer.learning_rate > 0:
+        raise ConfigError(
+            f"config.optimizer.learning_rate={config.optimizer.learning_rate!r} must be > 0."
+        )
+    if config.optimizer.clipnorm < 0:
+        raise ConfigError(f"config.optimizer.clipnorm={config.optimizer.clipnorm!r} must be >= 0.")
+    _check_positive("optimizer.warmup_steps", config.optimizer.warmup_steps, allow_zero=True)
+    _check_positive("optimizer.decay_steps", config.optimizer.decay_steps, allow_zero=True)
+    _check_choice("precision.policy", config.precision.policy, POLICIES)
+    if not config.precision.initial_loss_scale > 0:
+        raise ConfigError("config.precision.initial_loss_scale must be > 0.")
+    _check_positive("precision.growth_interval", config.precision.growth_interval)
+    _check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
+    _check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
+    _check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
+    _check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
+    _check_positive("perf.grad_accum_steps", config.perf.grad_accum_steps)
+    _check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
+    _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
+    _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
+    _check_choice("telemetry.progress", config.telemetry.progress, ("auto", "bar", "lines", "off"))
+    if resolve_trainer:
+        resolve_trainer_class(config.trainer)
+
+
+def check_batch_divisible(field: str, global_batch_size: int, num_replicas: int) -> int:
+    """Returns the per-replica batch size, or raises naming ``field`` and the fix."""
+    if global_batch_size % num_replicas:
+        lower = global_batch_size - global_batch_size % num_replicas
+        raise ConfigError(
+            f"config.{field}={global_batch_size} is not divisible by {num_replicas} replicas; "
+            f"use a multiple of {num_replicas} (e.g. {lower or num_replicas} or "
+            f"{lower + num_replicas})."
+        )
+    return global_batch_size // num_replicas

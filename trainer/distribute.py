@@ -1,0 +1,259 @@
+"""Device setup and the strategy factory.
+
+Owns everything that decides *where* computation runs: virtual (logical) devices,
+GPU memory growth and memory caps, placement logging, and which
+``tf.distribute.Strategy`` a run uses. :func:`configure_devices` must run before
+TensorFlow initialises its runtime (before the first op or ``list_logical_devices``);
+:func:`build_strategy` calls it.
+
+Strategy names (``config.distribute.strategy``):
+
+* ``auto``: TPU if one is attached; else Mirrored over all GPUs if there are more
+  than one, or over the logical devices made by ``virtual_devices > 1``; else one device.
+* ``default``: TensorFlow's default (no-op) strategy.
+* ``one_device``: ``OneDeviceStrategy`` on ``devices[0]``, the first GPU, or the CPU.
+* ``mirrored``: ``MirroredStrategy`` over ``devices``, all GPUs, or all logical CPUs.
+* ``multi_worker``: ``MultiWorkerMirroredStrategy``; needs ``TF_CONFIG``.
+* ``tpu``: ``TPUStrategy`` through ``launch.tpu.connect_tpu``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import ml_collections
+import tensorflow as tf
+from absl import logging
+
+from trainer.config import ConfigError
+
+
+def _physical(kind: str) -> list:
+    return tf.config.list_physical_devices(kind)
+
+
+def _set_logical(device, configs: Sequence, what: str) -> None:
+    current = tf.config.get_logical_device_configuration(device)
+    if current is not None and len(current) == len(configs) and all(
+        getattr(a, "memory_limit", None) == getattr(b, "memory_limit", None)
+        for a, b in zip(current, configs)
+    ):
+        return  # already configured identically (e.g. a second Trainer in this process)
+    try:
+        tf.config.set_logical_device_configuration(device, list(configs))
+    except RuntimeError as error:
+        raise ConfigError(
+            f"{what} must be set before TensorFlow initialises its runtime, and this "
+            f"process already initialised it with another device layout ({error}). Set it "
+            f"in a fresh process: pass it on the command line or build the Trainer before "
+            f"running any TensorFlow op."
+        ) from error
+
+
+def configure_devices(dcfg: ml_collections.ConfigDict) -> None:
+    """Applies ``distribute.{virtual_devices, memory_limit_mb, memory_growth, log_placement}``.
+
+    ``virtual_devices=N > 1`` splits the first GPU (if any, with ``memory_limit_mb``
+    each) or else the CPU into N logical devices. ``memory_limit_mb`` alone caps every
+    GPU at that size (one logical device each), so several jobs can share a GPU.
+    ``memory_growth`` applies to every GPU not given a fixed layout.
+    """
+    gpus = _physical("GPU")
+    limited = set()
+    if dcfg.virtual_devices > 1:
+        if gpus:
+            if not dcfg.memory_limit_mb:
+                raise ConfigError(
+                    "config.distribute.virtual_devices on a GPU needs "
+                    "config.distribute.memory_limit_mb (the memory of each slice), e.g. 2048."
+                )
+            conf = tf.config.LogicalDeviceConfiguration(memory_limit=dcfg.memory_limit_mb)
+            _set_logical(gpus[0], [conf] * dcfg.virtual_devices, "distribute.virtual_devices")
+            limited.add(gpus[0].name)
+        else:
+            conf = tf.config.LogicalDeviceConfiguration()
+            _set_logical(_physical("CPU")[0], [conf] * dcfg.virtual_devices,
+                         "distribute.virtual_devices")
+    if dcfg.memory_limit_mb:
+        for gpu in gpus:
+            if gpu.name not in limited:
+                conf = tf.config.LogicalDeviceConfiguration(memory_limit=dcfg.memory_limit_mb)
+                _set_logical(gpu, [conf], "distribute.memory_limit_mb")
+                limited.add(gpu.name)
+    if dcfg.memory_growth:
+        for gpu in gpus:
+            if gpu.name in limited:
+                logging.info("memory_growth not applied to %s: it has a fixed memory limit.",
+                             gpu.name)
+                continue
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except (RuntimeError, ValueError) as error:
+                raise ConfigError(
+                    f"config.distribute.memory_growth could not be applied to {gpu.name} "
+                    f"({error}); it must be set before TensorFlow uses the GPU."
+                ) from error
+    if dcfg.log_placement:
+        tf.debugging.set_log_device_placement(True)
+
+
+def _cross_device_ops(name: str):
+    return {
+        "auto": None,
+        "nccl": tf.distribute.NcclAllReduce,
+        "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+        "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+    }[name]
+
+
+def _mirrored(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    devices = list(dcfg.devices)
+    if not devices:
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+    if dcfg.all_reduce == "ring":
+        raise ConfigError(
+            "config.distribute.all_reduce='ring' is a multi_worker option; for mirrored use "
+            "'auto', 'nccl', 'hierarchical_copy' or 'reduction_to_one_device'."
+        )
+    ops_cls = _cross_device_ops(dcfg.all_reduce)
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops_cls() if ops_cls else None)
+
+
+def _multi_worker(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    from launch.tf_config import validate_tf_config
+
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise ConfigError(
+            "config.distribute.strategy='multi_worker' needs the TF_CONFIG environment "
+            "variable (cluster and task). Start the workers with "
+            "`python -m launch.multiworker --workers N ...`, or set TF_CONFIG yourself."
+        )
+    try:
+        validate_tf_config(json.loads(raw))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"TF_CONFIG is not valid JSON: {error}") from error
+    implementation = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }.get(dcfg.all_reduce)
+    if implementation is None:
+        raise ConfigError(
+            f"config.distribute.all_reduce={dcfg.all_reduce!r} is not a multi_worker option; "
+            f"use 'auto', 'ring' or 'nccl'."
+        )
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation, timeout_seconds=dcfg.collective_timeout_s or None
+    )
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except RuntimeError as error:
+        raise ConfigError(
+            f"MultiWorkerMirroredStrategy could not start ({error}). It must be created "
+            f"at program start, before any other TensorFlow op, with TF_CONFIG already "
+            f"set in the environment."
+        ) from error
+
+
+def _tpu(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    from launch.tpu import connect_tpu
+
+    return tf.distribute.TPUStrategy(connect_tpu(dcfg.tpu))
+
+
+def _one_device(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    if dcfg.devices:
+        device = dcfg.devices[0]
+    else:
+        device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+def resolve_strategy_name(dcfg: ml_collections.ConfigDict) -> str:
+    """Turns ``auto`` into a concrete strategy name; other names pass through."""
+    if dcfg.strategy != "auto":
+        return dcfg.strategy
+    from launch.tpu import tpu_attached
+
+    if tpu_attached():
+        return "tpu"
+    if os.environ.get("TF_CONFIG"):
+        return "multi_worker"
+    if len(_physical("GPU")) > 1 or dcfg.virtual_devices > 1 or len(dcfg.devices) > 1:
+        return "mirrored"
+    return "one_device"
+
+
+_STRATEGIES: dict[str, tf.distribute.Strategy] = {}
+
+
+def build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    """Configures devices and returns the strategy ``dcfg.strategy`` names.
+
+    One strategy per distinct ``distribute`` config per process: a second Trainer with
+    the same settings shares it. (Two Mirrored strategies over the same devices would
+    allocate the same collective keys and clash at run time.)
+    """
+    key = dcfg.to_json(sort_keys=True)
+    if key not in _STRATEGIES:
+        _STRATEGIES[key] = _build_strategy(dcfg)
+    return _STRATEGIES[key]
+
+
+def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    name = resolve_strategy_name(dcfg)
+    if os.environ.get("TF_CONFIG") and name not in ("multi_worker", "tpu"):
+        logging.warning(
+            "TF_CONFIG is set but the strategy is %r: this process trains alone. Use "
+            "--config.distribute.strategy=multi_worker to join the cluster.", name)
+    if name == "multi_worker":
+        # MultiWorkerMirroredStrategy must be the first thing that touches the runtime.
+        strategy = _multi_worker(dcfg)
+        configure_devices(dcfg)
+        return strategy
+    configure_devices(dcfg)
+    if name == "default":
+        return tf.distribute.get_strategy()
+    return {"one_device": _one_device, "mirrored": _mirrored, "tpu": _tpu}[name](dcfg)
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Number of worker processes taking part in ``strategy`` (1 unless multi-worker)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 1
+    spec = resolver.cluster_spec().as_dict()
+    return len(spec.get("chief", [])) + len(spec.get("worker", []))
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the one process that writes files (checkpoints, summaries, config)."""
+    return bool(strategy.extended.should_checkpoint)
+
+
+def describe(strategy: tf.distribute.Strategy) -> str:
+    """A one-screen report of devices and the strategy, for the start of a run."""
+    lines = ["Devices and strategy"]
+    for kind in ("CPU", "GPU", "TPU"):
+        physical = _physical(kind)
+        if not physical:
+            continue
+        logical = tf.config.list_logical_devices(kind)
+        growth = ""
+        if kind == "GPU":
+            growth = "  memory growth: " + ", ".join(
+                str(tf.config.experimental.get_memory_growth(g)) for g in physical)
+        lines.append(f"  {kind}: {len(physical)} physical, {len(logical)} logical "
+                     f"({', '.join(d.name for d in logical)}){growth}")
+    lines.append(f"  strategy: {type(strategy).__name__}, replicas in sync: "
+                 f"{strategy.num_replicas_in_sync}, workers: {num_workers(strategy)}")
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None and num_workers(strategy) > 1:
+        lines.append(f"  this task: {resolver.task_type}:{resolver.task_id} "
+                     f"(chief: {is_chief(strategy)})")
+    lines.append(f"  placement logging: {tf.debugging.get_log_device_placement()}")
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""The outer driver behind ``Trainer.fit()`` / ``Trainer.evaluate()``.
+
+*When* things happen lives here: how many steps one ``tf.function`` call runs
+(``train.steps_per_loop``, an in-graph ``tf.range`` loop over the distributed
+iterator), and the logging / eval cadence. Loop boundaries are cut so that every
+``train.log_every_steps`` and ``eval.every_steps`` multiple, and ``train.steps``
+itself, end a loop exactly: the number of steps per call is a tensor argument, so a
+shorter loop does not retrace.
+
+The in-graph loops are built in one place, :class:`CompiledLoops`. The step function
+is its own ``tf.function`` called from the loop body, so it is traced once even
+though the loop peels the first step (to give the loop-carried outputs a structure).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+from absl import logging
+
+from trainer import data
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+_MEAN = tf.distribute.ReduceOp.MEAN
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised with ``train.on_nonfinite="stop"`` when a step's gradients are NaN/inf."""
+
+
+def _check_outputs(outputs, hook: str) -> None:
+    if not isinstance(outputs, dict) or "loss" not in outputs:
+        raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
+
+
+class CompiledLoops:
+    """The ``tf.function`` loops of one Trainer (cross-replica context).
+
+    ``train(iterator, n)`` runs ``n >= 1`` steps and returns the last step's outputs,
+    averaged over replicas. ``evaluate(iterator, n)`` runs ``n`` eval steps, or until
+    the iterator is exhausted when ``n < 0``; results accumulate in the eval metrics.
+    """
+
+    def __init__(self, trainer: "Trainer"):
+        strategy = trainer.strategy
+
+        def replica_train(batch):
+            outputs = trainer.train_step(batch)
+            _check_outputs(outputs, "train_step")
+            trainer.train_loss.update_state(outputs["loss"])
+            return outputs
+
+        def replica_eval(batch):
+            outputs = trainer.eval_step(batch)
+            _check_outputs(outputs, "eval_step")
+            trainer.eval_loss.update_state(outputs["loss"])
+
+        @tf.function
+        def train_step(iterator):
+            outputs = strategy.run(replica_train, args=(next(iterator),))
+            trainer.step_counter.assign_add(1)
+            return outputs
+
+        @tf.function
+        def train(iterator, num_steps):
+            outputs = train_step(iterator)
+            for _ in tf.range(num_steps - 1):
+                outputs = train_step(iterator)
+            return {k: tf.reduce_mean(strategy.reduce(_MEAN, v, axis=None))
+                    for k, v in outputs.items()}
+
+        @tf.function
+        def evaluate(iterator, num_steps):
+            done = tf.constant(0, tf.int64)
+            while num_steps < 0 or done < num_steps:
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                strategy.run(replica_eval, args=(optional.get_value(),))
+                done += 1
+            return done
+
+        self.train = train
+        self.evaluate = evaluate
+
+
+def _ensure_built(trainer: "Trainer", dist_dataset) -> None:
+    """Builds an unbuilt model from the dataset's element spec, then the optimizer."""
+    model = trainer.model
+    if not model.built or not model.trainable_variables:
+        from trainer.trainer import split_batch
+
+        spec = dist_dataset.element_spec
+        spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
+        try:
+            features, _ = split_batch(spec)
+        except ValueError as error:
+            raise ValueError(
+                "The model has no variables yet and the batch layout is custom; build it in "
+                "build_model() (e.g. start with keras.Input(shape)).") from error
+        dummy = tf.nest.map_structure(
+            lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), features)
+        with trainer.strategy.scope():
+            model(dummy, training=False)
+    trainer.build_optimizer_variables(trainer.optimizer, model.trainable_variables)
+
+
+def _loops(trainer: "Trainer") -> CompiledLoops:
+    if getattr(trainer, "_compiled_loops", None) is None:
+        trainer._compiled_loops = CompiledLoops(trainer)
+    return trainer._compiled_loops
+
+
+def _metric_values(loss_metric, metrics: dict) -> dict[str, float]:
+    values = {"loss": float(loss_metric.result())}
+    for name, metric in metrics.items():
+        values[name] = float(metric.result())
+    return values
+
+
+def _reset(loss_metric, metrics: dict) -> None:
+    loss_metric.reset_state()
+    for metric in metrics.values():
+        metric.reset_state()
+
+
+def evaluate(trainer: "Trainer") -> dict[str, float]:
+    """One pass over the eval dataset (``eval.steps`` batches when > 0)."""
+    if not trainer.has_eval_dataset():
+        raise ValueError(f"{type(trainer).__name__} has no eval dataset: override "
+                         f"build_eval_dataset(ctx) to evaluate.")
+    if getattr(trainer, "_eval_dataset", None) is None:
+        trainer._eval_dataset = data.distribute(
+            trainer.strategy, trainer.build_eval_dataset, trainer.eval_global_batch_size,
+            deterministic=trainer.config.train.deterministic, what="build_eval_dataset")
+        _ensure_built(trainer, trainer._eval_dataset)
+    _reset(trainer.eval_loss, trainer.eval_metrics)
+    _loops(trainer).evaluate(iter(trainer._eval_dataset),
+                             tf.constant(trainer.config.eval.steps, tf.int64))
+    return _metric_values(trainer.eval_loss, trainer.eval_metrics)
+
+
+def _next_boundary(step: int, every: int) -> int:
+    return (step // every + 1) * every if every > 0 else math.inf
+
+
+def fit(trainer: "Trainer") -> dict[str, float]:
+    """Trains until ``train.steps``; see the module docstring for the cadence."""
+    cfg = trainer.config
+    strategy = trainer.strategy
+    total = cfg.train.steps
+    has_eval = trainer.has_eval_dataset()
+    train_dataset = data.distribute(
+        strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
+        deterministic=cfg.train.deterministic, skip_batches=trainer.step)
+    _ensure_built(trainer, train_dataset)
+    loops = _loops(trainer)
+    iterator = iter(train_dataset)
+    results: dict[str, float] = {}
+    _reset(trainer.train_loss, trainer.train_metrics)
+    window_start, window_steps = time.perf_counter(), 0
+    stop_on_nonfinite = cfg.train.on_nonfinite == "stop"
+    skipped_before = int(trainer.precision.skipped_steps.numpy())
+    while trainer.step < total:
+        next_log = _next_boundary(trainer.step, cfg.train.log_every_steps)
+        next_eval = _next_boundary(trainer.step, cfg.eval.every_steps) if has_eval else math.inf
+        num_steps = int(min(cfg.train.steps_per_loop, total - trainer.step,
+                            next_log - trainer.step, next_eval - trainer.step))
+        try:
+            outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
+        except tf.errors.OutOfRangeError as error:
+            raise ValueError(
+                f"build_train_dataset ran out of data at step {trainer.step + 1} of {total}; "
+                f"end it with .repeat() so training can run for train.steps.") from error
+        trainer.step += num_steps
+        window_steps += num_steps
+        if stop_on_nonfinite and int(trainer.precision.skipped_steps.numpy()) > skipped_before:
+            bad = int(trainer.precision.last_skipped_step.numpy())
+            raise NonFiniteError(
+                f"Non-finite gradients (NaN/inf) at step {bad}; the update was not applied "
+                f"(train.on_nonfinite='stop'). Lower the learning rate, enable "
+                f"optimizer.clipnorm, or check the data and the loss for NaN.")
+        if trainer.step in (next_log, total):
+            elapsed = time.perf_counter() - window_start
+            values = {k: float(v) for k, v in outputs.items()}
+            values.update(_metric_values(trainer.train_loss, trainer.train_metrics))
+            results.update({f"train/{k}": v for k, v in values.items()})
+            examples_per_s = window_steps * cfg.train.global_batch_size / max(elapsed, 1e-9)
+            logging.info("step %d/%d: %s, %.1f examples/s", trainer.step, total,
+                         ", ".join(f"{k}={v:.4g}" for k, v in values.items()), examples_per_s)
+            _reset(trainer.train_loss, trainer.train_metrics)
+            window_start, window_steps = time.perf_counter(), 0
+        if has_eval and (trainer.step == next_eval or trainer.step == total):
+            eval_start = time.perf_counter()
+            eval_values = evaluate(trainer)
+            results.update({f"eval/{k}": v for k, v in eval_values.items()})
+            logging.info("eval at step %d: %s", trainer.step,
+                         ", ".join(f"{k}={v:.4g}" for k, v in eval_values.items()))
+            window_start += time.perf_counter() - eval_start  # eval time is not train time
+    return results

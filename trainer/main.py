@@ -1,0 +1,47 @@
+"""Command-line entry point, intentionally kept short.
+
+    python -m trainer.main --config=models/configs/digits.py --workdir=/tmp/digits \
+        [--config.train.steps=500 ...]
+
+Builds the Trainer subclass named by ``config.trainer``, writes the resolved config to
+``workdir/config.json`` (chief only) and calls ``fit()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory the run writes to.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    from trainer import config as config_lib, distribute
+
+    config = _CONFIG.value
+    config_lib.validate(config)
+    trainer_cls = config_lib.resolve_trainer_class(config.trainer)
+    trainer = trainer_cls(config, _WORKDIR.value)
+    if distribute.is_chief(trainer.strategy):
+        os.makedirs(_WORKDIR.value, exist_ok=True)
+        with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    results = trainer.fit()
+    logging.info("final: %s", json.dumps(results, sort_keys=True))
+
+
+def run() -> None:
+    """Console-script entry point (``tf-trainer``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

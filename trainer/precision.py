@@ -1,0 +1,107 @@
+"""Dtype policy, replica-consistent dynamic loss scaling, and non-finite step accounting.
+
+The framework owns loss scaling instead of wrapping ``keras.optimizers.LossScaleOptimizer``:
+Keras 3.15 decides finiteness on one replica's *local* gradients, so an inf produced on
+another replica is applied and the weights become NaN for good. Here finiteness is
+decided on the *all-reduced* gradients (identical on every replica), so every replica
+takes the same branch: apply, or skip and halve the scale.
+
+Contexts: :class:`PrecisionState` is created in ``strategy.scope()``; ``scale_loss``
+and ``unscale`` run in replica context; ``on_finite`` / ``on_nonfinite`` run in
+cross-replica context (inside the merge_call of ``Trainer.apply_gradients``).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+_ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
+
+
+def set_policy(policy: str) -> None:
+    """Sets the Keras global dtype policy; call before the model is built."""
+    keras.mixed_precision.set_global_policy(policy)
+
+
+def outputs_to_float32(outputs):
+    """Casts float16/bfloat16 model outputs to float32 so losses are computed in fp32.
+
+    Equivalent to ending the model with ``keras.layers.Activation("linear",
+    dtype="float32")``, which is still the recommended way (it keeps the cast inside
+    the model for export).
+    """
+
+    def cast(t):
+        if isinstance(t, tf.Tensor) and t.dtype in (tf.float16, tf.bfloat16):
+            return tf.cast(t, tf.float32)
+        return t
+
+    return tf.nest.map_structure(cast, outputs)
+
+
+class PrecisionState:
+    """Loss-scale and skipped-step variables of a run (create in ``strategy.scope()``).
+
+    ``step_counter`` counts completed steps (the loop increments it after each step).
+    ``dynamic`` is True for ``mixed_float16``: the loss is multiplied by ``scale``
+    before the backward pass; a non-finite all-reduced gradient skips the step and
+    halves the scale; ``growth_interval`` finite steps in a row double it.
+    For float32 / mixed_bfloat16 the scale stays 1 and nothing is multiplied.
+    """
+
+    def __init__(self, policy: str, initial_scale: float, growth_interval: int,
+                 step_counter: tf.Variable):
+        self.dynamic = policy == "mixed_float16"
+        self.growth_interval = growth_interval
+        self.scale = tf.Variable(
+            initial_scale if self.dynamic else 1.0, dtype=tf.float32, trainable=False,
+            name="loss_scale", aggregation=_ONLY_FIRST)
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                      name="loss_scale_good_steps", aggregation=_ONLY_FIRST)
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="skipped_steps", aggregation=_ONLY_FIRST)
+        # 1-based global step of the latest skipped step (0: none yet).
+        self.last_skipped_step = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                             name="last_skipped_step", aggregation=_ONLY_FIRST)
+        self._step_counter = step_counter
+
+    def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        """Replica context: the loss to differentiate."""
+        return loss * tf.cast(self.scale, loss.dtype) if self.dynamic else loss
+
+    def unscale(self, grads: list) -> list:
+        """Replica context: divides all-reduced gradients by the scale."""
+        if not self.dynamic:
+            return grads
+        inv = 1.0 / self.scale
+        return [_map_values(g, lambda v: v * tf.cast(inv, v.dtype)) for g in grads]
+
+    def on_finite(self) -> None:
+        """Cross-replica context: after an applied step; grows the scale when due."""
+        if not self.dynamic:
+            return
+        grow = self.good_steps + 1 >= self.growth_interval
+        self.scale.assign(tf.where(grow, self.scale * 2.0, self.scale))
+        self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
+
+    def on_nonfinite(self) -> None:
+        """Cross-replica context: after a skipped step; counts it and halves the scale."""
+        self.skipped_steps.assign_add(1)
+        self.last_skipped_step.assign(self._step_counter + 1)
+        if self.dynamic:
+            self.scale.assign(tf.maximum(self.scale / 2.0, 1.0))
+            self.good_steps.assign(0)
+
+
+def _map_values(grad, fn):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
+    return fn(grad)
+
+
+def all_finite(grads: list) -> tf.Tensor:
+    """True when every gradient element is finite (a sum is NaN/inf otherwise)."""
+    sums = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,
+                                  tf.float32)) for g in grads]
+    return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
