@@ -12,7 +12,8 @@ the task's own entry wins over ``"*"``). Plan keys, applied in this order:
 * ``code`` after ``seconds``: print a heartbeat every 0.2 s for ``seconds`` (default 0.5),
   then exit with ``code`` (default 0); ``seconds: -1`` runs forever.
 
-First it prints ``started TASK PID ARGV`` so tests see the task, its PID and its flags.
+First it prints ``started TASK PID ARGV`` and ``TF_CONFIG JSON`` so tests see the task,
+its PID, its flags and its cluster view.
 """
 
 import json
@@ -32,6 +33,7 @@ def main() -> int:
         while True:
             time.sleep(60)
     print(f"started {task} {os.getpid()} {json.dumps(sys.argv[1:])}", flush=True)
+    print(f"TF_CONFIG {json.dumps(tf_config)}", flush=True)
     while plan.get("quiet"):
         time.sleep(60)
     if plan.get("ignore_term"):
