@@ -5,6 +5,12 @@ Subclass :class:`trainer.Trainer`, name it in a config file, and run
 CPU, several GPUs, several machines and TPUs.
 """
 
+import os as _os
+
+# TensorFlow's C++ INFO lines (CPU feature notices) drown the run's own report; a value
+# the user set wins.
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 try:
     import tensorflow as _tf  # noqa: F401
 except ImportError as _error:  # pragma: no cover - exercised in a TF-less venv only

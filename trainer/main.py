@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -27,13 +28,18 @@ def main(argv: list[str]) -> None:
     from trainer import config as config_lib, distribute
 
     config = _CONFIG.value
-    config_lib.validate(config)
-    trainer_cls = config_lib.resolve_trainer_class(config.trainer)
-    trainer = trainer_cls(config, _WORKDIR.value)
+    try:
+        config_lib.validate(config)
+        trainer_cls = config_lib.resolve_trainer_class(config.trainer)
+        trainer = trainer_cls(config, _WORKDIR.value)
+    except config_lib.ConfigError as error:
+        sys.exit(f"Configuration error: {error}")
     if distribute.is_chief(trainer.strategy):
         os.makedirs(_WORKDIR.value, exist_ok=True)
         with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
             f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    tf_logger = logging.logging.getLogger("tensorflow")
+    tf_logger.setLevel(logging.logging.WARNING)  # TF's per-call INFO lines drown progress
     results = trainer.fit()
     logging.info("final: %s", json.dumps(results, sort_keys=True))
 

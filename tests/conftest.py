@@ -1,0 +1,59 @@
+"""Shared fixtures. Multi-replica runs happen in subprocesses: logical devices must be
+configured before TensorFlow starts, and one process hosts one Mirrored group size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def run_main(workdir: Path, *flags: str, config: str = "models/configs/digits.py",
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs ``python -m trainer.main`` and returns the completed process (text)."""
+    cmd = [sys.executable, "-m", "trainer.main", f"--config={REPO / config}",
+           f"--workdir={workdir}", *flags]
+    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def final_results(proc: subprocess.CompletedProcess) -> dict:
+    """The ``final: {...}`` JSON that trainer.main logs at the end of fit()."""
+    for line in reversed(proc.stderr.splitlines()):
+        if "final: " in line:
+            return json.loads(line.split("final: ", 1)[1])
+    raise AssertionError(f"no final results in output:\n{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def replica_runs(tmp_path_factory) -> dict:
+    """ToyTrainer runs on 1, 2 and 4 replicas (one process each): {n: npz}."""
+    out_dir = tmp_path_factory.mktemp("replicas")
+    procs = {}
+    for n in (1, 2, 4):
+        procs[n] = subprocess.Popen(
+            [sys.executable, "-m", "tests.run_toy", "--replicas", str(n),
+             "--out", str(out_dir / f"{n}.npz")],
+            cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+    results = {}
+    for n, proc in procs.items():
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{n}-replica run failed:\n{output[-4000:]}"
+        results[n] = dict(np.load(out_dir / f"{n}.npz"))
+    return results

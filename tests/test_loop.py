@@ -1,0 +1,127 @@
+"""The driver: steps_per_loop, exact step counts, hooks, and clear errors (default strategy)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import toy
+
+
+def fit_weights(**overrides) -> list[np.ndarray]:
+    t = toy.ToyTrainer(toy.toy_config(**overrides))
+    t.fit()
+    return t.model.get_weights()
+
+
+def test_steps_per_loop_1_10_and_7_give_identical_weights():
+    # 20 steps: 7 is not a divisor, so the last loop is short (and must not retrace).
+    reference = fit_weights(**{"train.steps_per_loop": 1})
+    for steps_per_loop in (10, 7):
+        for ref, got in zip(reference, fit_weights(**{"train.steps_per_loop": steps_per_loop})):
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+
+
+def test_fit_stops_exactly_at_train_steps():
+    t = toy.ToyTrainer(toy.toy_config(**{"train.steps": 23, "train.steps_per_loop": 5}))
+    results = t.fit()
+    assert t.step == 23
+    assert int(t.step_counter.numpy()) == 23
+    assert int(t.optimizer.iterations.numpy()) == 23
+    assert set(results) == {"train/loss"}
+    assert t._compiled_loops.train.experimental_get_tracing_count() == 1
+
+
+def test_required_hooks_only_subclass_trains():
+    t = toy.ToyTrainer(toy.toy_config(**{"train.steps": 60, "train.log_every_steps": 20}))
+    first = None
+
+    def loss_now():
+        x, y = toy.toy_data()
+        return float(np.mean(keras.losses.sparse_categorical_crossentropy(
+            y, t.model(x), from_logits=True)))
+
+    t.model(np.zeros((1, 8), np.float32))
+    first = loss_now()
+    results = t.fit()
+    assert loss_now() < first
+    assert np.isfinite(results["train/loss"])
+
+
+class CustomStepTrainer(toy.ToyTrainer):
+    """Overrides train_step with its own logic: a second, separately logged term."""
+
+    def train_step(self, batch):
+        x, _ = batch
+        with tf.GradientTape() as tape:
+            logits = self.model(x, training=True)
+            per_example = self.compute_loss(batch, logits) + 0.01 * tf.reduce_sum(
+                tf.square(logits), axis=-1)
+        loss = self.apply_gradients(tape, per_example)
+        return {"loss": loss, "logit_norm": tf.reduce_mean(tf.norm(logits, axis=-1))}
+
+
+def test_custom_train_step_trains_and_reports_its_outputs():
+    t = CustomStepTrainer(toy.toy_config(**{"train.steps": 30}))
+    results = t.fit()
+    assert set(results) == {"train/loss", "train/logit_norm"}
+    assert results["train/logit_norm"] > 0
+    assert int(t.optimizer.iterations.numpy()) == 30
+
+
+class ScalarLossTrainer(toy.ToyTrainer):
+    def compute_loss(self, batch, outputs):
+        return tf.reduce_mean(super().compute_loss(batch, outputs))
+
+
+class WrongShapeLossTrainer(toy.ToyTrainer):
+    def compute_loss(self, batch, outputs):
+        return keras.losses.sparse_categorical_crossentropy(
+            tf.concat([batch[1], batch[1]], 0), tf.concat([outputs, outputs], 0),
+            from_logits=True)
+
+
+def test_scalar_loss_is_rejected_with_explanation():
+    with pytest.raises(ValueError, match="PER-EXAMPLE"):
+        ScalarLossTrainer(toy.toy_config()).fit()
+
+
+def test_loss_of_wrong_length_is_rejected():
+    with pytest.raises(ValueError, match="64 losses for a batch of 32"):
+        WrongShapeLossTrainer(toy.toy_config()).fit()
+
+
+class GlobalBatchDatasetTrainer(toy.ToyTrainer):
+    def build_train_dataset(self, ctx):
+        x, y = toy.toy_data()
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+            64, drop_remainder=True)
+
+
+def test_dataset_with_wrong_per_replica_batch_is_rejected():
+    with pytest.raises(ValueError, match="batches of \\[64\\] examples but the per-replica batch is 32"):
+        GlobalBatchDatasetTrainer(toy.toy_config()).fit()
+
+
+class FiniteDatasetTrainer(toy.ToyTrainer):
+    def build_train_dataset(self, ctx):
+        return super().build_train_dataset(ctx).take(3)
+
+
+def test_dataset_running_out_says_to_repeat():
+    with pytest.raises(ValueError, match="ran out of data at step 4 .*repeat"):
+        FiniteDatasetTrainer(toy.toy_config(**{"train.steps_per_loop": 1})).fit()
+
+
+def test_evaluate_without_eval_dataset_says_what_to_override():
+    with pytest.raises(ValueError, match="build_eval_dataset"):
+        toy.ToyTrainer(toy.toy_config()).evaluate()
+
+
+def test_fit_reports_eval_metrics_with_eval_dataset():
+    t = toy.ToyEvalTrainer(toy.toy_config(**{"eval.every_steps": 10}))
+    results = t.fit()
+    assert set(results) == {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy"}
+    assert all(isinstance(v, float) for v in results.values())
