@@ -145,61 +145,102 @@ def evaluate(trainer: "Trainer") -> dict[str, float]:
     return _metric_values(trainer.eval_loss, trainer.eval_metrics)
 
 
-def _next_boundary(step: int, every: int) -> int:
+def next_boundary(step: int, every: int) -> float:
+    """The first multiple of ``every`` after ``step`` (inf when ``every`` is 0)."""
     return (step // every + 1) * every if every > 0 else math.inf
+
+
+class Component:
+    """Something that acts at loop boundaries (telemetry, checkpoints, profiler).
+
+    All methods run on the host between ``tf.function`` calls, on every worker (a
+    component that writes files checks ``distribute.is_chief`` itself). Defaults do
+    nothing.
+    """
+
+    def next_boundary(self, step: int) -> float:
+        """The next step at which a train loop must end for this component."""
+        return math.inf
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        """Before the first train loop (after any restore)."""
+
+    def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
+        """After each train loop of ``num_steps`` steps that took ``seconds``."""
+
+    def on_log(self, trainer: "Trainer", values: dict[str, float]) -> None:
+        """At each ``train.log_every_steps`` boundary with the window's train values."""
+
+    def on_eval(self, trainer: "Trainer", values: dict[str, float]) -> None:
+        """After each evaluation during fit()."""
+
+    def on_fit_end(self, trainer: "Trainer", results: dict[str, float]) -> None:
+        """After the last step (also when fit() raises: then ``results`` is partial)."""
+
+
+def components(trainer: "Trainer") -> list[Component]:
+    """The components a fit() run uses, in call order."""
+    from trainer import telemetry
+
+    return [telemetry.Telemetry(trainer.config)]
 
 
 def fit(trainer: "Trainer") -> dict[str, float]:
     """Trains until ``train.steps``; see the module docstring for the cadence."""
     cfg = trainer.config
-    strategy = trainer.strategy
     total = cfg.train.steps
     has_eval = trainer.has_eval_dataset()
+    parts = components(trainer)
     train_dataset = data.distribute(
-        strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
+        trainer.strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
         deterministic=cfg.train.deterministic, skip_batches=trainer.step)
     _ensure_built(trainer, train_dataset)
     loops = _loops(trainer)
     iterator = iter(train_dataset)
     results: dict[str, float] = {}
     _reset(trainer.train_loss, trainer.train_metrics)
-    window_start, window_steps = time.perf_counter(), 0
     stop_on_nonfinite = cfg.train.on_nonfinite == "stop"
     skipped_before = int(trainer.precision.skipped_steps.numpy())
-    while trainer.step < total:
-        next_log = _next_boundary(trainer.step, cfg.train.log_every_steps)
-        next_eval = _next_boundary(trainer.step, cfg.eval.every_steps) if has_eval else math.inf
-        num_steps = int(min(cfg.train.steps_per_loop, total - trainer.step,
-                            next_log - trainer.step, next_eval - trainer.step))
-        try:
-            outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
-        except tf.errors.OutOfRangeError as error:
-            raise ValueError(
-                f"build_train_dataset ran out of data at step {trainer.step + 1} of {total}; "
-                f"end it with .repeat() so training can run for train.steps.") from error
-        trainer.step += num_steps
-        window_steps += num_steps
-        if stop_on_nonfinite and int(trainer.precision.skipped_steps.numpy()) > skipped_before:
-            bad = int(trainer.precision.last_skipped_step.numpy())
-            raise NonFiniteError(
-                f"Non-finite gradients (NaN/inf) at step {bad}; the update was not applied "
-                f"(train.on_nonfinite='stop'). Lower the learning rate, enable "
-                f"optimizer.clipnorm, or check the data and the loss for NaN.")
-        if trainer.step in (next_log, total):
-            elapsed = time.perf_counter() - window_start
-            values = {k: float(v) for k, v in outputs.items()}
-            values.update(_metric_values(trainer.train_loss, trainer.train_metrics))
-            results.update({f"train/{k}": v for k, v in values.items()})
-            examples_per_s = window_steps * cfg.train.global_batch_size / max(elapsed, 1e-9)
-            logging.info("step %d/%d: %s, %.1f examples/s", trainer.step, total,
-                         ", ".join(f"{k}={v:.4g}" for k, v in values.items()), examples_per_s)
-            _reset(trainer.train_loss, trainer.train_metrics)
-            window_start, window_steps = time.perf_counter(), 0
-        if has_eval and (trainer.step == next_eval or trainer.step == total):
-            eval_start = time.perf_counter()
-            eval_values = evaluate(trainer)
-            results.update({f"eval/{k}": v for k, v in eval_values.items()})
-            logging.info("eval at step %d: %s", trainer.step,
-                         ", ".join(f"{k}={v:.4g}" for k, v in eval_values.items()))
-            window_start += time.perf_counter() - eval_start  # eval time is not train time
+    for part in parts:
+        part.on_fit_start(trainer)
+    try:
+        while trainer.step < total:
+            next_log = next_boundary(trainer.step, cfg.train.log_every_steps)
+            next_eval = next_boundary(trainer.step, cfg.eval.every_steps) if has_eval else math.inf
+            num_steps = int(min([cfg.train.steps_per_loop, total - trainer.step,
+                                 next_log - trainer.step, next_eval - trainer.step]
+                                + [p.next_boundary(trainer.step) - trainer.step for p in parts]))
+            start = time.perf_counter()
+            try:
+                outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
+            except tf.errors.OutOfRangeError as error:
+                raise ValueError(
+                    f"build_train_dataset ran out of data at step {trainer.step + 1} of "
+                    f"{total}; end it with .repeat() so training can run for train.steps."
+                ) from error
+            seconds = time.perf_counter() - start
+            trainer.step += num_steps
+            if stop_on_nonfinite and int(trainer.precision.skipped_steps.numpy()) > skipped_before:
+                bad = int(trainer.precision.last_skipped_step.numpy())
+                raise NonFiniteError(
+                    f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
+                    f"applied (train.on_nonfinite='stop'). Lower the learning rate, enable "
+                    f"optimizer.clipnorm, or check the data and the loss for NaN.")
+            for part in parts:
+                part.on_train_loop_end(trainer, num_steps, seconds)
+            if trainer.step in (next_log, total):
+                values = {k: float(v) for k, v in outputs.items()}
+                values.update(_metric_values(trainer.train_loss, trainer.train_metrics))
+                results.update({f"train/{k}": v for k, v in values.items()})
+                _reset(trainer.train_loss, trainer.train_metrics)
+                for part in parts:
+                    part.on_log(trainer, values)
+            if has_eval and trainer.step in (next_eval, total):
+                eval_values = evaluate(trainer)
+                results.update({f"eval/{k}": v for k, v in eval_values.items()})
+                for part in parts:
+                    part.on_eval(trainer, eval_values)
+    finally:
+        for part in parts:
+            part.on_fit_end(trainer, results)
     return results
