@@ -97,6 +97,10 @@ def get_config() -> ml_collections.ConfigDict:
         dict(
             profile_steps="",  # "200:210" or "200:210,500:505": profiler windows
             progress="auto",  # "auto" | "bar" | "lines" | "off"
+            probe_every_windows=10,  # input-wait probe cadence in logging windows; 0: off
+            probe_batches=5,  # batches each input-wait probe times
+            alert_drop=0.3,  # regression alert: examples/s this far below the running median
+            alert_windows=3,  # ... for this many consecutive logging windows
         )
     )
     config.model = ml_collections.ConfigDict()
@@ -221,8 +225,44 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
     _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
     _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
     _check_choice("telemetry.progress", config.telemetry.progress, ("auto", "bar", "lines", "off"))
+    parse_profile_steps(config.telemetry.profile_steps)
+    _check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
+                    allow_zero=True)
+    _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
+    _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
+    if not 0 < config.telemetry.alert_drop < 1:
+        raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
+                          f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")
     if resolve_trainer:
         resolve_trainer_class(config.trainer)
+
+
+def parse_profile_steps(spec: str) -> list[tuple[int, int]]:
+    """Parses ``telemetry.profile_steps``: ``"200:210"`` or ``"200:210,500:505"``.
+
+    ``"a:b"`` is the window of steps that take the global step from ``a`` to ``b``
+    (the ``a+1``-th to the ``b``-th step, ``b - a`` steps). Windows must be sorted and
+    must not overlap. Returns ``[(a, b), ...]`` (empty for ``""``).
+    """
+    if not isinstance(spec, str):
+        raise ConfigError(f"config.telemetry.profile_steps={spec!r} must be a string such as "
+                          f"'200:210' or '200:210,500:505'.")
+    windows: list[tuple[int, int]] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            start, stop = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise ConfigError(
+                f"config.telemetry.profile_steps: {part!r} is not 'START:STOP' with integer "
+                f"steps, e.g. '200:210'.") from None
+        if not 0 <= start < stop:
+            raise ConfigError(f"config.telemetry.profile_steps: window {part!r} needs "
+                              f"0 <= START < STOP.")
+        if windows and start < windows[-1][1]:
+            raise ConfigError(f"config.telemetry.profile_steps: window {part!r} overlaps or "
+                              f"precedes the previous one; list windows in increasing order.")
+        windows.append((start, stop))
+    return windows
 
 
 def check_batch_divisible(field: str, global_batch_size: int, num_replicas: int) -> int:

@@ -180,9 +180,9 @@ class Component:
 
 def components(trainer: "Trainer") -> list[Component]:
     """The components a fit() run uses, in call order."""
-    from trainer import telemetry
+    from trainer import profiler, telemetry
 
-    return [telemetry.Telemetry(trainer.config)]
+    return [telemetry.Telemetry(trainer.config), profiler.ProfilerWindows(trainer.config)]
 
 
 def fit(trainer: "Trainer") -> dict[str, float]:

@@ -1,42 +1,498 @@
-"""What the run reports while it trains: progress lines with throughput.
+"""What the run reports while it trains: progress, per-window performance numbers,
+TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 
-A :class:`trainer.loop.Component`: it measures only host-side wall time around each
-compiled train loop (no extra device syncs), and logs one line per logging window.
+:class:`Telemetry` is a :class:`trainer.loop.Component`. It is always on and light:
+per train loop it only adds up the host wall time of the compiled loop call (no extra
+device sync); per logging window (``train.log_every_steps``) it samples host/device
+memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
+windows (and right away when a window is slow) it runs the short input/compute probes
+of :mod:`trainer.probes` to estimate the input-wait fraction.
+
+Granularity. The step function runs ``steps_per_loop`` steps per ``tf.function`` call,
+so per-step times are per loop call: ``step_time_mean_s`` is the window's loop seconds
+over its steps; ``step_time_p90_s`` is the 90th percentile, over the window's loop
+calls, of (call seconds / call steps). Throughput counts loop-call time only (eval,
+checkpoints and logging between loops are excluded). The first window of a ``fit()``
+includes tracing and is marked ``perf/warmup``; it never feeds the regression median.
+
+Outputs (files only on the chief, and only when the Trainer has a workdir):
+
+* console: ``telemetry.progress`` = ``bar`` (one updating line with ETA, for a
+  terminal), ``lines`` (one plain line per window: no control characters), ``off``, or
+  ``auto`` (``bar`` when stderr is a TTY and no launcher set ``TF_CONFIG``, else
+  ``lines``). The environment variable ``TF_TRAINER_PROGRESS`` overrides the config
+  (launchers set it to ``lines``). Only the chief prints progress; alerts print everywhere.
+* TensorBoard: ``workdir/train`` and ``workdir/eval`` (``tf.summary`` file writers);
+  train/eval values as ``loss``, ``accuracy``…, the rest under ``perf/``, ``mem/``,
+  ``sys/``, ``precision/``; alerts as the text summary ``alerts`` and the scalar
+  ``perf/regression_alert``.
+* ``workdir/metrics.jsonl``: one JSON object per logging window and per evaluation;
+  the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in README.md.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TextIO
 
+import keras
 import ml_collections
+import psutil
+import tensorflow as tf
 from absl import logging
+from tensorflow.core.framework import summary_pb2
 
+from trainer import config as config_lib
+from trainer import distribute, probes
 from trainer.loop import Component
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
+PROGRESS_ENV = "TF_TRAINER_PROGRESS"
+
+#: Keys of every ``kind == "train"`` record of metrics.jsonl (values may be null where
+#: noted in README.md), plus ``train/NAME`` for each value the step/metrics report.
+TRAIN_KEYS = (
+    "kind", "step", "time", "train/loss",
+    "perf/steps_per_s", "perf/examples_per_s", "perf/step_time_mean_s", "perf/step_time_p90_s",
+    "perf/loop_calls", "perf/warmup", "perf/eta_s",
+    "perf/input_wait_fraction", "perf/pipeline_examples_per_s", "perf/compute_examples_per_s",
+    "perf/probe_step",
+    "mem/host_rss_mb", "mem/host_memory_fraction", "mem/device_current_mb", "mem/device_peak_mb",
+    "mem/gpu_memory_fraction",
+    "sys/host_cpu_percent", "sys/process_cpu_percent", "sys/gpu_util_percent",
+    "precision/skipped_steps", "precision/loss_scale",
+    "perf/regression_alert", "alert",
+)
+#: Keys of every ``kind == "eval"`` record, plus ``eval/NAME`` for each eval metric.
+EVAL_KEYS = ("kind", "step", "time", "eval/loss")
+
+_CONTROL = "\r\x1b[K"  # carriage return + erase to end of line
+
+
+def progress_mode(configured: str, stream: TextIO) -> str:
+    """Resolves ``telemetry.progress`` (and ``$TF_TRAINER_PROGRESS``) to bar/lines/off."""
+    mode = os.environ.get(PROGRESS_ENV, "").strip().lower() or configured
+    if mode not in ("auto", "bar", "lines", "off"):
+        raise config_lib.ConfigError(
+            f"{PROGRESS_ENV}={mode!r} is not one of 'auto', 'bar', 'lines', 'off'.")
+    if mode != "auto":
+        return mode
+    tty = getattr(stream, "isatty", lambda: False)()
+    return "bar" if tty and not os.environ.get("TF_CONFIG") else "lines"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """Console progress in one of three modes (see the module docstring)."""
+
+    def __init__(self, mode: str, total_steps: int, stream: TextIO):
+        self.mode, self.total_steps, self.stream = mode, total_steps, stream
+        self._bar_shown = False
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def update(self, step: int, loss: float | None, examples_per_s: float | None,
+               eta_s: float | None) -> None:
+        """Bar mode: redraws the single progress line (after every train loop)."""
+        if self.mode != "bar":
+            return
+        width = 24
+        done = int(width * step / max(self.total_steps, 1))
+        parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{self.total_steps}"]
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        if examples_per_s:
+            parts.append(f"{examples_per_s:,.0f} ex/s")
+        parts.append(f"ETA {_duration(eta_s)}")
+        self._write(_CONTROL + "  ".join(parts))
+        self._bar_shown = True
+
+    def line(self, text: str) -> None:
+        """A permanent line (window summary, eval result)."""
+        if self.mode == "off":
+            return
+        self.clear()
+        self._write(text + "\n")
+
+    def clear(self) -> None:
+        """Bar mode: erases the progress line so another message can be printed."""
+        if self._bar_shown:
+            self._write(_CONTROL)
+            self._bar_shown = False
+
+
+class SystemSampler:
+    """Host and device memory and utilisation, sampled once per logging window.
+
+    Device memory uses ``tf.config.experimental.get_memory_info`` on this worker's
+    non-CPU devices (max over devices; ``None`` on CPU-only runs, where the host RSS
+    is the memory number). GPU utilisation needs NVML (``pip install nvidia-ml-py``);
+    without it the value is ``None``, silently. CPU percentages are averages since
+    the previous sample (``sys/process_cpu_percent`` can exceed 100 on several cores).
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy):
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)
+        psutil.cpu_percent(None)
+        self._devices = []
+        for name in strategy.extended.worker_devices:
+            spec = tf.DeviceSpec.from_string(name)
+            if spec.device_type and spec.device_type.upper() != "CPU":
+                self._devices.append(f"{spec.device_type}:{spec.device_index or 0}")
+        self._nvml = self._init_nvml()
+
+    @staticmethod
+    def _init_nvml():
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                       for i in range(pynvml.nvmlDeviceGetCount())]
+            return (pynvml, handles) if handles else None
+        except Exception:  # noqa: BLE001 - NVML is optional: absent, no driver, no GPU
+            return None
+
+    def sample(self) -> dict[str, float | None]:
+        rss = self._process.memory_info().rss
+        out: dict[str, float | None] = {
+            "mem/host_rss_mb": rss / 2**20,
+            "mem/host_memory_fraction": rss / psutil.virtual_memory().total,
+            "mem/device_current_mb": None, "mem/device_peak_mb": None,
+            "mem/gpu_memory_fraction": None,
+            "sys/host_cpu_percent": psutil.cpu_percent(None),
+            "sys/process_cpu_percent": self._process.cpu_percent(None),
+            "sys/gpu_util_percent": None,
+        }
+        infos = []
+        for device in self._devices:
+            try:
+                infos.append(tf.config.experimental.get_memory_info(device))
+            except (ValueError, RuntimeError):  # allocator stats not available here
+                pass
+        if infos:
+            out["mem/device_current_mb"] = max(i["current"] for i in infos) / 2**20
+            out["mem/device_peak_mb"] = max(i["peak"] for i in infos) / 2**20
+        if self._nvml:
+            pynvml, handles = self._nvml
+            try:
+                out["sys/gpu_util_percent"] = statistics.fmean(
+                    pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles)
+                out["mem/gpu_memory_fraction"] = max(
+                    (m.used / m.total) for m in (pynvml.nvmlDeviceGetMemoryInfo(h)
+                                                for h in handles))
+            except Exception:  # noqa: BLE001 - a transient NVML error must not stop training
+                pass
+        return out
+
+    def close(self) -> None:
+        if self._nvml:
+            try:
+                self._nvml[0].nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class RegressionDetector:
+    """Flags examples/s more than ``drop`` below the running median of earlier windows.
+
+    ``update`` returns ``(slow, fire)``: ``slow`` for this window, ``fire`` once per
+    episode, when ``windows`` consecutive windows have been slow. Needs 3 earlier
+    windows before it judges.
+    """
+
+    def __init__(self, drop: float, windows: int):
+        self.drop, self.windows = drop, windows
+        self.history: list[float] = []
+        self.streak = 0
+
+    def median(self) -> float | None:
+        return statistics.median(self.history[-100:]) if len(self.history) >= 3 else None
+
+    def update(self, examples_per_s: float) -> tuple[bool, bool]:
+        median = self.median()
+        slow = median is not None and examples_per_s < (1 - self.drop) * median
+        self.streak = self.streak + 1 if slow else 0
+        self.history.append(examples_per_s)
+        return slow, self.streak == self.windows
+
+
+def likely_cause(current: dict, baseline: dict) -> str:
+    """Names the likely cause of a slowdown from two telemetry records (see README)."""
+    causes = []
+    wait, base_wait = current.get("perf/input_wait_fraction"), baseline.get("perf/input_wait_fraction")
+    if wait is not None and wait >= 0.3 and (base_wait is None or wait - base_wait >= 0.15):
+        was = f" (was {base_wait:.0%})" if base_wait is not None else ""
+        causes.append(f"input wait up: {wait:.0%} of the step{was}")
+    near = [current.get(k) for k in ("mem/gpu_memory_fraction", "mem/host_memory_fraction")]
+    if any(v is not None and v >= 0.9 for v in near):
+        causes.append(f"memory near limit ({max(v for v in near if v is not None):.0%} used)")
+    skipped = (current.get("precision/skipped_steps") or 0) - (
+        baseline.get("precision/skipped_steps") or 0)
+    if skipped > 0:
+        causes.append(f"{skipped:.0f} skipped (non-finite) steps")
+    host, own = current.get("sys/host_cpu_percent"), current.get("sys/process_cpu_percent")
+    if host is not None and own is not None and host >= 90 and own / psutil.cpu_count() < 0.7 * host:
+        causes.append(f"host CPU contention: the machine is {host:.0f}% busy, this process "
+                      f"uses {own / psutil.cpu_count():.0f}%")
+    if not causes:
+        return ("no telemetry signal explains it; capture a trace with "
+                "--config.telemetry.profile_steps=START:STOP")
+    return "; ".join(causes)
+
+
+def setup_report(trainer: "Trainer") -> str:
+    """One screen: devices and strategy, precision, XLA, batch, outputs."""
+    cfg = trainer.config
+    replicas = trainer.strategy.num_replicas_in_sync
+    policy = keras.mixed_precision.global_policy().name
+    scaling = (f"dynamic loss scale from {cfg.precision.initial_loss_scale:g}"
+               if trainer.precision.dynamic else "no loss scaling")
+    xla = [f"perf.jit_compile={cfg.perf.jit_compile}",
+           f"auto-clustering={tf.config.optimizer.get_jit() or 'off'}"]
+    if os.environ.get("TF_XLA_FLAGS"):
+        xla.append(f"TF_XLA_FLAGS={os.environ['TF_XLA_FLAGS']}")
+    chief = distribute.is_chief(trainer.strategy)
+    outputs = (f"{trainer.workdir} (train/, eval/, metrics.jsonl"
+               f"{', profile/' if cfg.telemetry.profile_steps else ''})"
+               if trainer.workdir and chief else "none (no workdir, or not the chief)")
+    lines = [
+        distribute.describe(trainer.strategy),
+        f"  precision: {policy}, {scaling}",
+        f"  XLA: {', '.join(xla)}",
+        f"  batch: global {cfg.train.global_batch_size}, per replica "
+        f"{cfg.train.global_batch_size // replicas}; steps {trainer.step}->{cfg.train.steps}, "
+        f"{cfg.train.steps_per_loop} per loop call, log every {cfg.train.log_every_steps}",
+        f"  outputs: {outputs}",
+    ]
+    if cfg.telemetry.profile_steps:
+        lines.append(f"  profiler windows: {cfg.telemetry.profile_steps}")
+    return "\n".join(lines)
+
+
+def _plugin(name: str) -> summary_pb2.SummaryMetadata:
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=name))
+
+
+# The summary format of TensorBoard's scalar and text plugins, written with the core
+# ``tf.summary.write`` so that writing needs no ``tensorboard`` package (viewing does).
+_SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
+
+
+class _Writers:
+    """TensorBoard writers and the metrics.jsonl file of one run (chief only)."""
+
+    def __init__(self, workdir: str):
+        os.makedirs(workdir, exist_ok=True)
+        self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
+                        for kind in ("train", "eval")}
+        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind, step = record["kind"], record["step"]
+        self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+        self.jsonl.flush()
+        with self.summary[kind].as_default(step=step):
+            for key, value in record.items():
+                if key in ("kind", "step", "time", "alert") or value is None:
+                    continue
+                tag = key.split("/", 1)[1] if key.startswith(f"{kind}/") else key
+                tf.summary.write(tag, tf.constant(float(value), tf.float32), metadata=_SCALAR)
+            if record.get("alert"):
+                tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)
+        self.summary[kind].flush()
+
+    def close(self) -> None:
+        for writer in self.summary.values():
+            writer.close()
+        self.jsonl.close()
+
 
 class Telemetry(Component):
-    """Per-window throughput and progress logging."""
+    """Per-window throughput, timing, memory, utilisation, input wait, alerts, outputs.
 
-    def __init__(self, config: ml_collections.ConfigDict):
-        self.global_batch_size = config.train.global_batch_size
-        self.total_steps = config.train.steps
-        self._window_steps = 0
-        self._window_seconds = 0.0
+    Args:
+      config: the run's config (``train.*`` and ``telemetry.*`` are read).
+      stream: where progress goes (default ``sys.stderr``).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, stream: TextIO | None = None):
+        self.config = config
+        self.stream = stream or sys.stderr
+        self.records: list[dict[str, Any]] = []  # this fit()'s train records, in order
+        self._writers: _Writers | None = None
+        self._sampler: SystemSampler | None = None
+
+    # -------------------------------------------------------------- lifecycle
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        cfg = self.config
+        self._chief = distribute.is_chief(trainer.strategy)
+        mode = progress_mode(cfg.telemetry.progress, self.stream)
+        self.progress = Progress(mode if self._chief else "off", cfg.train.steps, self.stream)
+        if trainer.workdir and self._chief:
+            self._writers = _Writers(trainer.workdir)
+        self._sampler = SystemSampler(trainer.strategy)
+        self._detector = RegressionDetector(cfg.telemetry.alert_drop, cfg.telemetry.alert_windows)
+        self._loops: list[tuple[int, float]] = []
+        self._windows = 0
+        self._rate: float | None = None  # steps/s of the latest non-warm-up window
+        self._probe: dict[str, Any] = {}
+        self._input_probe: probes.InputProbe | None = None
+        self._compute_probe: probes.ComputeProbe | str | None = None
+        logging.info("%s", setup_report(trainer))
 
     def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
-        self._window_steps += num_steps
-        self._window_seconds += seconds
+        self._loops.append((num_steps, seconds))
+        if self.progress.mode == "bar":
+            eta = (self.config.train.steps - trainer.step) / self._rate if self._rate else None
+            last = self.records[-1] if self.records else {}
+            self.progress.update(trainer.step, last.get("train/loss"),
+                                 last.get("perf/examples_per_s"), eta)
 
     def on_log(self, trainer: "Trainer", values: dict[str, float]) -> None:
-        examples_per_s = self._window_steps * self.global_batch_size / max(
-            self._window_seconds, 1e-9)
-        logging.info("step %d/%d: %s, %.1f examples/s", trainer.step, self.total_steps,
-                     ", ".join(f"{k}={v:.4g}" for k, v in values.items()), examples_per_s)
-        self._window_steps, self._window_seconds = 0, 0.0
+        record = self._window_record(trainer, values)
+        self.records.append(record)
+        if self._writers:
+            self._writers.write(record)
+        self.progress.line(self._summary_line(record))
 
     def on_eval(self, trainer: "Trainer", values: dict[str, float]) -> None:
-        logging.info("eval at step %d: %s", trainer.step,
-                     ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+        record = {"kind": "eval", "step": trainer.step, "time": time.time(),
+                  **{f"eval/{k}": v for k, v in values.items()}}
+        if self._writers:
+            self._writers.write(record)
+        self.progress.line(f"eval  step {trainer.step}: " + ", ".join(
+            f"{k}={v:.4g}" for k, v in values.items()))
+
+    def on_fit_end(self, trainer: "Trainer", results: dict[str, float]) -> None:
+        self.progress.clear()
+        if self._writers:
+            self._writers.close()
+            self._writers = None
+        if self._sampler:
+            self._sampler.close()
+
+    # ---------------------------------------------------------------- windows
+    def _window_record(self, trainer: "Trainer", values: dict[str, float]) -> dict[str, Any]:
+        cfg = self.config
+        loops, self._loops = self._loops, []
+        self._windows += 1
+        warmup = self._windows == 1
+        steps = sum(n for n, _ in loops)
+        seconds = sum(s for _, s in loops)
+        step_s = seconds / max(steps, 1)
+        per_call = sorted(s / n for n, s in loops)
+        p90 = per_call[min(len(per_call) - 1, math.ceil(0.9 * len(per_call)) - 1)]
+        examples_per_s = steps * cfg.train.global_batch_size / max(seconds, 1e-9)
+        if not warmup:
+            self._rate = steps / max(seconds, 1e-9)
+        record: dict[str, Any] = {
+            "kind": "train", "step": trainer.step, "time": time.time(),
+            **{f"train/{k}": v for k, v in values.items()},
+            "perf/steps_per_s": steps / max(seconds, 1e-9),
+            "perf/examples_per_s": examples_per_s,
+            "perf/step_time_mean_s": step_s, "perf/step_time_p90_s": p90,
+            "perf/loop_calls": len(loops), "perf/warmup": warmup,
+            "perf/eta_s": (cfg.train.steps - trainer.step) / self._rate if self._rate else None,
+        }
+        record.update(self._sampler.sample())
+        record["precision/skipped_steps"] = int(trainer.precision.skipped_steps.numpy())
+        record["precision/loss_scale"] = float(trainer.precision.scale.numpy())
+        slow, fire = (False, False) if warmup else self._detector.update(examples_per_s)
+        every = cfg.telemetry.probe_every_windows
+        due = every and not warmup and ((self._windows - 2) % every == 0 or slow)
+        if due:
+            self._run_probes(trainer)
+        record.update(self._wait_numbers(step_s))
+        record["perf/regression_alert"] = 0.0
+        record["alert"] = None
+        if fire:
+            baseline = self._baseline()
+            cause = likely_cause(record, baseline)
+            median = self._detector.median()
+            record["alert"] = (
+                f"throughput regression: {examples_per_s:,.0f} examples/s for "
+                f"{cfg.telemetry.alert_windows} windows, more than "
+                f"{cfg.telemetry.alert_drop:.0%} below the running median {median:,.0f}; "
+                f"likely cause: {cause}")
+            record["perf/regression_alert"] = 1.0
+            self.progress.clear()
+            logging.warning("step %d: %s", trainer.step, record["alert"])
+        return record
+
+    def _baseline(self) -> dict[str, Any]:
+        """Telemetry before the slow streak: median input wait, skipped-step count."""
+        streak = self.config.telemetry.alert_windows - 1  # earlier slow windows in records
+        earlier = [r for r in self.records[:len(self.records) - streak] if not r["perf/warmup"]]
+        waits = [r["perf/input_wait_fraction"] for r in earlier
+                 if r["perf/input_wait_fraction"] is not None]
+        return {"perf/input_wait_fraction": statistics.median(waits) if waits else None,
+                "precision/skipped_steps": earlier[-1]["precision/skipped_steps"] if earlier else 0}
+
+    def _run_probes(self, trainer: "Trainer") -> None:
+        """Times the pipeline alone and compute alone (see :mod:`trainer.probes`)."""
+        n = self.config.telemetry.probe_batches
+        if self._input_probe is None:
+            self._input_probe = probes.InputProbe(trainer)
+        input_s = self._input_probe.seconds_per_batch(n)
+        if self._compute_probe is None:
+            try:
+                self._compute_probe = probes.ComputeProbe(trainer, self._input_probe.next_batch())
+            except probes.ComputeUnavailable as error:
+                logging.info("input-wait estimate unavailable: %s", error)
+                self._compute_probe = str(error)
+        compute_s = (self._compute_probe.seconds_per_step(n)
+                     if isinstance(self._compute_probe, probes.ComputeProbe) else None)
+        self._probe = {"input_s": input_s, "compute_s": compute_s, "step": trainer.step}
+
+    def _wait_numbers(self, step_s: float) -> dict[str, float | None]:
+        gbs = self.config.train.global_batch_size
+        p = self._probe
+        if not p:
+            return {"perf/input_wait_fraction": None, "perf/pipeline_examples_per_s": None,
+                    "perf/compute_examples_per_s": None, "perf/probe_step": None}
+        compute_s = p["compute_s"]
+        return {
+            "perf/input_wait_fraction": (probes.input_wait_fraction(p["input_s"], compute_s, step_s)
+                                         if compute_s is not None else None),
+            "perf/pipeline_examples_per_s": gbs / max(p["input_s"], 1e-9),
+            "perf/compute_examples_per_s": gbs / max(compute_s, 1e-9) if compute_s else None,
+            "perf/probe_step": p["step"],
+        }
+
+    def _summary_line(self, record: dict[str, Any]) -> str:
+        total = self.config.train.steps
+        train = ", ".join(f"{k[6:]}={v:.4g}" for k, v in record.items()
+                          if k.startswith("train/"))
+        parts = [f"step {record['step']}/{total}: {train}",
+                 f"{record['perf/examples_per_s']:,.0f} ex/s",
+                 f"step {record['perf/step_time_mean_s'] * 1e3:.2f} ms "
+                 f"(p90 {record['perf/step_time_p90_s'] * 1e3:.2f})"]
+        wait = record.get("perf/input_wait_fraction")
+        if wait is not None:
+            parts.append(f"input wait {wait:.0%}")
+        parts.append(f"rss {record['mem/host_rss_mb']:,.0f} MB")
+        if record.get("mem/device_peak_mb") is not None:
+            parts.append(f"device peak {record['mem/device_peak_mb']:,.0f} MB")
+        if record["precision/skipped_steps"]:
+            parts.append(f"skipped {record['precision/skipped_steps']}")
+        parts.append(f"ETA {_duration(record['perf/eta_s'])}")
+        return "  ".join(parts)

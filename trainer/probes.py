@@ -1,0 +1,154 @@
+"""Short timing probes of one Trainer's input pipeline and compute, used by telemetry
+and the doctor.
+
+With in-graph loops the host cannot see how long each step waited for its batch, so
+the input wait is *estimated* from two probes run between train loops (cross-replica
+context, on the host, eagerly calling small ``tf.function`` loops):
+
+* :class:`InputProbe` pulls batches from a SECOND distributed copy of the train
+  dataset (built once with the same ``build_train_dataset`` and options; the training
+  iterator is never touched, so the run sees exactly the data it would see without
+  telemetry) in an in-graph loop: seconds per global batch of the pipeline alone.
+* :class:`ComputeProbe` runs the model's forward and backward pass (no optimizer
+  update, no all-reduce) on one cached batch in an in-graph loop: seconds per step of
+  compute alone. Non-trainable state the forward pass changes (BatchNorm statistics,
+  dropout seed state) is restored afterwards, so a probe leaves the run unchanged.
+
+:func:`input_wait_fraction` combines them with the observed step time by the usual
+overlap model (prefetch lets the pipeline run while the step computes, so a step
+waits ``max(0, min(t_input, t_step) - t_compute)``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from trainer import data, precision
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+
+def _local_tensors(value) -> list:
+    """The tensors of a (possibly distributed) nested value on this worker."""
+    out = []
+    for item in tf.nest.flatten(value, expand_composites=False):
+        values = getattr(item, "values", None)
+        out.extend(values if isinstance(values, tuple) else [item])
+    return out
+
+
+class InputProbe:
+    """Times the train input pipeline alone, on a second copy of the distributed dataset.
+
+    The copy is built on first use and kept (its iterator stays warm between probes);
+    it costs the memory of one more pipeline (e.g. its shuffle buffer).
+    """
+
+    def __init__(self, trainer: "Trainer"):
+        cfg = trainer.config
+        self.global_batch_size = cfg.train.global_batch_size
+        self._dataset = data.distribute(
+            trainer.strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
+            deterministic=cfg.train.deterministic)
+        self._iterator = iter(self._dataset)
+
+        @tf.function
+        def drain(iterator, num_batches):
+            count = tf.constant(0, tf.int64)
+            for _ in tf.range(num_batches):
+                batch = next(iterator)
+                # Depend on every pulled tensor so nothing is pruned away.
+                count += tf.add_n([tf.cast(tf.size(t), tf.int64) for t in _local_tensors(batch)])
+            return count
+
+        self._drain = drain
+        self._drain(self._iterator, tf.constant(1, tf.int64)).numpy()  # trace and warm up
+
+    def next_batch(self):
+        """One distributed batch (a PerReplica structure) from the probe's copy."""
+        return next(self._iterator)
+
+    def seconds_per_batch(self, num_batches: int) -> float:
+        """Wall seconds per global batch to pull ``num_batches`` batches (host sync'd)."""
+        start = time.perf_counter()
+        self._drain(self._iterator, tf.constant(num_batches, tf.int64)).numpy()
+        return (time.perf_counter() - start) / num_batches
+
+
+class ComputeUnavailable(RuntimeError):
+    """The compute probe cannot represent this Trainer's step (the message says why)."""
+
+
+class ComputeProbe:
+    """Times forward + backward of ``trainer.model`` on one cached batch.
+
+    Only for Trainers that keep the default ``train_step`` and ``(features, labels)`` /
+    dict batches; otherwise the constructor raises :class:`ComputeUnavailable`. The
+    optimizer update and the gradient all-reduce are NOT included, so this is a lower
+    bound of the step's compute time.
+    """
+
+    def __init__(self, trainer: "Trainer", batch):
+        from trainer.trainer import Trainer, split_batch
+
+        if type(trainer).train_step is not Trainer.train_step:
+            raise ComputeUnavailable(
+                f"{type(trainer).__name__} overrides train_step; the probe cannot know "
+                f"which models it runs.")
+        strategy, model = trainer.strategy, trainer.model
+        self._state = list(model.non_trainable_variables)
+
+        def replica_step(b):
+            features, _ = split_batch(b)
+            with tf.GradientTape() as tape:
+                outputs = precision.outputs_to_float32(model(features, training=True))
+                loss = tf.reduce_sum(tf.cast(trainer.compute_loss(b, outputs), tf.float32))
+            grads = tape.gradient(loss, model.trainable_variables)
+            sums = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,
+                                          tf.float32)) for g in grads if g is not None]
+            return tf.add_n(sums) if sums else loss
+
+        @tf.function
+        def run(b, num_steps):
+            total = tf.constant(0.0)
+            for _ in tf.range(num_steps):
+                total += tf.add_n(strategy.experimental_local_results(
+                    strategy.run(replica_step, args=(b,))))
+            return total
+
+        self._batch = batch
+        self._run = run
+        try:
+            self._timed(1)  # trace and warm up
+        except ValueError as error:
+            raise ComputeUnavailable(str(error)) from error
+
+    def _timed(self, num_steps: int) -> float:
+        saved = [tf.identity(v) for v in self._state]
+        start = time.perf_counter()
+        self._run(self._batch, tf.constant(num_steps, tf.int64)).numpy()
+        seconds = time.perf_counter() - start
+        for variable, value in zip(self._state, saved):
+            variable.assign(value)
+        return seconds
+
+    def seconds_per_step(self, num_steps: int) -> float:
+        """Wall seconds per forward+backward step over ``num_steps`` steps."""
+        return self._timed(num_steps) / num_steps
+
+
+def input_wait_fraction(input_s: float, compute_s: float, step_s: float) -> float:
+    """Estimated fraction of the step time spent waiting for input, in [0, 1].
+
+    ``input_s``: the pipeline alone, seconds per global batch; ``compute_s``: compute
+    alone, seconds per step; ``step_s``: the observed seconds per step. With prefetch
+    the pipeline overlaps compute, so each step waits ``min(input_s, step_s) -
+    compute_s`` when that is positive.
+    """
+    if step_s <= 0:
+        return 0.0
+    return min(1.0, max(0.0, min(input_s, step_s) - compute_s) / step_s)
