@@ -125,3 +125,14 @@ def test_fit_reports_eval_metrics_with_eval_dataset():
     results = t.fit()
     assert set(results) == {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy"}
     assert all(isinstance(v, float) for v in results.values())
+
+
+def test_second_fit_continues_where_the_first_stopped():
+    # fit() to 10 then to 20 on the same Trainer == one fit() to 20 (same data order).
+    split = toy.ToyTrainer(toy.toy_config(**{"train.steps": 10}))
+    split.fit()
+    split.config.train.steps = 20
+    split.fit()
+    assert split.step == 20
+    for ref, got in zip(fit_weights(), split.model.get_weights()):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)

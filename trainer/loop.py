@@ -145,6 +145,26 @@ def evaluate(trainer: "Trainer") -> dict[str, float]:
     return _metric_values(trainer.eval_loss, trainer.eval_metrics)
 
 
+def _train_iterator(trainer: "Trainer"):
+    """The distributed train iterator, positioned at ``trainer.step``.
+
+    A second ``fit()`` on the same Trainer (e.g. after raising ``train.steps``)
+    continues with the iterator it left; otherwise (first call, or after a restore
+    moved ``trainer.step``) the dataset is built and skips the batches already
+    consumed, which is exact for deterministic pipelines and costs time linear in the
+    steps skipped.
+    """
+    cached = getattr(trainer, "_train_iterator_at", None)
+    if cached is not None and cached[0] == trainer.step:
+        return cached[1]
+    cfg = trainer.config
+    train_dataset = data.distribute(
+        trainer.strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
+        deterministic=cfg.train.deterministic, skip_batches=trainer.step)
+    _ensure_built(trainer, train_dataset)
+    return iter(train_dataset)
+
+
 def next_boundary(step: int, every: int) -> float:
     """The first multiple of ``every`` after ``step`` (inf when ``every`` is 0)."""
     return (step // every + 1) * every if every > 0 else math.inf
@@ -180,9 +200,10 @@ class Component:
 
 def components(trainer: "Trainer") -> list[Component]:
     """The components a fit() run uses, in call order."""
-    from trainer import profiler, telemetry
+    from trainer import checkpoint, profiler, telemetry
 
-    return [telemetry.Telemetry(trainer.config), profiler.ProfilerWindows(trainer.config)]
+    return [telemetry.Telemetry(trainer.config), profiler.ProfilerWindows(trainer.config),
+            checkpoint.Checkpointer(trainer)]
 
 
 def fit(trainer: "Trainer") -> dict[str, float]:
@@ -191,12 +212,10 @@ def fit(trainer: "Trainer") -> dict[str, float]:
     total = cfg.train.steps
     has_eval = trainer.has_eval_dataset()
     parts = components(trainer)
-    train_dataset = data.distribute(
-        trainer.strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
-        deterministic=cfg.train.deterministic, skip_batches=trainer.step)
-    _ensure_built(trainer, train_dataset)
+    if trainer.step == 0:
+        trainer.restore()  # latest checkpoint in workdir: sets trainer.step before the input
+    iterator = _train_iterator(trainer)
     loops = _loops(trainer)
-    iterator = iter(train_dataset)
     results: dict[str, float] = {}
     _reset(trainer.train_loss, trainer.train_metrics)
     stop_on_nonfinite = cfg.train.on_nonfinite == "stop"
@@ -241,6 +260,7 @@ def fit(trainer: "Trainer") -> dict[str, float]:
                 for part in parts:
                     part.on_eval(trainer, eval_values)
     finally:
+        trainer._train_iterator_at = (trainer.step, iterator)
         for part in parts:
             part.on_fit_end(trainer, results)
     return results
