@@ -4,7 +4,12 @@
         [--config.train.steps=500 ...]
 
 Builds the Trainer subclass named by ``config.trainer``, writes the resolved config to
-``workdir/config.json`` (chief only) and calls ``fit()``.
+``workdir/config.json`` (chief only) and calls ``fit()``, which resumes from the latest
+checkpoint in ``workdir``.
+
+Exit codes: 0 done; 1 with a one-line message for a configuration or checkpoint error;
+42 (``trainer.checkpoint.EXIT_PREEMPTED``) after SIGTERM, once the current step is
+checkpointed: run the same command again to resume.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    from trainer import config as config_lib, distribute
+    from trainer import checkpoint, config as config_lib, distribute
 
     config = _CONFIG.value
     try:
@@ -40,7 +45,15 @@ def main(argv: list[str]) -> None:
             f.write(config.to_json_best_effort(indent=2, sort_keys=True))
     tf_logger = logging.logging.getLogger("tensorflow")
     tf_logger.setLevel(logging.logging.WARNING)  # TF's per-call INFO lines drown progress
-    results = trainer.fit()
+    try:
+        results = trainer.fit()
+    except checkpoint.Preempted as preempted:
+        logging.warning("%s Exit code %d.", preempted, checkpoint.EXIT_PREEMPTED)
+        sys.exit(checkpoint.EXIT_PREEMPTED)
+    except checkpoint.CheckpointError as error:
+        sys.exit(f"Checkpoint error: {error}")
+    except config_lib.ConfigError as error:
+        sys.exit(f"Configuration error: {error}")
     logging.info("final: %s", json.dumps(results, sort_keys=True))
 
 

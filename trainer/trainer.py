@@ -354,3 +354,27 @@ class Trainer:
         from trainer import loop
 
         return loop.evaluate(self)
+
+    def restore(self, step: int | None = None) -> int | None:
+        """Restores the latest (or the given) checkpoint in ``workdir``; returns its step.
+
+        Sets every saved variable (model, optimizers, loss scale, step counter) and
+        ``self.step``; None when ``workdir`` holds no checkpoint. Works across strategies
+        and replica counts. On multi-worker runs call it on every worker. ``fit()``
+        calls it itself when this Trainer has not trained yet. Raises
+        ``trainer.checkpoint.CheckpointError`` naming the variable when the checkpoint
+        is missing, unreadable or does not fit the model. See :mod:`trainer.checkpoint`.
+        """
+        from trainer import checkpoint
+
+        return checkpoint.restore(self, step)
+
+    def export(self, path: str) -> None:
+        """Writes the model's inference function to ``path`` as a SavedModel.
+
+        Keras ``model.export`` (``serve`` endpoint and ``serving_default`` signature),
+        loadable by ``tf.saved_model.load`` without this package.
+        """
+        from trainer import checkpoint
+
+        checkpoint.export(self, path)
