@@ -6,9 +6,11 @@ lives until the group ends:
 
 * every child exits 0 → success (a sidecar task, e.g. an evaluator, need not finish);
 * one exits non-zero or is killed by a signal → the others are stopped;
-* one writes nothing within ``start_timeout_s`` of its start, writes nothing for
-  ``hang_timeout_s``, or sits stopped (SIGSTOP / SIGTSTP) for ``frozen_timeout_s``
-  → it is declared hung and the group is stopped;
+* one writes nothing within ``start_timeout_s`` of its start, or sits stopped (SIGSTOP /
+  SIGTSTP) for ``frozen_timeout_s`` → it is declared hung and the group is stopped;
+* no child writes anything for ``hang_timeout_s`` → the group is declared hung. This
+  bound is over the whole group because in a multi-worker run often only the chief
+  logs progress, and the workers advance in lockstep with it;
 * the launcher is asked to stop (SIGINT / SIGTERM) → the group is stopped.
 
 Stopping sends SIGTERM (and SIGCONT, so a stopped child can act on it) to each child's
@@ -63,7 +65,7 @@ class Bounds:
     """Liveness bounds in seconds; 0 turns a bound off (``grace_s`` must be > 0)."""
 
     start_timeout_s: float = 300.0
-    hang_timeout_s: float = 900.0
+    hang_timeout_s: float = 0.0
     frozen_timeout_s: float = 30.0
     grace_s: float = 10.0
 
@@ -80,9 +82,9 @@ class GroupResult:
     """How a group ended.
 
     ``exit_code``: 0 on success; the first failing task's exit status (``128 + N`` if
-    it was killed by signal N); :data:`EXIT_HUNG` when a task was declared hung;
-    ``128 + N`` when the launcher was stopped by signal N. ``failed_task`` names the task
-    that ended the group (None on success or launcher stop); ``port_clash`` is True when
+    it was killed by signal N); :data:`EXIT_HUNG` when a task or the group was declared
+    hung; ``128 + N`` when the launcher was stopped by signal N. ``failed_task`` names the
+    task that ended the group (None on success, a silent group or a launcher stop); ``port_clash`` is True when
     the failing task's output says its port was taken (the group may retry on new ports).
     """
 
@@ -185,6 +187,7 @@ class ProcessGroup:
         self._log = log
         self._out = {1: stdout or sys.stdout.buffer, 2: stderr or sys.stderr.buffer}
         self._children: list[_Child] = []
+        self._last_output = time.monotonic()
         self._selector = selectors.DefaultSelector()
 
     @property
@@ -221,7 +224,7 @@ class ProcessGroup:
             except OSError:
                 data = b""
             if data:
-                child.last_output = time.monotonic()
+                child.last_output = self._last_output = time.monotonic()
                 self._emit(child, stream, data)
             else:
                 self._selector.unregister(key.fileobj)
@@ -247,6 +250,7 @@ class ProcessGroup:
             )
             child = _Child(spec, popen, time.monotonic())
             self._children.append(child)
+            self._last_output = child.started
             self._selector.register(popen.stdout, selectors.EVENT_READ, (child, 1))
             self._selector.register(popen.stderr, selectors.EVENT_READ, (child, 2))
         self._log("[launcher] pids: " + " ".join(f"{c.name}={c.pid}" for c in self._children))
@@ -301,10 +305,6 @@ class ProcessGroup:
                 return GroupResult(EXIT_HUNG, f"{child.name} wrote nothing within "
                                    f"{b.start_timeout_s:g} s of its start (--start_timeout)",
                                    child.name)
-            if (b.hang_timeout_s and child.last_output is not None
-                    and now - child.last_output > b.hang_timeout_s):
-                return GroupResult(EXIT_HUNG, f"{child.name} wrote nothing for "
-                                   f"{b.hang_timeout_s:g} s (--hang_timeout)", child.name)
             if process_state(child.pid) == "T":
                 child.stopped_since = child.stopped_since or now
                 if b.frozen_timeout_s and now - child.stopped_since > b.frozen_timeout_s:
@@ -313,6 +313,9 @@ class ProcessGroup:
                                        f"(--frozen_timeout)", child.name)
             else:
                 child.stopped_since = None
+        if b.hang_timeout_s and now - self._last_output > b.hang_timeout_s:
+            return GroupResult(EXIT_HUNG, f"no task wrote anything for {b.hang_timeout_s:g} s "
+                               f"(--hang_timeout)")
         if all(c.popen.poll() == 0 for c in self._children if not c.sidecar):
             return GroupResult(0, "every task exited with code 0")
         return None
@@ -333,7 +336,8 @@ class ProcessGroup:
                 result = self._check(time.monotonic())
                 if result is not None:
                     if result.exit_code:
-                        self._log(f"[launcher] {result.reason}: stopping the other tasks.")
+                        others = "the other tasks" if result.failed_task else "every task"
+                        self._log(f"[launcher] {result.reason}: stopping {others}.")
                     self.stop()
                     return result
         except BaseException:

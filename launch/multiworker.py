@@ -126,8 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="restart the whole group up to R times after a failure")
     group.add_argument("--start_timeout", type=float, default=300.0, metavar="S",
                        help="a task that writes nothing within S s of its start is hung (0: off)")
-    group.add_argument("--hang_timeout", type=float, default=900.0, metavar="S",
-                       help="a task that writes nothing for S s is hung (0: off)")
+    group.add_argument("--hang_timeout", type=float, default=0.0, metavar="S",
+                       help="the group is hung when no task writes anything for S s (0: off)")
     group.add_argument("--frozen_timeout", type=float, default=30.0, metavar="S",
                        help="a task stopped (SIGSTOP) for S s is hung (0: off)")
     group.add_argument("--grace_s", type=float, default=10.0,

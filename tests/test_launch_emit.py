@@ -166,9 +166,11 @@ def _fake_slurm_bin(tmp_path, nodes):
         while args[0].startswith("--"):
             args.pop(0)
         env = dict(os.environ, SLURM_NTASKS="{nodes}", SLURM_JOB_NODELIST="node[1-{nodes}]")
-        procs = [subprocess.Popen(args, env=dict(env, SLURM_PROCID=str(i)))
-                 for i in range({nodes})]
-        sys.exit(max(p.wait() for p in procs))
+        procs = [subprocess.Popen(args, env=dict(env, SLURM_PROCID=str(i)),
+                                  stdout=subprocess.PIPE) for i in range({nodes})]
+        outputs = [p.communicate()[0] for p in procs]  # one task's lines after another
+        sys.stdout.buffer.write(b"".join(outputs))
+        sys.exit(max(p.returncode for p in procs))
         """))
     for tool in ("scontrol", "srun"):
         (bin_dir / tool).chmod(0o755)

@@ -1,0 +1,72 @@
+"""A DigitsTrainer that saves its final weights and can crash once, for launcher tests.
+
+* After ``fit()`` it writes ``workdir/weights-<task_type>-<task_index>.npz`` (``local-0``
+  without TF_CONFIG) holding ``model.get_weights()`` as ``w0, w1, ...``.
+* ``LAUNCH_TEST_CRASH="worker:1:12"`` makes task worker:1 exit with code 3 when its input
+  pipeline produces batch 12, once: the marker ``workdir/crashed-worker-1`` stops it from
+  crashing again after a restart.
+* ``LAUNCH_TEST_EXIT_AT_START="worker:1"`` makes that task exit with code 2 before it
+  creates its strategy, while its peers wait for it in MultiWorkerMirroredStrategy setup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from models.digits import DigitsTrainer
+
+
+def task_id() -> tuple[str, int]:
+    """This process's ``(task_type, task_index)`` from TF_CONFIG, ``("local", 0)`` without."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return "local", 0
+    task = json.loads(raw)["task"]
+    return task["type"], int(task["index"])
+
+
+class WeightsTrainer(DigitsTrainer):
+    def __init__(self, config, workdir=None, strategy=None):
+        if os.environ.get("LAUNCH_TEST_EXIT_AT_START") == "%s:%d" % task_id():
+            print("injected exit at start", file=sys.stderr, flush=True)
+            sys.exit(2)
+        super().__init__(config, workdir, strategy)
+
+    def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        ds = super().build_train_dataset(ctx)
+        spec = os.environ.get("LAUNCH_TEST_CRASH", "")
+        if not spec:
+            return ds
+        # Every task gets the same pipeline (collectives need identical graphs on all
+        # workers); only the named task crashes.
+        task_type, index = task_id()
+        target, crash_at = spec.rsplit(":", 1)
+        marker = os.path.join(self.workdir, f"crashed-{task_type}-{index}")
+        armed = target == f"{task_type}:{index}" and not os.path.exists(marker)
+
+        def maybe_crash(count):
+            if armed and int(count) == int(crash_at):
+                open(marker, "w").close()
+                print(f"injected crash of {task_type}:{index} at batch {crash_at}", flush=True)
+                os._exit(3)
+            return count
+
+        counted = tf.data.Dataset.zip((ds, tf.data.Dataset.range(1 << 62)))
+        return counted.map(
+            lambda batch, count: (batch, tf.py_function(maybe_crash, [count], tf.int64))
+        ).map(lambda batch, _: batch)
+
+    def fit(self) -> dict[str, float]:
+        results = super().fit()
+        task_type, index = task_id()
+        os.makedirs(self.workdir, exist_ok=True)
+        weights = self.model.get_weights()
+        np.savez(os.path.join(self.workdir, f"weights-{task_type}-{index}.npz"),
+                 **{f"w{i}": w for i, w in enumerate(weights)})
+        return results
