@@ -53,7 +53,7 @@ def parse_hosts(text: str, default_port: int) -> list[str]:
     return addresses
 
 
-def _resolve(host: str) -> list[ipaddress._BaseAddress]:
+def _resolve(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     try:
         return [ipaddress.ip_address(host)]
     except ValueError:

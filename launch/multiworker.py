@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = _parser()
     argv = list(argv)
     tail = []
@@ -184,7 +184,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                          f"give --workers N.")
         if args.workers is None or args.workers < 1:
             parser.error(f"--emit {args.emit} needs --workers N (N >= 1).")
-    return args, args.trainer_flags
+    return args
 
 
 def _emit(args: argparse.Namespace, log) -> str:
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        args, _ = _parse(argv)
+        args = _parse(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     if args.emit:

@@ -58,22 +58,3 @@ def test_bad_arguments_exit_2_with_the_reason(args, message):
     assert result.returncode == 2
     assert message in result.stderr
 
-
-def test_virtual_devices_train_digits_to_the_same_weights_as_one_device(tmp_path):
-    import numpy as np
-
-    weights = {}
-    for name, launcher in (("one", ["-m", "trainer.main"]),
-                           ("mirrored", ["-m", "launch.mirrored", "--virtual_devices", "2"])):
-        workdir = tmp_path / name
-        result = subprocess.run(
-            [sys.executable, *launcher, "--config=tests/launch_helpers/weights_config.py",
-             f"--workdir={workdir}"],
-            env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"} | {"PYTHONPATH": REPO},
-            cwd=REPO, capture_output=True, text=True, timeout=240)
-        assert result.returncode == 0, result.stderr[-4000:]
-        with np.load(workdir / "weights-local-0.npz") as f:
-            weights[name] = [f[k] for k in sorted(f.files)]
-    assert "replicas in sync: 2" in result.stderr
-    for got, want in zip(weights["mirrored"], weights["one"]):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

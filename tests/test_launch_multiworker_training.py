@@ -1,4 +1,4 @@
-"""``python -m launch.multiworker`` with the real trainer: digits on local worker groups.
+"""The launchers with the real trainer: digits on local worker groups and on Mirrored.
 
 Each test starts real TensorFlow processes (MultiWorkerMirroredStrategy over loopback,
 one CPU device per worker). Final weights come from
@@ -73,6 +73,13 @@ def test_workers_train_to_the_same_weights_as_one_process(args, tasks, tmp_path,
         == [f"weights-{t}.npz" for t in tasks]
     for task in tasks:
         assert_same_weights(reference_weights, tmp_path / f"weights-{task}.npz")
+
+
+def test_mirrored_over_virtual_devices_trains_to_the_same_weights(tmp_path, reference_weights):
+    run = Launch("launch.mirrored", ["--virtual_devices", "2", CONFIG, f"--workdir={tmp_path}"])
+    assert run.finish(RUN_S) == 0, run.output[-6000:]
+    assert "replicas in sync: 2" in run.output
+    assert_same_weights(reference_weights, tmp_path / "weights-local-0.npz")
 
 
 def test_sigkill_of_one_of_four_workers_ends_the_group_within_the_bound(tmp_path):
