@@ -1,0 +1,60 @@
+"""Loading TensorFlow Datasets (TFDS) splits offline-first, with a fast, explicit failure.
+
+``tfds.load`` with its default ``download=True`` retries downloads for minutes on a
+machine without internet. Here the download happens only when the config asks for it
+(``config.data.download=True``); otherwise a split that is not prepared in
+``config.data.data_dir`` raises :class:`DataNotPreparedError` at once, saying how to
+prepare it. ``tensorflow_datasets`` is imported inside :func:`load_split` (it costs
+~0.3 s and is not needed by the other models).
+
+Data settings read from ``config.data`` (free-form section):
+
+* ``data_dir``: TFDS data directory; ``""`` means TFDS's default (``$TFDS_DATA_DIR`` or
+  ``~/tensorflow_datasets``);
+* ``download``: False (default) never touches the network.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+import tensorflow as tf
+
+
+class DataNotPreparedError(FileNotFoundError):
+    """A TFDS dataset is not prepared in the data directory and downloading is off."""
+
+
+def not_prepared_message(name: str, data_dir: str) -> str:
+    """How to prepare ``name`` for ``data_dir`` (``""``: the TFDS default directory)."""
+    where = data_dir or "~/tensorflow_datasets (or $TFDS_DATA_DIR)"
+    target = data_dir or "DIR"
+    return (
+        f"TFDS dataset '{name}' is not prepared in {where} and config.data.download is "
+        f"False, so nothing was downloaded. Either prepare it once on a machine with "
+        f"internet: `tfds build {name} --data_dir={target}` (copy {target} to this "
+        f"machine if it has no internet) and run with --config.data.data_dir={target}; "
+        f"or let this run download it: --config.data.download=True. For a run with no "
+        f"data at all, use models/configs/digits.py (embedded in scikit-learn).")
+
+
+def load_split(name: str, split: str, data_config: ml_collections.ConfigDict) -> tf.data.Dataset:
+    """Returns ``tfds.load(name, split=split, as_supervised=True)``: ``(image, label)``.
+
+    Reads ``data_config.data_dir`` and ``data_config.download`` (see the module
+    docstring). Works under ``tfds.testing.mock_data`` (which replaces the stored data).
+
+    Raises:
+      DataNotPreparedError: the split is not in ``data_dir`` and ``download`` is False.
+    """
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    data_dir = data_config.data_dir or None
+    download = bool(data_config.download)
+    try:
+        return tfds.load(name, split=split, data_dir=data_dir, download=download,
+                         as_supervised=True, shuffle_files=False)
+    except AssertionError as error:
+        # tfds signals "not prepared" with an AssertionError ("could not find data").
+        if download or "could not find data" not in str(error):
+            raise
+        raise DataNotPreparedError(not_prepared_message(name, data_dir or "")) from error
