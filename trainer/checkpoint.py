@@ -67,6 +67,7 @@ import math
 import os
 import re
 import signal
+import sys
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -114,7 +115,26 @@ def _orbax():
     handler = logging.get_absl_handler()  # orbax logs through absl, JAX through logging
     if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
         handler.addFilter(_QuietOrbax())
+        sys.unraisablehook = _without_closed_loop_noise(sys.unraisablehook)
     return ocp
+
+
+def _without_closed_loop_noise(previous):
+    """An unraisable-exception hook that drops orbax's closed-event-loop echoes.
+
+    When one array of a checkpoint cannot be read, orbax closes its asyncio loop while
+    tensorstore still completes the other reads; each completion then reports
+    "RuntimeError: Event loop is closed" with a traceback. The read error itself is
+    raised (and reported) normally; only these echoes are dropped.
+    """
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    return hook
 
 
 class _QuietOrbax(pylogging.Filter):
@@ -498,9 +518,10 @@ class Checkpointer(Component):
         cfg = trainer.config.checkpoint
         self.enabled = trainer.workdir is not None
         # With gradient accumulation a step that is not a multiple of K holds partial
-        # per-replica sums, which are not saved: saves happen at multiples of K only.
+        # per-replica sums, which are not saved: saves happen at multiples of K only
+        # (config validation makes every_steps and train.steps multiples of K).
         self.k = trainer.config.perf.grad_accum_steps
-        self.every = math.lcm(cfg.every_steps, self.k) if cfg.every_steps else 0
+        self.every = cfg.every_steps
         self.total = trainer.config.train.steps
         self.chief = distribute.is_chief(trainer.strategy)
         self.multi = distribute.num_workers(trainer.strategy) > 1

@@ -224,6 +224,11 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
     _check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
     _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
     _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
+    best = config.checkpoint.best_metric
+    if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")
+                     and best.partition("/")[2]):
+        raise ConfigError(f"config.checkpoint.best_metric={best!r} must be '' or name a value "
+                          f"fit() reports: 'eval/NAME' or 'train/NAME', e.g. 'eval/accuracy'.")
     _check_choice("telemetry.progress", config.telemetry.progress, ("auto", "bar", "lines", "off"))
     parse_profile_steps(config.telemetry.profile_steps)
     _check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,

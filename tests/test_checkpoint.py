@@ -1,0 +1,209 @@
+"""trainer.checkpoint in one process: state round trip, keep-N and best-N policy,
+clear errors for missing / incompatible / corrupt checkpoints, export.
+
+Multi-process behaviour (kill, preemption, crash mid-write, replica changes, multiple
+workers) is in test_checkpoint_resume.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import toy
+from tests.conftest import subprocess_env
+from trainer import checkpoint
+from trainer.config import ConfigError, validate
+
+
+def adam_config(**overrides):
+    return toy.toy_config(**{"optimizer.name": "adam", "optimizer.learning_rate": 0.01,
+                             "checkpoint.every_steps": 10, **overrides})
+
+
+class WideToyTrainer(toy.ToyTrainer):
+    """The toy model with 32 hidden units instead of 16 (an incompatible change)."""
+
+    def build_model(self):
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
+                                 keras.layers.Dense(3)])
+
+
+class DeeperToyTrainer(toy.ToyTrainer):
+    """The toy model with one more layer at the end (variables the checkpoint lacks)."""
+
+    def build_model(self):
+        model = super().build_model()
+        model.add(keras.layers.Dense(3))
+        return model
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A ToyTrainer (Adam) trained 20 steps with checkpoints at 10 and 20."""
+    workdir = str(tmp_path_factory.mktemp("trained"))
+    trainer = toy.ToyTrainer(adam_config(), workdir)
+    trainer.fit()
+    return trainer
+
+
+def all_values(trainer) -> dict:
+    return {f"{g}/{i}": np.asarray(v.numpy())
+            for g, entries in checkpoint.state_variables(trainer).items()
+            for i, (_, v) in enumerate(entries)}
+
+
+def test_restore_sets_every_variable_and_the_step(trained):
+    fresh = toy.ToyTrainer(adam_config(), trained.workdir)
+    assert fresh.restore() == 20
+    assert fresh.step == 20
+    got, want = all_values(fresh), all_values(trained)
+    assert got.keys() == want.keys()
+    assert {k.split("/")[0] for k in want} == {"model", "optimizer", "trainer"}
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert int(fresh.optimizer.iterations.numpy()) == 20
+    assert int(fresh.step_counter.numpy()) == 20
+
+
+def test_restore_of_an_earlier_step(trained):
+    fresh = toy.ToyTrainer(adam_config(), trained.workdir)
+    assert fresh.restore(step=10) == 10
+    assert int(fresh.optimizer.iterations.numpy()) == 10
+    assert not np.array_equal(fresh.model.get_weights()[0], trained.model.get_weights()[0])
+
+
+def test_no_workdir_or_empty_workdir_restores_nothing(tmp_path):
+    assert toy.ToyTrainer(adam_config()).restore() is None
+    assert toy.ToyTrainer(adam_config(), str(tmp_path)).restore() is None
+
+
+def test_missing_step_lists_the_available_ones(trained):
+    with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint of step 99 .*\[10, 20\]"):
+        toy.ToyTrainer(adam_config(), trained.workdir).restore(step=99)
+
+
+def test_shape_change_names_the_variable_and_both_shapes(trained):
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        WideToyTrainer(adam_config(), trained.workdir).restore()
+    message = str(error.value)
+    assert "dense" in message and "/kernel' has shape [8, 32]" in message
+    assert "shape [8, 16]" in message and "fresh --workdir" in message
+
+
+def test_missing_variable_is_named(trained):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"Variable '.*dense_\d+/kernel' \(model #4, shape \[3, 3\]\) is "
+                             r"missing from checkpoint"):
+        DeeperToyTrainer(adam_config(), trained.workdir).restore()
+
+
+def test_corrupt_latest_step_is_skipped_with_a_warning_and_named_when_asked_for(
+        trained, tmp_path, caplog):
+    workdir = tmp_path / "w"
+    os.makedirs(workdir)
+    subprocess.run(["cp", "-r", os.path.join(trained.workdir, "checkpoints"), str(workdir)],
+                   check=True)
+    for path in glob.glob(str(workdir / "checkpoints" / "20" / "state" / "d" / "*")):
+        with open(path, "wb") as f:
+            f.write(b"garbage")
+    fresh = toy.ToyTrainer(adam_config(), str(workdir))
+    with caplog.at_level(logging.WARNING):
+        assert fresh.restore() == 10
+    assert any("Skipping checkpoint" in r.getMessage() and "/20" in r.getMessage()
+               for r in caplog.records), caplog.text
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"checkpoints/20: cannot read variable '[^']+'"):
+        fresh.restore(step=20)
+
+
+class ScoreTrainer(toy.ToyEvalTrainer):
+    """Reports eval/score from a fixed table by step, so the best steps are known."""
+
+    SCORES = {5: 0.3, 10: 0.9, 15: 0.5, 20: 0.7, 25: 0.2, 30: 0.1}
+
+    def build_metrics(self):
+        trainer = self
+
+        class Score(keras.metrics.Metric):
+            def update_state(self, *args, **kwargs):
+                pass
+
+            def reset_state(self):
+                pass
+
+            def result(self):
+                return tf.constant(trainer.SCORES.get(trainer.step, 0.0))
+
+        return {"score": Score(name="score")}
+
+
+def test_best_metric_keeps_the_best_and_the_latest_within_max_to_keep(tmp_path):
+    config = adam_config(**{"train.steps": 30, "train.log_every_steps": 5,
+                            "eval.every_steps": 5, "checkpoint.every_steps": 5,
+                            "checkpoint.max_to_keep": 2, "checkpoint.best_metric": "eval/score"})
+    trainer = ScoreTrainer(config, str(tmp_path))
+    trainer.fit()
+    assert sorted(os.listdir(tmp_path / "checkpoints"), key=int) == ["25", "30"]
+    assert sorted(os.listdir(tmp_path / "checkpoints_best"), key=int) == ["10", "20"]
+    best = json.loads((tmp_path / "export" / "best" / "best.json").read_text())
+    assert best == {"step": 10, "score": pytest.approx(0.9)}
+    # The export is the step-10 model; the trainer keeps its step-30 weights.
+    step10 = toy.ToyTrainer(adam_config(), str(tmp_path))
+    step10.restore(step=10)
+    x = toy.toy_data(4)[0]
+    loaded = tf.saved_model.load(str(tmp_path / "export" / "best"))
+    served = loaded.serve(x).numpy()
+    np.testing.assert_allclose(served, step10.model(x).numpy(), rtol=1e-6)
+    assert not np.allclose(served, trainer.model(x).numpy())
+
+
+def test_best_metric_min_mode(tmp_path):
+    config = adam_config(**{"train.steps": 30, "train.log_every_steps": 5,
+                            "eval.every_steps": 5, "checkpoint.every_steps": 5,
+                            "checkpoint.max_to_keep": 1, "checkpoint.best_metric": "eval/score",
+                            "checkpoint.best_mode": "min", "checkpoint.async_save": False})
+    ScoreTrainer(config, str(tmp_path)).fit()
+    assert os.listdir(tmp_path / "checkpoints") == ["30"]
+    assert os.listdir(tmp_path / "checkpoints_best") == ["30"]
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "val/accuracy", "eval/"])
+def test_best_metric_must_name_a_train_or_eval_value(metric):
+    with pytest.raises(ConfigError, match="checkpoint.best_metric"):
+        validate(adam_config(**{"checkpoint.best_metric": metric}))
+
+
+def test_eval_best_metric_without_eval_dataset_is_a_config_error(tmp_path):
+    trainer = toy.ToyTrainer(adam_config(**{"checkpoint.best_metric": "eval/accuracy"}),
+                             str(tmp_path))
+    with pytest.raises(ConfigError, match="needs an eval dataset"):
+        trainer.fit()
+
+
+def test_export_loads_in_a_fresh_process(trained, tmp_path):
+    path = tmp_path / "exported"
+    trained.export(str(path))
+    x = toy.toy_data(5)[0]
+    script = ("import sys, numpy as np, tensorflow as tf\n"
+              "m = tf.saved_model.load(sys.argv[1])\n"
+              "x = np.load(sys.argv[2])\n"
+              "print(list(m.signatures))\n"
+              "np.save(sys.argv[3], m.signatures['serving_default'](tf.constant(x))"
+              "['output_0'].numpy())\n")
+    np.save(tmp_path / "x.npy", x)
+    run = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "x.npy"),
+                          str(tmp_path / "y.npy")], cwd=tmp_path, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "serving_default" in run.stdout
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), trained.model(x).numpy(), rtol=1e-6)
