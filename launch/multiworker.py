@@ -33,7 +33,9 @@ Cluster mode prints instead of spawning (see :mod:`launch.cluster`)::
     python -m launch.multiworker --workers 4 --chief --emit tfjob --image IMG FLAGS > tfjob.yaml
 
 Public host addresses are refused unless ``--allow_public_bind``: TensorFlow's gRPC has
-no authentication or encryption.
+no authentication or encryption. Local tasks have 127.0.0.1 addresses, but TensorFlow's
+gRPC server listens on ``0.0.0.0:PORT`` whatever the address (it has no bind option), so
+a host firewall is what keeps a local group's ports off other networks.
 """
 
 from __future__ import annotations
