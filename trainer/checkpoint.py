@@ -309,7 +309,7 @@ def _read_state(path: str, manifest: dict) -> dict[str, list[np.ndarray]]:
         raise _Unreadable(f"cannot read{where or ' its state'} ({_short(error)})") from error
 
 
-def _load(trainer: "Trainer", path: str, groups: dict) -> tuple[dict, dict]:
+def _load(path: str, groups: dict) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state, manifest)``."""
     manifest = _read_manifest(path)
     _check_compatible(manifest, groups, f"checkpoint {path}")
@@ -441,7 +441,7 @@ def restore(trainer: "Trainer", step: int | None = None) -> int | None:
     state, manifest, failure = None, None, None
     if chief:
         try:
-            state, manifest = _load_first_readable(trainer, candidates, groups, step)
+            state, manifest = _load_first_readable(candidates, groups, step)
         except CheckpointError as error:
             failure = error
     if multi:
@@ -463,12 +463,13 @@ def restore(trainer: "Trainer", step: int | None = None) -> int | None:
     return restored
 
 
-def _load_first_readable(trainer, candidates, groups, step) -> tuple[dict, dict]:
+def _load_first_readable(candidates: list, groups: dict,
+                         step: int | None) -> tuple[dict, dict]:
     """Loads the newest readable candidate; with ``step`` given, only that step."""
     reasons = []
-    for candidate_step, path in candidates:
+    for _, path in candidates:
         try:
-            return _load(trainer, path, groups)
+            return _load(path, groups)
         except _Unreadable as error:
             reasons.append(f"{path}: {error}")
             if step is None:
@@ -653,7 +654,7 @@ class Checkpointer(Component):
         """Exports the best step's model to ``workdir/export/best`` (chief)."""
         groups = state_variables(trainer)
         current = {g: [np.asarray(v.numpy()) for _, v in e] for g, e in groups.items()}
-        state, _ = _load(trainer, os.path.join(trainer.workdir, BEST_DIR, str(step)), groups)
+        state, _ = _load(os.path.join(trainer.workdir, BEST_DIR, str(step)), groups)
         target = os.path.join(trainer.workdir, BEST_EXPORT_DIR)
         try:
             _assign({"model": groups["model"]}, state)
