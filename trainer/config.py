@@ -222,6 +222,14 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
     _check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
     _check_positive("perf.grad_accum_steps", config.perf.grad_accum_steps)
     _check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
+    accum = config.perf.grad_accum_steps
+    for field in ("train.steps", "checkpoint.every_steps"):
+        section, name = field.split(".")
+        if config[section][name] % accum:
+            raise ConfigError(
+                f"config.{field}={config[section][name]} is not a multiple of "
+                f"perf.grad_accum_steps={accum}: steps count micro-batches and an optimizer "
+                f"update happens every {accum}; use a multiple of {accum}.")
     _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
     _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
     best = config.checkpoint.best_metric

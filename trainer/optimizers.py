@@ -1,6 +1,8 @@
 """The default optimizer and learning-rate schedule built from ``config.optimizer``.
 
-Schedules (``optimizer.schedule``), with ``decay_steps`` defaulting to ``train.steps``:
+Schedules (``optimizer.schedule``) count OPTIMIZER UPDATES (``optimizer.iterations``):
+with ``perf.grad_accum_steps=K`` one update takes K train steps, so ``warmup_steps`` and
+``decay_steps`` are in updates and ``decay_steps`` defaults to ``train.steps // K``:
 
 * ``constant``: ``learning_rate`` throughout;
 * ``warmup_constant``: linear warmup over ``warmup_steps``, then constant;
@@ -90,3 +92,20 @@ def build_optimizer(config: ml_collections.ConfigDict) -> keras.optimizers.Optim
     if name == "adamw":
         return cls(lr, weight_decay=ocfg.weight_decay)
     return cls(lr, weight_decay=wd)
+
+
+def describe(config: ml_collections.ConfigDict, optimizer: keras.optimizers.Optimizer) -> str:
+    """One line for the start of a run: the optimizer, its learning rate and batch."""
+    batch = config.train.global_batch_size
+    accum = config.perf.grad_accum_steps
+    try:
+        current = f"{float(keras.ops.convert_to_numpy(optimizer.learning_rate)):.6g}"
+    except (AttributeError, TypeError, ValueError):
+        current = "n/a"
+    scaling = (f", linear scaling x{effective_learning_rate(config) / config.optimizer.learning_rate:g}"
+               f" (reference batch {config.optimizer.reference_batch_size})"
+               if config.optimizer.lr_scaling == "linear" else "")
+    return (f"optimizer {type(optimizer).__name__}: learning rate now {current}; config "
+            f"peak {effective_learning_rate(config):.6g}{scaling}, schedule "
+            f"{config.optimizer.schedule} (in optimizer updates); effective batch {batch} x "
+            f"{accum} accumulation step(s) = {batch * accum}")

@@ -6,9 +6,15 @@ another replica is applied and the weights become NaN for good. Here finiteness 
 decided on the *all-reduced* gradients (identical on every replica), so every replica
 takes the same branch: apply, or skip and halve the scale.
 
+Only ``mixed_float16`` scales the loss; ``float32`` and ``mixed_bfloat16`` never do
+(bfloat16 has float32's exponent range), but still get the same replica-consistent
+non-finite check and skip.
+
 Contexts: :class:`PrecisionState` is created in ``strategy.scope()``; ``scale_loss``
-and ``unscale`` run in replica context; ``on_finite`` / ``on_nonfinite`` run in
-cross-replica context (inside the merge_call of ``Trainer.apply_gradients``).
+and ``unscale`` run in replica context; ``on_finite`` / ``on_nonfinite`` run once per
+update in cross-replica context (inside the merge_call of ``Trainer.apply_gradients``)
+or, under strategies without merge_call (default, MultiWorker, TPU), in replica
+context on values that are identical on every replica.
 """
 
 from __future__ import annotations
@@ -22,6 +28,11 @@ _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 def set_policy(policy: str) -> None:
     """Sets the Keras global dtype policy; call before the model is built."""
     keras.mixed_precision.set_global_policy(policy)
+
+
+def uses_loss_scaling(policy: str) -> bool:
+    """True for ``mixed_float16``, the only policy with (dynamic) loss scaling."""
+    return policy == "mixed_float16"
 
 
 def outputs_to_float32(outputs):
@@ -52,7 +63,7 @@ class PrecisionState:
 
     def __init__(self, policy: str, initial_scale: float, growth_interval: int,
                  step_counter: tf.Variable):
-        self.dynamic = policy == "mixed_float16"
+        self.dynamic = uses_loss_scaling(policy)
         self.growth_interval = growth_interval
         self.scale = tf.Variable(
             initial_scale if self.dynamic else 1.0, dtype=tf.float32, trainable=False,
@@ -75,7 +86,7 @@ class PrecisionState:
         if not self.dynamic:
             return grads
         inv = 1.0 / self.scale
-        return [_map_values(g, lambda v: v * tf.cast(inv, v.dtype)) for g in grads]
+        return [map_values(g, lambda v: v * tf.cast(inv, v.dtype)) for g in grads]
 
     def on_finite(self) -> None:
         """Cross-replica context: after an applied step; grows the scale when due."""
@@ -94,7 +105,8 @@ class PrecisionState:
             self.good_steps.assign(0)
 
 
-def _map_values(grad, fn):
+def map_values(grad, fn):
+    """Applies ``fn`` to a dense gradient, or to the values of an ``IndexedSlices``."""
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
     return fn(grad)

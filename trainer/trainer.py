@@ -42,11 +42,6 @@ def split_batch(batch) -> tuple[Any, Any]:
         f"key; got {type(batch).__name__}. Override train_step/eval_step for other layouts.")
 
 
-def _batch_dim(tree) -> tf.Tensor:
-    first = tf.nest.flatten(tree)[0]
-    return tf.shape(first)[0]
-
-
 def check_per_example_loss(per_example_loss: tf.Tensor, batch=None) -> tf.Tensor:
     """Raises at trace time unless ``per_example_loss`` has shape ``[batch_size]``.
 
@@ -114,6 +109,39 @@ def _apply_reduced(optimizer: keras.optimizers.Optimizer, grads: list, variables
         _PRE_REDUCED.active = False
 
 
+def _cast_all(grads: list, dtypes: list) -> list:
+    """Casts float32 accumulated gradients back to their variables' dtypes."""
+    return [tf.cast(g, d) for g, d in zip(grads, dtypes)]
+
+
+class _Accumulators:
+    """Per-replica gradient sums of one optimizer for ``perf.grad_accum_steps > 1``.
+
+    Created in ``strategy.scope()``. Each replica adds its LOCAL (not yet all-reduced)
+    gradients and example count in replica context (``ON_READ`` variables: a replica
+    reads and writes its own copy, no communication); the apply step all-reduces the
+    sums once. ``ON_READ``/``SUM`` keeps a checkpoint of a partial window sum-exact.
+    """
+
+    def __init__(self, variables: list):
+        on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.SUM)
+        self.index = {id(v): i for i, v in enumerate(variables)}
+        self.grads = [tf.Variable(tf.zeros(v.shape, tf.float32), name="grad_accum", **on_read)
+                      for v in variables]
+        self.count = tf.Variable(0.0, name="grad_accum_count", **on_read)
+
+    def slots(self, variables: list) -> list:
+        """The accumulators of ``variables`` (which must have been given at creation)."""
+        missing = [v.name for v in variables if id(v) not in self.index]
+        if missing:
+            raise ValueError(
+                f"No gradient accumulators for {missing}: with perf.grad_accum_steps > 1 "
+                f"pass every variable this optimizer updates to "
+                f"build_optimizer_variables(optimizer, variables).")
+        return [self.grads[self.index[id(v)]] for v in variables]
+
+
 class Trainer:
     """Base class of a training program; subclass it and override the hooks.
 
@@ -135,6 +163,11 @@ class Trainer:
         self.config = config
         self.workdir = workdir
         self.strategy = strategy or distribute.build_strategy(config.distribute)
+        self.manual = None  # distribute.strategy="manual": splits batches over devices
+        if config.distribute.strategy == "manual":
+            from trainer.manual import ManualDataParallel
+
+            self.manual = ManualDataParallel(self)
         replicas = self.strategy.num_replicas_in_sync
         config_lib.check_batch_divisible(
             "train.global_batch_size", config.train.global_batch_size, replicas)
@@ -158,8 +191,16 @@ class Trainer:
                 config.precision.policy, config.precision.initial_loss_scale,
                 config.precision.growth_interval, self.step_counter)
         self._built_optimizers: set[int] = set()
+        self._accumulators: dict[int, _Accumulators] = {}
         self.step = 0
         logging.info("%s", distribute.describe(self.strategy))
+        logging.info("%s", optimizers.describe(config, self.optimizer))
+        if precision.uses_loss_scaling(config.precision.policy) and (
+                config.train.on_nonfinite == "stop"):
+            logging.warning(
+                "train.on_nonfinite='stop' with mixed_float16 also stops at a loss-scale "
+                "overflow, which dynamic loss scaling normally skips; use 'skip'.")
+        self._jit_grads = self._build_jit_grads()
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> keras.Model:
@@ -205,11 +246,14 @@ class Trainer:
         Returns scalars by name; ``"loss"`` is required. The loop reports the mean of
         ``"loss"`` over the logging window and the last step's value of other keys.
         """
-        features, _ = split_batch(batch)
-        with tf.GradientTape() as tape:
-            outputs = precision.outputs_to_float32(self.model(features, training=True))
-            per_example_loss = check_per_example_loss(self.compute_loss(batch, outputs), batch)
-        loss = self.apply_gradients(tape, per_example_loss)
+        if self._jit_grads is not None:
+            grads, per_example_loss, outputs = self._jit_grads(batch)
+            variables = list(self.model.trainable_variables)
+            loss = self._reduce_and_apply(self.optimizer, variables, grads, per_example_loss)
+        else:
+            with tf.GradientTape() as tape:
+                outputs, per_example_loss = self._forward_loss(batch)
+            loss = self.apply_gradients(tape, per_example_loss)
         self.update_metrics(self.train_metrics, batch, outputs)
         return {"loss": loss}
 
@@ -219,9 +263,7 @@ class Trainer:
         Returns ``{"loss": per_example_loss}`` (shape ``[b]``); the loop averages it
         over every eval example of every replica.
         """
-        features, _ = split_batch(batch)
-        outputs = precision.outputs_to_float32(self.model(features, training=False))
-        per_example_loss = check_per_example_loss(self.compute_loss(batch, outputs), batch)
+        outputs, per_example_loss = self._forward_loss(batch, training=False)
         self.update_metrics(self.eval_metrics, batch, outputs)
         return {"loss": per_example_loss}
 
@@ -239,22 +281,111 @@ class Trainer:
         """Creates ``optimizer``'s slots for ``variables`` in scope (once per optimizer).
 
         Called by the framework for ``self.optimizer`` and the model; a custom step with
-        a second optimizer calls it from ``build_model`` or after construction.
+        a second optimizer calls it from ``build_model`` or after construction. With
+        ``perf.grad_accum_steps > 1`` it also creates that optimizer's gradient
+        accumulators (one float32 sum per variable, plus the example count).
         """
         if id(optimizer) in self._built_optimizers:
             return
         with self.strategy.scope():
             optimizer.build(list(variables))
+            if self.config.perf.grad_accum_steps > 1:
+                self._accumulators[id(optimizer)] = _Accumulators(list(variables))
         _mark_reduction_switchable(optimizer)
         self._built_optimizers.add(id(optimizer))
 
-    def _global_count(self, per_example_loss: tf.Tensor) -> tf.Tensor:
-        """Examples in this step over all replicas (all-reduced only when not static)."""
+    # ------------------------------------------------------- the gradient path
+    #
+    # Averaging. The objective of one optimizer update is
+    #     sum(per-example losses of the update) / C  +  regularisation,
+    # C = examples in the update over all replicas and all K = grad_accum_steps
+    # micro-steps. Each replica differentiates
+    #     scale * (sum(local losses) + regularisation * n_local) / C_static,
+    # C_static = global_batch_size * K, n_local = its examples in this micro-step. Summed
+    # over replicas and micro-steps that is scale * (sum of all losses + C * reg) /
+    # C_static; multiplying by C_static / C (all-reduced with the gradients, skipped when
+    # every batch has its static size, where the factor is exactly 1) gives the exact
+    # objective for any batch sizes: a short final batch, a replica with no examples.
+    #
+    # Accumulation (K > 1). Every call adds the LOCAL gradients to per-replica
+    # accumulators, no gradient communication; every K-th global step (step_counter + 1
+    # a multiple of K, the same on every replica) all-reduces the sums ONCE, then
+    # unscales, clips, checks and applies as for K = 1, and zeroes the accumulators.
+    # Only the loss and the example count (2 scalars) are all-reduced per micro-step,
+    # for the returned global-mean loss.
+
+    def _forward(self, features, training: bool):
+        """Replica context: the model call, through ``tf.recompute_grad`` when
+        ``perf.recompute`` and training (activations are recomputed in the backward pass
+        instead of kept; inputs and outputs are flattened for it)."""
+        if not (training and self.config.perf.recompute):
+            return self.model(features, training=training)
+        outputs_structure = []
+
+        def call(*flat_inputs):
+            outputs = self.model(tf.nest.pack_sequence_as(features, list(flat_inputs)),
+                                 training=True)
+            outputs_structure.append(outputs)
+            return tf.nest.flatten(outputs)
+
+        flat = tf.recompute_grad(call)(*tf.nest.flatten(features))
+        return tf.nest.pack_sequence_as(outputs_structure[0], flat)
+
+    def _forward_loss(self, batch, training: bool = True) -> tuple[Any, tf.Tensor]:
+        """Replica context: ``(float32 outputs, per-example loss [b])`` of the default steps."""
+        features, _ = split_batch(batch)
+        outputs = precision.outputs_to_float32(self._forward(features, training))
+        return outputs, check_per_example_loss(self.compute_loss(batch, outputs), batch)
+
+    def _build_jit_grads(self):
+        """The XLA-compiled forward+backward of the default ``train_step``, or None.
+
+        Compiles ``batch -> (gradients, per-example loss, outputs)`` with
+        ``jit_compile=True`` (the iterator and the optimizer update stay outside).
+        Multi-replica strategies fall back to the plain graph with one log line: a
+        whole step with 2+ Mirrored replicas does not compile (cross-device resource
+        access), and per-replica XLA is only verified here on virtual CPU devices.
+        """
+        if not self.config.perf.jit_compile:
+            return None
+        replicas = self.strategy.num_replicas_in_sync
+        if isinstance(self.strategy, tf.distribute.TPUStrategy):
+            logging.info("perf.jit_compile: not needed on TPU (every step is XLA-compiled).")
+            return None
+        if replicas > 1:
+            logging.warning(
+                "perf.jit_compile=True is not applied under %s with %d replicas (XLA is "
+                "used with one replica per process only); training without XLA.",
+                type(self.strategy).__name__, replicas)
+            return None
+        logging.info("perf.jit_compile: forward and backward pass compiled with XLA.")
+
+        def forward_backward(batch):
+            variables = list(self.model.trainable_variables)
+            with tf.GradientTape() as tape:
+                outputs, per_example_loss = self._forward_loss(batch)
+                objective = self._scaled_objective(per_example_loss)
+            return tape.gradient(objective, variables), per_example_loss, outputs
+
+        return tf.function(forward_backward, jit_compile=True)
+
+    def _static_count(self) -> int:
+        """C_static: examples per optimizer update when every batch is full."""
+        return self.config.train.global_batch_size * self.config.perf.grad_accum_steps
+
+    def _is_full_batch(self, per_example_loss: tf.Tensor) -> bool:
+        """True when the batch statically has the per-replica batch size."""
         per_replica = self.config.train.global_batch_size // self.strategy.num_replicas_in_sync
-        if per_example_loss.shape[0] == per_replica:
-            return tf.constant(float(self.config.train.global_batch_size))
-        local = tf.cast(tf.shape(per_example_loss)[0], tf.float32)
-        return tf.distribute.get_replica_context().all_reduce(_SUM, local)
+        return per_example_loss.shape[0] == per_replica
+
+    def _scaled_objective(self, per_example_loss: tf.Tensor) -> tf.Tensor:
+        """Replica context, inside the tape: the scalar to differentiate (see above)."""
+        per_example_loss = tf.cast(per_example_loss, tf.float32)
+        objective = tf.reduce_sum(per_example_loss)
+        if self.model.losses:
+            n_local = tf.cast(tf.shape(per_example_loss)[0], tf.float32)
+            objective += tf.cast(tf.add_n(self.model.losses), tf.float32) * n_local
+        return self.precision.scale_loss(objective / float(self._static_count()))
 
     def apply_gradients(self, tape: tf.GradientTape, per_example_loss: tf.Tensor,
                         variables: list | None = None,
@@ -263,46 +394,80 @@ class Trainer:
 
         Call it after the ``with tf.GradientTape() as tape:`` block that computed
         ``per_example_loss`` (shape ``[b]``). The objective is the sum of per-example
-        losses divided by the GLOBAL number of examples in the step (so 1, 2 or N
-        replicas give the same update), plus the model's regularisation losses once.
-        Gradients (and the loss) are summed across replicas in ONE batched all-reduce;
-        then loss scaling is undone, gradients are clipped by global norm
-        (``optimizer.clipnorm``) and checked for finiteness — all on the reduced values,
-        so every replica takes the same decision. A non-finite step is skipped on every
-        replica and counted in ``skipped_steps``.
+        losses divided by the GLOBAL number of examples in the update (so 1, 2 or N
+        replicas give the same update, also for a short final batch), plus the model's
+        regularisation losses once. Gradients (and the loss) are summed across replicas
+        in ONE batched all-reduce; then loss scaling is undone, gradients are clipped by
+        global norm (``optimizer.clipnorm``) and checked for finiteness — all on the
+        reduced values, so every replica takes the same decision. A non-finite update is
+        skipped on every replica and counted in ``skipped_steps``.
 
-        Returns the step's global-mean loss (the same value on every replica).
+        With ``perf.grad_accum_steps=K > 1`` each call is a micro-step: gradients are
+        accumulated locally and the update (one all-reduce, clip, check, apply) happens
+        on every K-th global step, averaged over all K micro-batches.
+
+        Returns this call's global-mean loss (the same value on every replica).
         """
         optimizer = optimizer or self.optimizer
         variables = list(self.model.trainable_variables if variables is None else variables)
+        per_example_loss = check_per_example_loss(per_example_loss)
+        with tape:
+            objective = self._scaled_objective(per_example_loss)
+        grads = tape.gradient(objective, variables)
+        return self._reduce_and_apply(optimizer, variables, grads, per_example_loss)
+
+    def _reduce_and_apply(self, optimizer, variables: list, grads: list,
+                          per_example_loss: tf.Tensor) -> tf.Tensor:
+        """Replica context: ``apply_gradients`` after ``tape.gradient``."""
+        if self.manual is not None and self.manual.deferring:  # one device's slice
+            return self.manual.defer(optimizer, variables, grads, per_example_loss)
         if id(optimizer) not in self._built_optimizers:
             raise RuntimeError(
                 f"The optimizer {optimizer.name!r} has no variables yet. Build them in scope "
                 f"before training: call self.build_optimizer_variables(optimizer, variables) "
                 f"from build_model() (the framework does it for self.optimizer).")
-        per_example_loss = tf.cast(check_per_example_loss(per_example_loss), tf.float32)
-        global_count = self._global_count(per_example_loss)
-        with tape:
-            loss = tf.reduce_sum(per_example_loss) / global_count
-            objective = loss
-            if self.model.losses:
-                objective += tf.nn.scale_regularization_loss(
-                    tf.cast(tf.add_n(self.model.losses), tf.float32))
-            scaled = self.precision.scale_loss(objective)
-        grads = tape.gradient(scaled, variables)
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             raise ValueError("No gradient flows from the loss to any of the variables; check "
                              "that compute_loss uses the model outputs.")
+        grads = [grads[i] for i in present]
+        variables = [variables[i] for i in present]
+        per_example_loss = tf.cast(per_example_loss, tf.float32)
+        loss_sum = tf.reduce_sum(per_example_loss)
+        n_local = tf.cast(tf.shape(per_example_loss)[0], tf.float32)
         ctx = tf.distribute.get_replica_context()
-        reduced = ctx.all_reduce(_SUM, [grads[i] for i in present] + [loss])
-        loss = reduced[-1]
-        reduced = self.precision.unscale(reduced[:-1])
+        if self.config.perf.grad_accum_steps > 1:
+            loss_sum, count = ctx.all_reduce(_SUM, [loss_sum, n_local])
+            self._accumulate(optimizer, variables, grads, n_local)
+            return loss_sum / count
+        if self._is_full_batch(per_example_loss):
+            reduced = ctx.all_reduce(_SUM, grads + [loss_sum])
+            self._finish(optimizer, variables, reduced[:-1], None)
+            return reduced[-1] / float(self._static_count())
+        reduced = ctx.all_reduce(_SUM, grads + [loss_sum, n_local])
+        self._finish(optimizer, variables, reduced[:-2], reduced[-1])
+        return reduced[-2] / reduced[-1]
+
+    def _finalize(self, grads: list, count: tf.Tensor | None) -> tuple[list, tf.Tensor]:
+        """All-reduced scaled gradients -> (final gradients, all-finite flag).
+
+        Corrects the averaging (``count`` examples instead of C_static; None: full),
+        undoes loss scaling and clips by global norm. Pure computation, any context.
+        """
+        if count is not None:
+            factor = float(self._static_count()) / count
+            grads = [precision.map_values(g, lambda v: v * tf.cast(factor, v.dtype))
+                     for g in grads]
+        grads = self.precision.unscale(grads)
         if self.config.optimizer.clipnorm > 0:
-            reduced, _ = tf.clip_by_global_norm(reduced, self.config.optimizer.clipnorm)
-        finite = precision.all_finite(reduced)
-        self._apply_if_finite(optimizer, reduced, [variables[i] for i in present], finite)
-        return loss
+            grads, _ = tf.clip_by_global_norm(grads, self.config.optimizer.clipnorm)
+        return grads, precision.all_finite(grads)
+
+    def _finish(self, optimizer, variables: list, grads: list,
+                count: tf.Tensor | None) -> None:
+        """Replica context: finalizes all-reduced gradients and applies them iff finite."""
+        grads, finite = self._finalize(grads, count)
+        self._apply_if_finite(optimizer, grads, variables, finite)
 
     def _apply_if_finite(self, optimizer, grads: list, variables: list,
                          finite: tf.Tensor) -> None:
@@ -337,6 +502,74 @@ class Trainer:
             tf.cond(strategy.experimental_local_results(finite_)[0], on_finite, on_nonfinite)
 
         tf.distribute.get_replica_context().merge_call(cross_replica, args=(grads, finite))
+
+    def _accumulate(self, optimizer, variables: list, grads: list, n_local: tf.Tensor) -> None:
+        """Replica context: adds local gradients; every K-th step reduces and applies.
+
+        The decision ``(step_counter + 1) % K == 0`` reads a mirrored variable, so it is
+        the same on every replica. Strategies that need ``merge_call`` (Mirrored,
+        OneDevice) take it in cross-replica context, where the reduction
+        (``batch_reduce_to``) and the apply (``call_for_each_replica``) may sit inside
+        ``tf.cond``; the others (default, MultiWorker, TPU) take it in replica context
+        with ``all_reduce``, which needs no ``merge_call``.
+        """
+        accumulators = self._accumulators[id(optimizer)]
+        slots = accumulators.slots(variables)
+        for slot, grad in zip(slots, grads):
+            slot.assign_add(tf.cast(tf.convert_to_tensor(grad), tf.float32))
+        accumulators.count.assign_add(n_local)
+        k = self.config.perf.grad_accum_steps
+        dtypes = [v.dtype for v in variables]
+
+        def zero():
+            for slot in slots:
+                slot.assign(tf.zeros_like(slot))
+            accumulators.count.assign(0.0)
+
+        def is_apply_step():
+            return tf.equal((self.step_counter + 1) % k, 0)
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            def apply_in_replica():
+                ctx = tf.distribute.get_replica_context()
+                reduced = ctx.all_reduce(_SUM, [s.read_value() for s in slots]
+                                         + [accumulators.count.read_value()])
+                self._finish(optimizer, variables, _cast_all(reduced[:-1], dtypes),
+                             reduced[-1])
+                zero()
+                return tf.constant(True)
+
+            tf.cond(is_apply_step(), apply_in_replica, lambda: tf.constant(False))
+            return
+
+        def cross_replica(strategy, local_values):
+            def apply():
+                reduced = strategy.extended.batch_reduce_to(
+                    _SUM, [(v, v) for v in local_values])
+                grads_, finite_ = strategy.extended.call_for_each_replica(
+                    lambda r: self._finalize(_cast_all(r[:-1], dtypes), r[-1]),
+                    args=(reduced,))
+                state = self.precision
+
+                def on_finite():
+                    strategy.extended.call_for_each_replica(
+                        lambda g: _apply_reduced(optimizer, g, variables), args=(grads_,))
+                    state.on_finite()
+                    return tf.constant(True)
+
+                def on_nonfinite():
+                    state.on_nonfinite()
+                    return tf.constant(False)
+
+                tf.cond(strategy.experimental_local_results(finite_)[0], on_finite,
+                        on_nonfinite)
+                strategy.extended.call_for_each_replica(zero)
+                return tf.constant(True)
+
+            tf.cond(is_apply_step(), apply, lambda: tf.constant(False))
+
+        local_values = [s.read_value() for s in slots] + [accumulators.count.read_value()]
+        tf.distribute.get_replica_context().merge_call(cross_replica, args=(local_values,))
 
     # ---------------------------------------------------------------- driving
     def fit(self) -> dict[str, float]:

@@ -1,0 +1,144 @@
+"""Precision and XLA throughput of the framework, side by side in one process.
+
+    python -m benchmarks.precision [--workloads mlp,cnn] [--rounds 5] [--steps 200]
+
+For each workload of :mod:`benchmarks.workloads` (``mlp``: 784->256->10, batch 64;
+``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128) it builds one ``Trainer`` per
+variant under the DEFAULT strategy (Adam, synthetic in-memory data):
+
+  float32, mixed_bfloat16, mixed_float16    precision.policy, perf.jit_compile off
+  float32+xla                               precision.policy float32, jit_compile on
+
+Each variant is warmed up (tracing, compilation; excluded), then every round runs each
+variant for ``--steps`` steps, in an order rotated by one each round. The table shows
+median examples/s over rounds, min/max, and the median of the per-round ratio to
+float32. A variant that fails is reported in the table, not fatal.
+
+On a CPU, float16/bfloat16 are emulated and usually SLOWER than float32; the point of
+this table on CPU is the framework's overhead per policy (loss scaling, casts), and on
+GPU/TPU the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+VARIANTS = {  # name: (precision.policy, perf.jit_compile)
+    "float32": ("float32", False),
+    "mixed_bfloat16": ("mixed_bfloat16", False),
+    "mixed_float16": ("mixed_float16", False),
+    "float32+xla": ("float32", True),
+}
+STEPS_PER_LOOP = 50
+
+
+def build_trainer(workload, policy: str, jit: bool):
+    """A Trainer for ``workload`` with the given policy and XLA setting (default strategy)."""
+    import keras
+    import tensorflow as tf
+
+    import trainer
+    from trainer import config as config_lib
+
+    x, y = workload.data(4096)
+
+    class BenchTrainer(trainer.Trainer):
+        def build_model(self):
+            return workload.build_model()
+
+        def build_train_dataset(self, ctx):
+            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+                batch, drop_remainder=True)
+
+        def compute_loss(self, batch, outputs):
+            return keras.losses.sparse_categorical_crossentropy(
+                batch[1], outputs, from_logits=True)
+
+    config = config_lib.get_config()
+    config.train.global_batch_size = workload.batch_size
+    config.train.steps_per_loop = STEPS_PER_LOOP
+    config.train.steps = STEPS_PER_LOOP
+    config.train.log_every_steps = 10**9
+    config.optimizer.name = "adam"
+    config.precision.policy = policy
+    config.perf.jit_compile = jit
+    config.distribute.strategy = "default"
+    config.telemetry.progress = "off"
+    config.telemetry.probe_every_windows = 0
+    return BenchTrainer(config)
+
+
+def run_steps(t, steps: int) -> float:
+    """Trains ``steps`` more steps; returns the wall seconds."""
+    t.config.train.steps = t.step + steps
+    start = time.perf_counter()
+    t.fit()
+    return time.perf_counter() - start
+
+
+def bench_workload(name: str, rounds: int, steps: int) -> list[dict]:
+    """Rows ``{workload, variant, median, min, max, ratio}`` (examples/s) or ``error``."""
+    from benchmarks.workloads import WORKLOADS
+
+    workload = WORKLOADS[name]
+    trainers, rows = {}, {}
+    for variant, (policy, jit) in VARIANTS.items():
+        rows[variant] = {"workload": name, "variant": variant, "rates": []}
+        try:
+            trainers[variant] = build_trainer(workload, policy, jit)
+            run_steps(trainers[variant], STEPS_PER_LOOP)  # warm-up: tracing and compiling
+        except Exception as error:  # noqa: BLE001 — reported in the table
+            rows[variant]["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
+            trainers.pop(variant, None)
+    names = list(trainers)
+    for r in range(rounds):
+        for variant in names[r % len(names):] + names[:r % len(names)]:
+            seconds = run_steps(trainers[variant], steps)
+            rows[variant]["rates"].append(steps * workload.batch_size / seconds)
+    base = rows["float32"]["rates"]
+    for row in rows.values():
+        rates = row.pop("rates")
+        if rates:
+            row.update(median=statistics.median(rates), min=min(rates), max=max(rates))
+            if base:
+                row["ratio"] = statistics.median(a / b for a, b in zip(rates, base))
+    return list(rows.values())
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'workload':9} {'variant':15} {'examples/s':>11} {'min':>9} {'max':>9} "
+             f"{'vs float32':>10}"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['workload']:9} {row['variant']:15} FAILED {row['error']}")
+            continue
+        lines.append(f"{row['workload']:9} {row['variant']:15} {row['median']:11,.0f} "
+                     f"{row['min']:9,.0f} {row['max']:9,.0f} {row.get('ratio', float('nan')):10.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="mlp,cnn")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200,
+                        help="steps per variant per round (the cnn uses a quarter)")
+    args = parser.parse_args()
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)
+    rows = []
+    for name in args.workloads.split(","):
+        steps = args.steps if name == "mlp" else max(STEPS_PER_LOOP, args.steps // 4)
+        rows += bench_workload(name, args.rounds, steps)
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Precision policy, loss-scale state, schedules and perf options (one process, one replica).
+
+The multi-replica comparisons are in tests/test_numerics.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import toy
+from trainer import config as config_lib
+from trainer import optimizers, precision
+
+
+@pytest.fixture(autouse=True)
+def float32_policy_afterwards():
+    """A Trainer sets the global Keras policy; leave float32 for the other tests."""
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def counter() -> tf.Variable:
+    return tf.Variable(0, dtype=tf.int64)
+
+
+def flat_weights(t) -> np.ndarray:
+    return np.concatenate([w.ravel() for w in t.model.get_weights()])
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_float32_and_bfloat16_use_no_loss_scaling(policy):
+    state = precision.PrecisionState(policy, 2.0**15, 2000, counter())
+    assert not state.dynamic
+    assert float(state.scale_loss(tf.constant(3.0))) == 3.0
+    grads = [tf.constant([1.5, -2.0])]
+    assert state.unscale(grads) is grads
+
+
+def test_dynamic_scale_halves_on_nonfinite_and_grows_after_growth_interval():
+    step = counter()
+    state = precision.PrecisionState("mixed_float16", 8.0, 2, step)
+    assert float(state.scale_loss(tf.constant(3.0))) == 24.0
+    step.assign(6)
+    state.on_nonfinite()
+    assert float(state.scale.numpy()) == 4.0
+    assert int(state.skipped_steps.numpy()) == 1 and int(state.last_skipped_step.numpy()) == 7
+    state.on_finite()
+    assert float(state.scale.numpy()) == 4.0
+    state.on_finite()
+    assert float(state.scale.numpy()) == 8.0
+    for _ in range(6):
+        state.on_nonfinite()
+    assert float(state.scale.numpy()) == 1.0  # never below 1
+
+
+def test_all_finite_sees_inf_and_nan_in_dense_and_sparse_gradients():
+    assert bool(precision.all_finite([tf.ones([2]), tf.ones([3])]))
+    assert not bool(precision.all_finite([tf.ones([2]), tf.constant([1.0, np.inf])]))
+    sparse = tf.IndexedSlices(tf.constant([[np.nan]]), tf.constant([0]), tf.constant([4, 1]))
+    assert not bool(precision.all_finite([tf.ones([2]), sparse]))
+
+
+class DtypeRecordingTrainer(toy.ToyTrainer):
+    def compute_loss(self, batch, outputs):
+        self.loss_input_dtype = outputs.dtype
+        return super().compute_loss(batch, outputs)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_policy_computes_in_low_precision_and_the_loss_sees_float32(policy):
+    t = DtypeRecordingTrainer(toy.toy_config(**{"precision.policy": policy,
+                                                "train.steps": 5}))
+    result = t.fit()
+    assert t.model.layers[0].compute_dtype == policy.split("_")[1]
+    assert all(w.dtype == np.float32 for w in t.model.get_weights())
+    assert t.loss_input_dtype == tf.float32
+    assert np.isfinite(result["train/loss"])
+    expected_scale = t.config.precision.initial_loss_scale if policy == "mixed_float16" else 1.0
+    assert float(t.precision.scale.numpy()) == expected_scale
+
+
+class CountingLayer(keras.layers.Layer):
+    """Identity that counts how often its call is traced."""
+
+    calls = 0
+
+    def call(self, x):
+        CountingLayer.calls += 1
+        return x
+
+
+class RecomputeProbeTrainer(toy.ToyTrainer):
+    def build_model(self):
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                                 CountingLayer(), keras.layers.Dense(3)])
+
+
+def test_recompute_reruns_the_forward_pass_in_the_backward_pass_with_same_result():
+    traced, weights = {}, {}
+    for recompute in (False, True):
+        CountingLayer.calls = 0
+        t = RecomputeProbeTrainer(toy.toy_config(**{"perf.recompute": recompute,
+                                                    "train.steps": 5}))
+        t.fit()
+        traced[recompute], weights[recompute] = CountingLayer.calls, flat_weights(t)
+    assert traced[True] == traced[False] + 1  # once more: the recomputation in backward
+    np.testing.assert_allclose(weights[True], weights[False], atol=1e-6)
+
+
+@pytest.fixture
+def no_loop_components(monkeypatch):
+    """fit() without telemetry: these tests are about the step's numerics only (and
+    telemetry's system sampler does not support the default strategy yet)."""
+    from trainer import loop
+
+    monkeypatch.setattr(loop, "components", lambda trainer: [])
+
+
+@pytest.mark.usefixtures("no_loop_components")
+def test_jit_compile_under_default_strategy_gives_the_same_weights():
+    results = {}
+    for jit in (False, True):
+        t = toy.ToyTrainer(toy.toy_config(**{"perf.jit_compile": jit,
+                                             "distribute.strategy": "default"}))
+        assert (t._jit_grads is not None) == jit
+        t.fit()
+        results[jit] = flat_weights(t)
+    assert np.max(np.abs(results[True] - results[False])) <= 1e-5
+
+
+@pytest.mark.usefixtures("no_loop_components")
+def test_accumulation_in_replica_context_path_equals_4x_batch():
+    # The default strategy takes the no-merge_call path (as MultiWorker and TPU do).
+    adam = {"optimizer.name": "adam", "optimizer.learning_rate": 0.01,
+            "distribute.strategy": "default"}
+    big = toy.ToyTrainer(toy.toy_config(**adam))
+    big.fit()
+    accum = toy.ToyTrainer(toy.toy_config(**adam, **{
+        "train.global_batch_size": 8, "train.steps": 80, "perf.grad_accum_steps": 4}))
+    accum.fit()
+    assert int(accum.optimizer.iterations.numpy()) == 20
+    assert np.max(np.abs(flat_weights(big) - flat_weights(accum))) <= 1e-5
+
+
+def test_effective_learning_rate_is_logged_at_start(caplog):
+    caplog.set_level(logging.INFO)
+    toy.ToyTrainer(toy.toy_config(**{
+        "optimizer.lr_scaling": "linear", "optimizer.reference_batch_size": 64,
+        "train.global_batch_size": 16, "train.steps": 40, "perf.grad_accum_steps": 2}))
+    line = next(r.getMessage() for r in caplog.records if "learning rate now" in r.getMessage())
+    # 0.1 x (16 x 2) / 64
+    assert "learning rate now 0.05" in line and "effective batch 16 x 2" in line
+
+
+def test_linear_scaling_and_schedule_length_count_optimizer_updates():
+    config = toy.toy_config(**{"optimizer.lr_scaling": "linear",
+                               "optimizer.reference_batch_size": 32,
+                               "optimizer.schedule": "cosine", "optimizer.min_learning_rate": 0.01,
+                               "train.global_batch_size": 16, "train.steps": 80,
+                               "perf.grad_accum_steps": 4})
+    assert optimizers.effective_learning_rate(config) == pytest.approx(0.2)
+    schedule = optimizers.build_schedule(config)
+    assert float(schedule(0)) == pytest.approx(0.2)
+    assert float(schedule(20)) == pytest.approx(0.01)  # 80 micro-steps = 20 updates
+
+
+def test_warmup_schedule_starts_at_zero_and_reaches_peak():
+    config = toy.toy_config(**{"optimizer.schedule": "warmup_cosine",
+                               "optimizer.warmup_steps": 4})
+    schedule = optimizers.build_schedule(config)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(4)) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("field", ["train.steps", "checkpoint.every_steps"])
+def test_step_counts_must_be_multiples_of_accumulation(field):
+    config = toy.toy_config(**{"perf.grad_accum_steps": 4, "train.steps": 80,
+                               "checkpoint.every_steps": 40})
+    section, name = field.split(".")
+    config[section][name] = 42
+    with pytest.raises(config_lib.ConfigError, match=f"{field}=42 is not a multiple"):
+        config_lib.validate(config)
