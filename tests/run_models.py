@@ -4,11 +4,14 @@
         trains every model a few steps on N virtual CPU devices (Mirrored when N > 1)
         in ONE process (one Mirrored group size per process), TFDS models under
         ``tfds.testing.mock_data``; writes DIR/results.json and DIR/weights.npz.
-    python -m tests.run_models main TRAINER_MAIN_FLAGS...
-        runs ``python -m trainer.main FLAGS`` with TFDS mocked (the user-guide tests).
 
-TFDS models are mocked with ``download=False`` and a ``data_dir`` that holds no data:
-the runs need no network and no prepared dataset.
+In process, TFDS models run under ``tfds.testing.mock_data`` with ``download=False`` and
+a ``data_dir`` that holds no data. Runs in other processes (the notebook, the guide's
+commands) read a real prepared data directory of random images instead:
+:func:`write_fake_tfds` stores ``mnist`` and ``cifar10`` with the registered builders'
+names, versions and features, so ``tfds.load(..., download=False)`` reads them exactly
+as it reads the real datasets (and tfds's mock, which patches file access globally,
+never races a checkpoint writer thread).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -120,19 +122,36 @@ def run_replicas(replicas: int, out: str) -> None:
     np.savez(os.path.join(out, "weights.npz"), **weights)
 
 
-def run_main(argv: list[str]) -> None:
-    from absl import app
+def write_fake_tfds(data_dir: str, train_examples: int = 64, test_examples: int = 32) -> str:
+    """Prepares ``mnist`` and ``cifar10`` of random images in ``data_dir``; returns it.
 
-    from trainer import main as trainer_main
+    Uses the registered builders' versions and features, so the result is what
+    ``tfds build NAME --data_dir=data_dir`` would leave (with other pixels), offline.
+    """
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
 
-    with mock_tfds():
-        app.run(trainer_main.main, argv=["trainer.main", *argv])
+    tfds.disable_progress_bar()
+    rng = np.random.default_rng(0)
+    for name in TFDS_MODELS:
+        builder = tfds.builder(name)
+        features = builder.info.features
+        shape = features["image"].shape
+
+        def split(n, features=features, shape=shape):
+            example = {"image": rng.integers(0, 256, (n, *shape), dtype=np.uint8),
+                       "label": rng.integers(0, 10, n)}
+            if "id" in features:
+                example["id"] = np.array([f"fake_{i}" for i in range(n)])
+            return tf.data.Dataset.from_tensor_slices(example)
+
+        tfds.dataset_builders.store_as_tfds_dataset(
+            name=name, version=str(builder.version), features=features, data_dir=data_dir,
+            split_datasets={"train": split(train_examples), "test": split(test_examples)})
+    return data_dir
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "main":
-        run_main(sys.argv[2:])
-        return
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("replicas")
