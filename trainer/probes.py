@@ -16,7 +16,7 @@ context, on the host, eagerly calling small ``tf.function`` loops):
 
 :func:`input_wait_fraction` combines them with the observed step time by the usual
 overlap model (prefetch lets the pipeline run while the step computes, so a step
-waits ``max(0, min(t_input, t_step) - t_compute)``).
+waits ``max(0, t_input - t_compute)``).
 """
 
 from __future__ import annotations
@@ -72,11 +72,23 @@ class InputProbe:
         """One distributed batch (a PerReplica structure) from the probe's copy."""
         return next(self._iterator)
 
-    def seconds_per_batch(self, num_batches: int) -> float:
-        """Wall seconds per global batch to pull ``num_batches`` batches (host sync'd)."""
-        start = time.perf_counter()
-        self._drain(self._iterator, tf.constant(num_batches, tf.int64)).numpy()
-        return (time.perf_counter() - start) / num_batches
+    def seconds_per_batch(self, num_batches: int, max_chunks: int = 16) -> float:
+        """Steady-state wall seconds per global batch of the pipeline alone.
+
+        Between probes the copy's prefetch buffer fills up, and buffered batches come
+        out instantly. So chunks of ``num_batches`` are pulled until two consecutive
+        chunks take about the same time (within 25%, at most ``max_chunks`` chunks):
+        the buffer is drained and the last two chunks time the pipeline itself.
+        """
+        chunks: list[float] = []
+        while len(chunks) < max_chunks:
+            start = time.perf_counter()
+            self._drain(self._iterator, tf.constant(num_batches, tf.int64)).numpy()
+            chunks.append(time.perf_counter() - start)
+            if len(chunks) >= 2 and abs(chunks[-1] - chunks[-2]) <= 0.25 * max(chunks[-2:]):
+                break
+        return (chunks[-1] + chunks[-2]) / 2 / num_batches if len(chunks) > 1 else (
+            chunks[-1] / num_batches)
 
 
 class ComputeUnavailable(RuntimeError):
@@ -136,9 +148,10 @@ class ComputeProbe:
             variable.assign(value)
         return seconds
 
-    def seconds_per_step(self, num_steps: int) -> float:
-        """Wall seconds per forward+backward step over ``num_steps`` steps."""
-        return self._timed(num_steps) / num_steps
+    def seconds_per_step(self, num_steps: int, repeats: int = 2) -> float:
+        """Wall seconds per forward+backward step: the best of ``repeats`` timings of
+        ``num_steps`` steps (the least disturbed by other work on the machine)."""
+        return min(self._timed(num_steps) for _ in range(repeats)) / num_steps
 
 
 def input_wait_fraction(input_s: float, compute_s: float, step_s: float) -> float:
@@ -146,9 +159,13 @@ def input_wait_fraction(input_s: float, compute_s: float, step_s: float) -> floa
 
     ``input_s``: the pipeline alone, seconds per global batch; ``compute_s``: compute
     alone, seconds per step; ``step_s``: the observed seconds per step. With prefetch
-    the pipeline overlaps compute, so each step waits ``min(input_s, step_s) -
-    compute_s`` when that is positive.
+    the pipeline overlaps compute, so a step waits ``input_s - compute_s`` when that is
+    positive. A window faster than the pipeline (``step_s < input_s``) was fed from the
+    prefetch buffer (e.g. filled while a probe ran) and says nothing about the steady
+    state, whose step time is at least ``input_s``: the fraction is taken of
+    ``max(step_s, input_s, compute_s)``.
     """
-    if step_s <= 0:
+    period = max(step_s, input_s, compute_s)
+    if period <= 0:
         return 0.0
-    return min(1.0, max(0.0, min(input_s, step_s) - compute_s) / step_s)
+    return min(1.0, max(0.0, input_s - compute_s) / period)

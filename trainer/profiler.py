@@ -9,8 +9,11 @@ right after the loop that reaches ``b``. The granularity is therefore exactly th
 requested steps; the trace also holds the host work between those loops (logging,
 eval or checkpoints falling inside the window).
 
-Traces go to ``workdir/profile/plugins/profile/<timestamp>/<host>.xplane.pb``:
-``tensorboard --logdir=WORKDIR`` shows them in the profile plugin (run ``profile``).
+Traces go to ``workdir/profile/plugins/profile/steps_<a>_<b>/<host>.xplane.pb`` (the
+profiler names the session directory by the wall-clock second; it is renamed after the
+window so two windows never collide and each names its steps):
+``tensorboard --logdir=WORKDIR`` shows them in the profile plugin (run ``profile``;
+install ``tensorboard`` and ``tensorboard-plugin-profile`` to view).
 Only the chief profiles; windows that ended before a resumed run's first step are
 skipped, and one in progress at resume is captured from the resume step on.
 """
@@ -38,7 +41,8 @@ class ProfilerWindows(Component):
 
     def __init__(self, config: ml_collections.ConfigDict):
         self.windows = config_lib.parse_profile_steps(config.telemetry.profile_steps)
-        self._active: tuple[int, int] | None = None
+        self._active: tuple[int, int] | None = None  # (first step, stop) being traced
+        self._before: set[str] = set()  # session directories that existed at start
         self._enabled = False
         self.logdir: str | None = None
 
@@ -59,19 +63,32 @@ class ProfilerWindows(Component):
         self.logdir = os.path.join(trainer.workdir, "profile") if trainer.workdir else None
         self._maybe_start(trainer.step)
 
+    def _sessions(self) -> set[str]:
+        root = os.path.join(self.logdir, "plugins", "profile")
+        return set(os.listdir(root)) if os.path.isdir(root) else set()
+
     def _maybe_start(self, step: int) -> None:
         if not self._enabled or self._active:
             return
         for start, stop in self.windows:
             if start <= step < stop:
+                self._before = self._sessions()
                 tf.profiler.experimental.start(self.logdir)
-                self._active = (start, stop)
-                logging.info("profiler: tracing steps %d:%d into %s", step, stop, self.logdir)
+                self._active = (step, stop)
+                logging.info("profiler: tracing steps %d:%d", step, stop)
                 return
 
     def _stop(self) -> None:
         tf.profiler.experimental.stop()
-        logging.info("profiler: trace of steps %d:%d written to %s", *self._active, self.logdir)
+        root = os.path.join(self.logdir, "plugins", "profile")
+        name = "steps_{}_{}".format(*self._active)
+        for session in sorted(self._sessions() - self._before):
+            target, n = os.path.join(root, name), 1
+            while os.path.exists(target):
+                n += 1
+                target = os.path.join(root, f"{name}_{n}")
+            os.rename(os.path.join(root, session), target)
+            logging.info("profiler: trace of steps %d:%d written to %s", *self._active, target)
         self._active = None
 
     def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:

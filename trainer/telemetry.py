@@ -5,7 +5,7 @@ TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 per train loop it only adds up the host wall time of the compiled loop call (no extra
 device sync); per logging window (``train.log_every_steps``) it samples host/device
 memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
-windows (and right away when a window is slow) it runs the short input/compute probes
+windows (and at the first slow window of a streak) it runs the short input/compute probes
 of :mod:`trainer.probes` to estimate the input-wait fraction.
 
 Granularity. The step function runs ``steps_per_loop`` steps per ``tf.function`` call,
@@ -14,6 +14,8 @@ over its steps; ``step_time_p90_s`` is the 90th percentile, over the window's lo
 calls, of (call seconds / call steps). Throughput counts loop-call time only (eval,
 checkpoints and logging between loops are excluded). The first window of a ``fit()``
 includes tracing and is marked ``perf/warmup``; it never feeds the regression median.
+Nor does a window right after a probe (``perf/after_probe``): while the probe ran, the
+train pipeline kept filling its prefetch buffer, so that window runs partly on stock.
 
 Outputs (files only on the chief, and only when the Trainer has a workdir):
 
@@ -61,7 +63,7 @@ PROGRESS_ENV = "TF_TRAINER_PROGRESS"
 TRAIN_KEYS = (
     "kind", "step", "time", "train/loss",
     "perf/steps_per_s", "perf/examples_per_s", "perf/step_time_mean_s", "perf/step_time_p90_s",
-    "perf/loop_calls", "perf/warmup", "perf/eta_s",
+    "perf/loop_calls", "perf/warmup", "perf/after_probe", "perf/eta_s",
     "perf/input_wait_fraction", "perf/pipeline_examples_per_s", "perf/compute_examples_per_s",
     "perf/probe_step",
     "mem/host_rss_mb", "mem/host_memory_fraction", "mem/device_current_mb", "mem/device_peak_mb",
@@ -355,6 +357,7 @@ class Telemetry(Component):
         self._windows = 0
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
         self._probe: dict[str, Any] = {}
+        self._probed = False  # a probe ran after the previous window
         self._input_probe: probes.InputProbe | None = None
         self._compute_probe: probes.ComputeProbe | str | None = None
         logging.info("%s", setup_report(trainer))
@@ -416,11 +419,17 @@ class Telemetry(Component):
         record.update(self._sampler.sample())
         record["precision/skipped_steps"] = int(trainer.precision.skipped_steps.numpy())
         record["precision/loss_scale"] = float(trainer.precision.scale.numpy())
-        slow, fire = (False, False) if warmup else self._detector.update(examples_per_s)
+        # A window right after a probe was partly fed from the prefetch buffer that
+        # filled while the probe ran: it neither counts for nor breaks a slow streak.
+        after_probe, self._probed = self._probed, False
+        record["perf/after_probe"] = after_probe
+        slow, fire = (False, False) if warmup or after_probe else self._detector.update(
+            examples_per_s)
         every = cfg.telemetry.probe_every_windows
-        due = every and not warmup and ((self._windows - 2) % every == 0 or slow)
-        if due:
+        if every and not warmup and (
+                (self._windows - 2) % every == 0 or (slow and self._detector.streak == 1)):
             self._run_probes(trainer)
+            self._probed = True
         record.update(self._wait_numbers(step_s))
         record["perf/regression_alert"] = 0.0
         record["alert"] = None
