@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
+STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
 SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
@@ -79,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
             tpu="",  # TPU name or grpc:// address; "" = local / from the environment
             all_reduce="auto",
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
+            device_weights=(),  # manual: batch share per device (default: equal)
         )
     )
     config.perf = ml_collections.ConfigDict(
@@ -156,6 +157,27 @@ def _check_positive(field: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(f"config.{field}={value!r} must be {bound} integer.")
 
 
+def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
+    """``distribute.device_weights``: non-negative numbers, one per device, manual only."""
+    weights = dcfg.device_weights
+    if not weights:
+        return
+    field = "config.distribute.device_weights"
+    if dcfg.strategy != "manual":
+        raise ConfigError(f"{field} is only used by distribute.strategy='manual' (it is "
+                          f"{dcfg.strategy!r}); set the strategy to 'manual' or clear it.")
+    if not isinstance(weights, (list, tuple)) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+        raise ConfigError(f"{field}={weights!r} must be a list of numbers, e.g. (1, 2, 1).")
+    negative = [w for w in weights if w < 0]
+    if negative or not sum(weights) > 0:
+        raise ConfigError(f"{field}={tuple(weights)!r}: weights must be >= 0 with a positive "
+                          f"sum (each is a device's share of the batch), e.g. (1, 2, 1).")
+    if dcfg.devices and len(weights) != len(dcfg.devices):
+        raise ConfigError(f"{field} has {len(weights)} weights for {len(dcfg.devices)} "
+                          f"distribute.devices {tuple(dcfg.devices)!r}; give one per device.")
+
+
 def resolve_trainer_class(path: str) -> type:
     """Imports ``"package.module:ClassName"`` and checks it is a Trainer subclass."""
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
@@ -218,6 +240,7 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
     _check_positive("precision.growth_interval", config.precision.growth_interval)
     _check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
     _check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
+    _check_device_weights(config.distribute)
     _check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
     _check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
     _check_positive("perf.grad_accum_steps", config.perf.grad_accum_steps)

@@ -15,6 +15,9 @@ Strategy names (``config.distribute.strategy``):
 * ``mirrored``: ``MirroredStrategy`` over ``devices``, all GPUs, or all logical CPUs.
 * ``multi_worker``: ``MultiWorkerMirroredStrategy``; needs ``TF_CONFIG``.
 * ``tpu``: ``TPUStrategy`` through ``launch.tpu.connect_tpu``.
+* ``manual``: ``OneDeviceStrategy`` on the first of ``devices`` (variables, input,
+  update); :mod:`trainer.manual` splits every batch over ``devices`` by
+  ``device_weights`` and combines the gradients itself.
 """
 
 from __future__ import annotations
@@ -218,6 +221,10 @@ def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     configure_devices(dcfg)
     if name == "default":
         return tf.distribute.get_strategy()
+    if name == "manual":  # trainer.manual splits each batch over the devices itself
+        from trainer import manual
+
+        return tf.distribute.OneDeviceStrategy(manual.resolve_devices(dcfg)[0])
     return {"one_device": _one_device, "mirrored": _mirrored, "tpu": _tpu}[name](dcfg)
 
 

@@ -48,15 +48,19 @@ class CompiledLoops:
 
     def __init__(self, trainer: "Trainer"):
         strategy = trainer.strategy
+        train_step_fn, eval_step_fn = trainer.train_step, trainer.eval_step
+        if trainer.manual is not None:  # distribute.strategy="manual": see trainer.manual
+            train_step_fn = trainer.manual.wrap_train(train_step_fn)
+            eval_step_fn = trainer.manual.wrap_eval(eval_step_fn)
 
         def replica_train(batch):
-            outputs = trainer.train_step(batch)
+            outputs = train_step_fn(batch)
             _check_outputs(outputs, "train_step")
             trainer.train_loss.update_state(outputs["loss"])
             return outputs
 
         def replica_eval(batch):
-            outputs = trainer.eval_step(batch)
+            outputs = eval_step_fn(batch)
             _check_outputs(outputs, "eval_step")
             trainer.eval_loss.update_state(outputs["loss"])
 

@@ -1,0 +1,147 @@
+"""Manual data parallelism vs Mirrored on equal devices (2 virtual CPU devices).
+
+    python -m benchmarks.manual [--workloads mlp,cnn] [--rounds 3] [--seconds 2] [--json F]
+
+One process, 2 logical CPU devices, the same model, Adam, in-memory data and global
+batch for every implementation; ``Trainer.fit`` with ``steps_per_loop=50``:
+
+  one_device      the whole batch on /cpu:0 (no splitting)
+  mirrored        MirroredStrategy over the 2 devices (all-reduce of the gradients)
+  manual          distribute.strategy="manual", weights (1, 1)
+  manual_1_3      manual, weights (1, 3): an uneven split on equal devices
+  manual_single   manual over ONE device (the mechanism's own cost, no second device)
+
+They run interleaved in rotating order over rounds (warm-up excluded); the table shows
+median examples/s, min/max and the median per-round ratio to ``mirrored``.
+
+Overlap: ``trainer.manual.measure`` times each device's slice alone (forward and
+backward of an equal share, no update); a manual step that costs about the SUM of the
+two is sequential, about the MAX is fully concurrent. On virtual CPU devices both
+devices share this machine's cores and one thread pool, so overlap shows what TF's
+executor does with independent per-device work, not what two GPUs would gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+K = 50  # steps per loop
+IMPLEMENTATIONS = {
+    "one_device": dict(strategy="one_device"),
+    "mirrored": dict(strategy="mirrored"),
+    "manual": dict(strategy="manual", device_weights=(1, 1)),
+    "manual_1_3": dict(strategy="manual", device_weights=(1, 3)),
+    "manual_single": dict(strategy="manual", devices=("/cpu:0",)),
+}
+
+
+def _trainer(workload, distribute: dict):
+    import keras
+    import tensorflow as tf
+
+    import trainer
+    from trainer import config as config_lib
+
+    x, y = workload.data(4096)
+
+    class BenchTrainer(trainer.Trainer):
+        def build_model(self):
+            return workload.build_model()
+
+        def build_train_dataset(self, ctx):
+            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+                batch, drop_remainder=True)
+
+        def compute_loss(self, batch, outputs):
+            return keras.losses.sparse_categorical_crossentropy(
+                batch[1], outputs, from_logits=True)
+
+    config = config_lib.get_config()
+    config.train.global_batch_size = workload.batch_size
+    config.train.steps_per_loop = K
+    config.train.steps = K
+    config.train.log_every_steps = 10**9
+    config.optimizer.name = "adam"
+    config.telemetry.progress = "off"
+    config.telemetry.probe_every_windows = 0
+    config.distribute.virtual_devices = 2
+    for key, value in distribute.items():
+        config.distribute[key] = value
+    return BenchTrainer(config)
+
+
+def _run(t, steps: int) -> float:
+    """Trains ``steps`` more steps; returns the seconds it took."""
+    t.config.train.steps = t.step + steps
+    start = time.perf_counter()
+    t.fit()
+    return time.perf_counter() - start
+
+
+def measure(workload_name: str, rounds: int, seconds: float) -> dict:
+    from benchmarks.workloads import WORKLOADS
+    from trainer import manual
+
+    workload = WORKLOADS[workload_name]
+    trainers = {name: _trainer(workload, d) for name, d in IMPLEMENTATIONS.items()}
+    for t in trainers.values():
+        _run(t, 2 * K)  # trace and warm up
+    per_step = _run(trainers["mirrored"], K) / K
+    steps = max(K, int(seconds / per_step) // K * K)
+    rates: dict[str, list[float]] = {name: [] for name in trainers}
+    names = list(trainers)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(steps * workload.batch_size / _run(trainers[name], steps))
+    results = {}
+    for name, values in rates.items():
+        ratios = [v / m for v, m in zip(values, rates["mirrored"])]
+        results[name] = {"examples_per_s": statistics.median(values), "min": min(values),
+                         "max": max(values), "ratio_to_mirrored": statistics.median(ratios)}
+    # Overlap: the two slices alone vs a whole manual (1, 1) step.
+    slices = manual.measure(trainers["manual"], repeats=50)
+    slice_s = [s["seconds"] for s in slices]
+    step_s = workload.batch_size / results["manual"]["examples_per_s"]
+    overlap = {"step_ms": step_s * 1e3, "slices_ms": [s * 1e3 for s in slice_s],
+               "sum_ms": sum(slice_s) * 1e3, "max_ms": max(slice_s) * 1e3}
+    return {"workload": workload_name, "batch": workload.batch_size, "steps_per_round": steps,
+            "rounds": rounds, "implementations": results, "overlap": overlap}
+
+
+def format_table(runs: list[dict]) -> str:
+    lines = [f"{'workload':<12}{'implementation':<16}{'examples/s':>12}{'min':>10}{'max':>10}"
+             f"{'x mirrored':>12}"]
+    for run in runs:
+        for name, r in run["implementations"].items():
+            lines.append(f"{run['workload']:<12}{name:<16}{r['examples_per_s']:>12.0f}"
+                         f"{r['min']:>10.0f}{r['max']:>10.0f}{r['ratio_to_mirrored']:>12.2f}")
+        o = run["overlap"]
+        lines.append(f"{run['workload']:<12}overlap: manual step {o['step_ms']:.2f} ms; slices "
+                     f"alone {' + '.join(f'{s:.2f}' for s in o['slices_ms'])} ms "
+                     f"(sum {o['sum_ms']:.2f}, max {o['max_ms']:.2f})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="mlp,cnn")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    runs = [measure(w, args.rounds, args.seconds) for w in args.workloads.split(",")]
+    print(format_table(runs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
