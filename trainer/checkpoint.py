@@ -262,11 +262,12 @@ def _dirs(workdir: str) -> list[str]:
 
 def _candidates(workdir: str) -> list[tuple[int, str]]:
     """Committed steps in both directories, newest first (latest dir before best)."""
+    existing = [(rank, d) for rank, d in enumerate(_dirs(workdir)) if tf.io.gfile.isdir(d)]
+    if not existing:
+        return []  # a fresh run does not pay for importing orbax
     ocp = _orbax()
     found = []
-    for rank, directory in enumerate(_dirs(workdir)):
-        if not tf.io.gfile.isdir(directory):
-            continue
+    for rank, directory in existing:
         for path in ocp.path.step.tmp_checkpoints(directory):
             logging.warning("Ignoring the incomplete checkpoint %s/%s (a save that did not "
                             "finish; removed at the next save).", directory, path)

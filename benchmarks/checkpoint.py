@@ -1,0 +1,187 @@
+"""Checkpoint cost on a ~50M-parameter model: save / restore times and the training stall.
+
+    python -m benchmarks.checkpoint [--width 2048 --layers 12] [--interval 25] [--rounds 3]
+                                    [--json benchmarks/results/checkpoint.json]
+
+Model: an MLP of ``layers`` Dense(width) layers (50.4M parameters at the defaults),
+Adam (so the saved state is 3x the parameters: weights, two slots), fp32, batch 32,
+synthetic in-memory data, one device. Everything runs in ONE process through the
+public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
+
+1. Save and restore times, median over rounds: a synchronous save (``async_save=False``:
+   snapshot + write + commit); an asynchronous save's blocking part (the time the train
+   loop is held: snapshot to host + dispatch) and its total (until committed); a
+   restore of the latest step (read + assign).
+2. Training stall of one async save, side by side: each round runs, in rotating order,
+   ``fit()`` over ``R = 3`` save intervals of ``interval`` steps with a checkpoint
+   every ``interval`` steps (async, and sync for contrast) and the same ``fit()`` with
+   ``every_steps=0``. Both end with one (waited-for) save, so the difference is
+   ``R - 1`` mid-run saves; divided by ``R - 1`` it is the stall of one save, and
+   divided by the baseline time of one interval it is the overhead averaged over a
+   save interval (the goal: < 2% for async). The process CPU time of the same runs is
+   reported too: the extra CPU one save costs, which does not depend on what else
+   the machine is running (wall-time differences do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+INTERVALS_PER_RUN = 3
+
+
+def _trainer(args, workdir: str):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import trainer
+    from trainer import config as config_lib
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1024, args.width)).astype(np.float32)
+    y = rng.integers(0, 10, size=(1024,)).astype(np.int32)
+
+    class MLPTrainer(trainer.Trainer):
+        def build_model(self):
+            layers = [keras.Input((args.width,))]
+            layers += [keras.layers.Dense(args.width, activation="relu")
+                       for _ in range(args.layers)]
+            return keras.Sequential(layers + [keras.layers.Dense(10)])
+
+        def build_train_dataset(self, ctx):
+            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+                batch, drop_remainder=True)
+
+        def compute_loss(self, batch, outputs):
+            return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,
+                                                                from_logits=True)
+
+    config = config_lib.get_config()
+    config.train.global_batch_size = 32
+    config.train.steps_per_loop = args.interval
+    config.train.log_every_steps = 10**9
+    config.train.steps = 1
+    config.optimizer.name = "adam"
+    config.distribute.strategy = "one_device"
+    config.checkpoint.max_to_keep = 1
+    config.telemetry.progress = "off"
+    return MLPTrainer(config, workdir)
+
+
+def _fit(trainer, steps: int, every: int, async_save: bool) -> tuple[float, float]:
+    """Wall and process-CPU seconds of ``fit()`` over ``steps`` more steps."""
+    cfg = trainer.config
+    cfg.train.steps = trainer.step + steps
+    cfg.checkpoint.every_steps = every
+    cfg.checkpoint.async_save = async_save
+    start, cpu = time.perf_counter(), time.process_time()
+    trainer.fit()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
+    from trainer import checkpoint
+
+    out: dict[str, list[float]] = {"sync_save_s": [], "async_blocking_s": [],
+                                   "async_total_s": [], "restore_s": []}
+    for _ in range(rounds):
+        for async_save in (False, True):
+            _fit(trainer, 1, 0, async_save)  # one more step (its own save is not timed)
+            saver = checkpoint.Checkpointer(trainer)  # reads checkpoint.async_save
+            kind = f"bench_{'async' if async_save else 'sync'}"  # a directory of its own
+            start = time.perf_counter()
+            saver.save(trainer, kind=kind)
+            blocking = time.perf_counter() - start
+            saver.on_fit_end(trainer, {})  # waits for the commit, closes the manager
+            total = time.perf_counter() - start
+            if async_save:
+                out["async_blocking_s"].append(blocking)
+                out["async_total_s"].append(total)
+            else:
+                out["sync_save_s"].append(total)
+            shutil.rmtree(os.path.join(trainer.workdir, kind))
+        start = time.perf_counter()
+        trainer.restore(trainer.step)
+        out["restore_s"].append(time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--interval", type=int, default=25, help="steps between saves")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="ckpt_bench_")
+    try:
+        trainer = _trainer(args, workdir)
+        _fit(trainer, 2 * args.interval, 0, True)  # warm-up: trace, build, first save
+        params = trainer.model.count_params()
+        state_bytes = sum(v.numpy().nbytes for v in trainer.model.variables
+                          + trainer.optimizer.variables)
+        times = _save_times(trainer, args.rounds)
+
+        steps = INTERVALS_PER_RUN * args.interval
+        arms = {"baseline": (0, True), "async": (args.interval, True),
+                "sync": (args.interval, False)}
+        runs: dict[str, list[float]] = {name: [] for name in arms}
+        cpu: dict[str, list[float]] = {name: [] for name in arms}
+        for r in range(args.rounds):
+            names = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
+            for name in names:
+                wall, cpu_s = _fit(trainer, steps, *arms[name])
+                runs[name].append(wall)
+                cpu[name].append(cpu_s)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    median = {k: statistics.median(v) for k, v in {**times, **runs}.items()}
+    interval_s = median["baseline"] / INTERVALS_PER_RUN
+    result = {
+        "params": params, "state_mb": state_bytes / 2**20, "interval_steps": args.interval,
+        "step_ms": 1000 * interval_s / args.interval, **{k: median[k] for k in times},
+        "rounds": args.rounds, "runs_s": runs, "runs_cpu_s": cpu,
+    }
+    for name in ("async", "sync"):
+        stall = (median[name] - median["baseline"]) / (INTERVALS_PER_RUN - 1)
+        result[f"{name}_stall_s"] = stall
+        result[f"{name}_stall_pct_of_interval"] = 100 * stall / interval_s
+        extra_cpu = statistics.median(cpu[name]) - statistics.median(cpu["baseline"])
+        result[f"{name}_extra_cpu_s_per_save"] = extra_cpu / (INTERVALS_PER_RUN - 1)
+
+    print(f"model: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
+          f"(weights + Adam slots), step {result['step_ms']:.0f} ms, save every "
+          f"{args.interval} steps ({interval_s:.1f} s)")
+    print(f"  sync save                {median['sync_save_s']:7.2f} s")
+    print(f"  async save, blocking     {median['async_blocking_s']:7.2f} s   "
+          f"(until committed: {median['async_total_s']:.2f} s)")
+    print(f"  restore (read + assign)  {median['restore_s']:7.2f} s")
+    for name in ("async", "sync"):
+        print(f"  {name:5s} stall per save    {result[f'{name}_stall_s']:7.2f} s = "
+              f"{result[f'{name}_stall_pct_of_interval']:5.1f}% of a {args.interval}-step "
+              f"interval (goal for async: < 2%); extra CPU per save "
+              f"{result[f'{name}_extra_cpu_s_per_save']:.2f} s")
+    print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
+        f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
