@@ -1,10 +1,12 @@
 """Precision and XLA throughput of the framework, side by side in one process.
 
     python -m benchmarks.precision [--workloads mlp,cnn] [--rounds 5] [--steps 200]
+                                   [--strategy default|one_device]
 
 For each workload of :mod:`benchmarks.workloads` (``mlp``: 784->256->10, batch 64;
 ``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128) it builds one ``Trainer`` per
-variant under the DEFAULT strategy (Adam, synthetic in-memory data):
+variant under the default strategy (or ``--strategy one_device``; Adam, synthetic
+in-memory data):
 
   float32, mixed_bfloat16, mixed_float16    precision.policy, perf.jit_compile off
   float32+xla                               precision.policy float32, jit_compile on
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -37,8 +40,8 @@ VARIANTS = {  # name: (precision.policy, perf.jit_compile)
 STEPS_PER_LOOP = 50
 
 
-def build_trainer(workload, policy: str, jit: bool):
-    """A Trainer for ``workload`` with the given policy and XLA setting (default strategy)."""
+def build_trainer(workload, policy: str, jit: bool, strategy: str):
+    """A Trainer for ``workload`` with the given policy, XLA setting and strategy name."""
     import keras
     import tensorflow as tf
 
@@ -68,7 +71,7 @@ def build_trainer(workload, policy: str, jit: bool):
     config.optimizer.name = "adam"
     config.precision.policy = policy
     config.perf.jit_compile = jit
-    config.distribute.strategy = "default"
+    config.distribute.strategy = strategy
     config.telemetry.progress = "off"
     config.telemetry.probe_every_windows = 0
     return BenchTrainer(config)
@@ -82,7 +85,7 @@ def run_steps(t, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def bench_workload(name: str, rounds: int, steps: int) -> list[dict]:
+def bench_workload(name: str, rounds: int, steps: int, strategy: str) -> list[dict]:
     """Rows ``{workload, variant, median, min, max, ratio}`` (examples/s) or ``error``."""
     from benchmarks.workloads import WORKLOADS
 
@@ -91,17 +94,17 @@ def bench_workload(name: str, rounds: int, steps: int) -> list[dict]:
     for variant, (policy, jit) in VARIANTS.items():
         rows[variant] = {"workload": name, "variant": variant, "rates": []}
         try:
-            trainers[variant] = build_trainer(workload, policy, jit)
+            trainers[variant] = build_trainer(workload, policy, jit, strategy)
             run_steps(trainers[variant], STEPS_PER_LOOP)  # warm-up: tracing and compiling
         except Exception as error:  # noqa: BLE001 — reported in the table
             rows[variant]["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
             trainers.pop(variant, None)
     names = list(trainers)
-    for r in range(rounds):
+    for r in range(rounds if names else 0):
         for variant in names[r % len(names):] + names[:r % len(names)]:
             seconds = run_steps(trainers[variant], steps)
             rows[variant]["rates"].append(steps * workload.batch_size / seconds)
-    base = rows["float32"]["rates"]
+    base = rows["float32"].get("rates", [])
     for row in rows.values():
         rates = row.pop("rates")
         if rates:
@@ -129,6 +132,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=200,
                         help="steps per variant per round (the cnn uses a quarter)")
+    parser.add_argument("--strategy", default="default", choices=("default", "one_device"))
     args = parser.parse_args()
     from absl import logging
 
@@ -136,7 +140,9 @@ def main() -> None:
     rows = []
     for name in args.workloads.split(","):
         steps = args.steps if name == "mlp" else max(STEPS_PER_LOOP, args.steps // 4)
-        rows += bench_workload(name, args.rounds, steps)
+        rows += bench_workload(name, args.rounds, steps, args.strategy)
+        print(f"{name} done", file=sys.stderr, flush=True)
+    print(f"strategy: {args.strategy}; median of {args.rounds} rounds, warm-up excluded")
     print(format_table(rows))
 
 

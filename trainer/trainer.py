@@ -303,9 +303,10 @@ class Trainer:
     #     scale * (sum(local losses) + regularisation * n_local) / C_static,
     # C_static = global_batch_size * K, n_local = its examples in this micro-step. Summed
     # over replicas and micro-steps that is scale * (sum of all losses + C * reg) /
-    # C_static; multiplying by C_static / C (all-reduced with the gradients, skipped when
-    # every batch has its static size, where the factor is exactly 1) gives the exact
-    # objective for any batch sizes: a short final batch, a replica with no examples.
+    # C_static; multiplying by C_static / C (C all-reduced with the gradients; with K = 1
+    # and a batch of static full size C = C_static is known and nothing is multiplied)
+    # gives the exact objective for any batch sizes: a short final batch, a replica with
+    # no examples, a partial accumulation window after a mid-window resume.
     #
     # Accumulation (K > 1). Every call adds the LOCAL gradients to per-replica
     # accumulators, no gradient communication; every K-th global step (step_counter + 1
