@@ -40,7 +40,7 @@ import os
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 import keras
 import ml_collections
@@ -300,25 +300,45 @@ _SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
 
 
 class _Writers:
-    """TensorBoard writers and the metrics.jsonl file of one run (chief only)."""
+    """TensorBoard writers and the metrics.jsonl file of one run (chief only).
+
+    The scalars of a record are written by one ``tf.function`` per (run, tag set),
+    traced once: one call per window instead of an eager op per scalar.
+    """
 
     def __init__(self, workdir: str):
         os.makedirs(workdir, exist_ok=True)
         self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
                         for kind in ("train", "eval")}
         self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        self._scalar_fns: dict[tuple, Callable] = {}
+
+    def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
+        key = (kind, tags)
+        if key not in self._scalar_fns:
+            writer = self.summary[kind]
+
+            @tf.function
+            def write(step, values):
+                with writer.as_default(step=step):
+                    for i, tag in enumerate(tags):
+                        tf.summary.write(tag, values[i], metadata=_SCALAR)
+
+            self._scalar_fns[key] = write
+        return self._scalar_fns[key]
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record["kind"], record["step"]
         self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
         self.jsonl.flush()
-        with self.summary[kind].as_default(step=step):
-            for key, value in record.items():
-                if key in ("kind", "step", "time", "alert") or value is None:
-                    continue
-                tag = key.split("/", 1)[1] if key.startswith(f"{kind}/") else key
-                tf.summary.write(tag, tf.constant(float(value), tf.float32), metadata=_SCALAR)
-            if record.get("alert"):
+        scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
+                   for key, value in record.items()
+                   if key not in ("kind", "step", "time", "alert") and value is not None}
+        tags = tuple(sorted(scalars))
+        self._scalar_fn(kind, tags)(tf.constant(step, tf.int64),
+                                    tf.constant([scalars[t] for t in tags], tf.float32))
+        if record.get("alert"):
+            with self.summary[kind].as_default(step=step):
                 tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)
         self.summary[kind].flush()
 
@@ -358,8 +378,6 @@ class Telemetry(Component):
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
         self._probe: dict[str, Any] = {}
         self._probed = False  # a probe ran after the previous window
-        self._input_probe: probes.InputProbe | None = None
-        self._compute_probe: probes.ComputeProbe | str | None = None
         logging.info("%s", setup_report(trainer))
 
     def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
@@ -459,17 +477,18 @@ class Telemetry(Component):
     def _run_probes(self, trainer: "Trainer") -> None:
         """Times the pipeline alone and compute alone (see :mod:`trainer.probes`)."""
         n = self.config.telemetry.probe_batches
-        if self._input_probe is None:
-            self._input_probe = probes.InputProbe(trainer)
-        input_s = self._input_probe.seconds_per_batch(n)
-        if self._compute_probe is None:
+        # Kept on the Trainer, so a later fit() on it reuses the traced probes.
+        cache = trainer.__dict__.setdefault("_telemetry_probes", {})
+        if "input" not in cache:
+            cache["input"] = probes.InputProbe(trainer)
+        input_s = cache["input"].seconds_per_batch(n)
+        if "compute" not in cache:
             try:
-                self._compute_probe = probes.ComputeProbe(trainer, self._input_probe.next_batch())
+                cache["compute"] = probes.ComputeProbe(trainer, cache["input"].next_batch())
             except probes.ComputeUnavailable as error:
                 logging.info("input-wait estimate unavailable: %s", error)
-                self._compute_probe = str(error)
-        compute_s = (self._compute_probe.seconds_per_step(n)
-                     if isinstance(self._compute_probe, probes.ComputeProbe) else None)
+                cache["compute"] = None
+        compute_s = cache["compute"].seconds_per_step(n) if cache["compute"] else None
         self._probe = {"input_s": input_s, "compute_s": compute_s, "step": trainer.step}
 
     def _wait_numbers(self, step_s: float) -> dict[str, float | None]:

@@ -1,0 +1,160 @@
+"""Telemetry overhead: the same MLP run with telemetry off, on without probes, and on
+(the default), side by side in one process; prints examples/s and ratios to "off".
+
+    python -m benchmarks.telemetry_overhead [--rounds 7] [--steps 2000] [--json out.json]
+
+The MLP workload (``benchmarks.workloads``: 784 -> 256 -> 10, batch 64) has the
+cheapest step, so per-window costs show most. Every mode is its own Trainer on the same
+strategy; each round runs ``--steps`` more steps of every mode (``fit()`` again, in a
+rotating order) with ``train.log_every_steps=100`` and ``steps_per_loop=50``; the "on"
+modes have a workdir (TensorBoard and metrics.jsonl are written). "off"
+replaces the loop's components by none (no telemetry, no profiler); "on" is the
+default (probes every ``telemetry.probe_every_windows`` windows, counted per fit()).
+
+On a shared machine the end-to-end ratios are noisy, so the host time spent inside the
+components' callbacks is also measured directly, as a share of the fit() wall time
+("callbacks": everything but the probes; "probes": the input/compute probes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MODES = ("off", "on_no_probes", "on")
+
+
+def _trainer(workload, mode: str, steps_per_loop: int, log_every: int, workdir: str | None):
+    import keras
+    import tensorflow as tf
+
+    import trainer
+    from trainer import config as config_lib
+
+    x, y = workload.data(4096)
+
+    class MlpTrainer(trainer.Trainer):
+        def build_model(self):
+            return workload.build_model()
+
+        def build_train_dataset(self, ctx):
+            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+                batch, drop_remainder=True)
+
+        def compute_loss(self, batch, outputs):
+            return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,
+                                                                from_logits=True)
+
+    config = config_lib.get_config()
+    config.train.global_batch_size = workload.batch_size
+    config.train.steps_per_loop = steps_per_loop
+    config.train.log_every_steps = log_every
+    config.telemetry.progress = "off"
+    config.distribute.strategy = "one_device"
+    if mode == "on_no_probes":
+        config.telemetry.probe_every_windows = 0
+    return MlpTrainer(config, workdir)
+
+
+def run(rounds: int, steps: int) -> dict:
+    from absl import logging
+
+    from benchmarks.workloads import WORKLOADS
+    from trainer import loop, telemetry
+
+    logging.set_verbosity(logging.WARNING)
+    workload = WORKLOADS["mlp"]
+    root = tempfile.mkdtemp(prefix="telemetry_overhead_")
+    trainers = {mode: _trainer(workload, mode, 50, 100,
+                               None if mode == "off" else os.path.join(root, mode))
+                for mode in MODES}
+    components = loop.components
+
+    spent = {mode: {"fit": 0.0, "callbacks": 0.0, "probes": 0.0} for mode in MODES}
+
+    def timed(fn, clock: dict, key: str):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock[key] += time.perf_counter() - start
+        return wrapper
+
+    def instrumented(mode: str):
+        """The default components, with the host time of their callbacks measured."""
+        def build(t):
+            parts = components(t)
+            for part in parts:
+                for name in ("on_fit_start", "on_train_loop_end", "on_log", "on_eval",
+                             "on_fit_end"):
+                    setattr(part, name, timed(getattr(part, name), spent[mode], "callbacks"))
+                if isinstance(part, telemetry.Telemetry):
+                    part._run_probes = timed(part._run_probes, spent[mode], "probes")
+            return parts
+        return build
+
+    def fit(mode: str, n: int) -> float:
+        t = trainers[mode]
+        t.config.train.steps = t.step + n
+        loop.components = (lambda _: []) if mode == "off" else instrumented(mode)
+        try:
+            start = time.perf_counter()
+            t.fit()
+            seconds = time.perf_counter() - start
+            spent[mode]["fit"] += seconds
+            return n * workload.batch_size / seconds
+        finally:
+            loop.components = components
+
+    for mode in MODES:
+        fit(mode, steps)  # trace, build the probes, warm up
+    for clock in spent.values():
+        clock.update(fit=0.0, callbacks=0.0, probes=0.0)
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for r in range(rounds):
+        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        for mode in order:
+            rates[mode].append(fit(mode, steps))
+    out = {"workload": "mlp", "batch": workload.batch_size, "steps_per_round": steps,
+           "rounds": rounds, "log_every_steps": 100, "steps_per_loop": 50, "modes": {}}
+    for mode in MODES:
+        ratios = [v / o for v, o in zip(rates[mode], rates["off"])]
+        clock = spent[mode]
+        out["modes"][mode] = {"examples_per_s": statistics.median(rates[mode]),
+                              "ratio_to_off": statistics.median(ratios),
+                              "min_ratio": min(ratios), "max_ratio": max(ratios),
+                              "callback_share": (clock["callbacks"] - clock["probes"]) / clock["fit"],
+                              "probe_share": clock["probes"] / clock["fit"]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    result = run(args.rounds, args.steps)
+    print(f"telemetry overhead, MLP batch {result['batch']}, {result['steps_per_round']} steps "
+          f"per round x {result['rounds']} rounds (window 100 steps, 50 per loop call)")
+    print(f"  {'mode':<14}{'examples/s':>12}{'vs off':>9}{'range':>16}"
+          f"{'callbacks':>11}{'probes':>9}")
+    for mode, m in result["modes"].items():
+        print(f"  {mode:<14}{m['examples_per_s']:>12,.0f}{m['ratio_to_off']:>9.3f}"
+              f"{m['min_ratio']:>8.3f}-{m['max_ratio']:.3f}"
+              f"{m['callback_share']:>10.2%}{m['probe_share']:>9.2%}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
