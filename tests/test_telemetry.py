@@ -11,14 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from tests import toy
 from tests.conftest import run_main
-from tests.test_telemetry_trainers import (SLOW_FROM_STEP, HeavyCnnTrainer, SlowInputTrainer,
-                                           TurnSlow, TurnsSlowTrainer, cnn_config)
+from tests.test_telemetry_trainers import (SLOW_FROM_STEP, BatchNormDropoutTrainer,
+                                           HeavyCnnTrainer, SlowInputTrainer, TurnSlow,
+                                           TurnsSlowTrainer, cnn_config)
 from trainer import config as config_lib
 from trainer import loop, telemetry
 
@@ -130,6 +132,21 @@ def test_compute_bound_cnn_shows_little_input_wait():
     records = _fit(HeavyCnnTrainer(config)).records
     waits = [r["perf/input_wait_fraction"] for r in records[1:]]
     assert max(waits) < 0.5, waits
+
+
+def test_probes_leave_the_run_unchanged():
+    """Probing every window trains bit-identical weights to not probing at all, with a
+    model whose forward pass changes state (BatchNorm statistics, dropout seeds)."""
+    weights = []
+    for every in (1, 0):
+        config = toy.toy_config(**{"train.steps": 30, "train.log_every_steps": 5,
+                                   "telemetry.probe_every_windows": every})
+        trainer = BatchNormDropoutTrainer(config)
+        records = _fit(trainer).records
+        assert (records[-1]["perf/input_wait_fraction"] is None) == (every == 0)
+        weights.append(trainer.model.get_weights())
+    for probed, plain in zip(*weights):
+        np.testing.assert_array_equal(probed, plain)
 
 
 def test_regression_alert_fires_and_names_input_wait(tmp_path):

@@ -84,3 +84,16 @@ class HeavyCnnTrainer(toy.ToyTrainer):
         return (tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
                 .cache().repeat())
 
+
+
+class BatchNormDropoutTrainer(toy.ToyTrainer):
+    """State the forward pass changes (BatchNorm statistics, dropout seed state)."""
+
+    def build_model(self) -> keras.Model:
+        return keras.Sequential([
+            keras.Input((8,)),
+            keras.layers.Dense(16),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(3),
+        ])
