@@ -7,8 +7,9 @@ The MLP workload (``benchmarks.workloads``: 784 -> 256 -> 10, batch 64) has the
 cheapest step, so per-window costs show most. Every mode is its own Trainer on the same
 strategy; each round runs ``--steps`` more steps of every mode (``fit()`` again, in a
 rotating order) with ``train.log_every_steps=100`` and ``steps_per_loop=50``; the "on"
-modes have a workdir (TensorBoard and metrics.jsonl are written). "off"
-replaces the loop's components by none (no telemetry, no profiler); "on" is the
+modes have a workdir (TensorBoard and metrics.jsonl are written; checkpoints, if the
+loop has them, are the same in every mode). "off" drops the
+Telemetry component (the loop's other components stay); "on" is the
 default (probes every ``telemetry.probe_every_windows`` windows, counted per fit()).
 
 On a shared machine the end-to-end ratios are noisy, so the host time spent inside the
@@ -73,7 +74,7 @@ def run(rounds: int, steps: int) -> dict:
     workload = WORKLOADS["mlp"]
     root = tempfile.mkdtemp(prefix="telemetry_overhead_")
     trainers = {mode: _trainer(workload, mode, 50, 100,
-                               None if mode == "off" else os.path.join(root, mode))
+                               os.path.join(root, mode))
                 for mode in MODES}
     components = loop.components
 
@@ -88,23 +89,27 @@ def run(rounds: int, steps: int) -> dict:
                 clock[key] += time.perf_counter() - start
         return wrapper
 
+    def without_telemetry(t):
+        return [p for p in components(t) if not isinstance(p, telemetry.Telemetry)]
+
     def instrumented(mode: str):
-        """The default components, with the host time of their callbacks measured."""
+        """The default components, with the host time of Telemetry's callbacks measured."""
         def build(t):
             parts = components(t)
             for part in parts:
+                if not isinstance(part, telemetry.Telemetry):
+                    continue
                 for name in ("on_fit_start", "on_train_loop_end", "on_log", "on_eval",
                              "on_fit_end"):
                     setattr(part, name, timed(getattr(part, name), spent[mode], "callbacks"))
-                if isinstance(part, telemetry.Telemetry):
-                    part._run_probes = timed(part._run_probes, spent[mode], "probes")
+                part._run_probes = timed(part._run_probes, spent[mode], "probes")
             return parts
         return build
 
     def fit(mode: str, n: int) -> float:
         t = trainers[mode]
         t.config.train.steps = t.step + n
-        loop.components = (lambda _: []) if mode == "off" else instrumented(mode)
+        loop.components = without_telemetry if mode == "off" else instrumented(mode)
         try:
             start = time.perf_counter()
             t.fit()

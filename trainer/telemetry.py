@@ -302,30 +302,30 @@ _SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
 class _Writers:
     """TensorBoard writers and the metrics.jsonl file of one run (chief only).
 
-    The scalars of a record are written by one ``tf.function`` per (run, tag set),
-    traced once: one call per window instead of an eager op per scalar.
+    Kept on the Trainer across ``fit()`` calls. A record's scalars are written by one
+    ``tf.function`` per run directory, traced once (tags and values are tensors), so a
+    window costs one call instead of an eager op per scalar.
     """
 
     def __init__(self, workdir: str):
         os.makedirs(workdir, exist_ok=True)
+        self.workdir = workdir
         self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
                         for kind in ("train", "eval")}
         self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-        self._scalar_fns: dict[tuple, Callable] = {}
+        self._scalars = {kind: self._scalar_fn(writer) for kind, writer in self.summary.items()}
 
-    def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
-        key = (kind, tags)
-        if key not in self._scalar_fns:
-            writer = self.summary[kind]
+    @staticmethod
+    def _scalar_fn(writer) -> Callable:
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
+                                      tf.TensorSpec([None], tf.string),
+                                      tf.TensorSpec([None], tf.float32)])
+        def write(step, tags, values):
+            with writer.as_default(step=step):
+                for i in tf.range(tf.size(tags)):
+                    tf.summary.write(tags[i], values[i], metadata=_SCALAR)
 
-            @tf.function
-            def write(step, values):
-                with writer.as_default(step=step):
-                    for i, tag in enumerate(tags):
-                        tf.summary.write(tag, values[i], metadata=_SCALAR)
-
-            self._scalar_fns[key] = write
-        return self._scalar_fns[key]
+        return write
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record["kind"], record["step"]
@@ -334,18 +334,17 @@ class _Writers:
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
-        tags = tuple(sorted(scalars))
-        self._scalar_fn(kind, tags)(tf.constant(step, tf.int64),
-                                    tf.constant([scalars[t] for t in tags], tf.float32))
+        self._scalars[kind](tf.constant(step, tf.int64), tf.constant(list(scalars), tf.string),
+                            tf.constant(list(scalars.values()), tf.float32))
         if record.get("alert"):
             with self.summary[kind].as_default(step=step):
                 tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)
         self.summary[kind].flush()
 
-    def close(self) -> None:
+    def flush(self) -> None:
         for writer in self.summary.values():
-            writer.close()
-        self.jsonl.close()
+            writer.flush()
+        self.jsonl.flush()
 
 
 class Telemetry(Component):
@@ -370,7 +369,10 @@ class Telemetry(Component):
         mode = progress_mode(cfg.telemetry.progress, self.stream)
         self.progress = Progress(mode if self._chief else "off", cfg.train.steps, self.stream)
         if trainer.workdir and self._chief:
-            self._writers = _Writers(trainer.workdir)
+            writers = trainer.__dict__.get("_telemetry_writers")
+            if writers is None or writers.workdir != trainer.workdir:
+                writers = trainer._telemetry_writers = _Writers(trainer.workdir)
+            self._writers = writers
         self._sampler = SystemSampler(trainer.strategy)
         self._detector = RegressionDetector(cfg.telemetry.alert_drop, cfg.telemetry.alert_windows)
         self._loops: list[tuple[int, float]] = []
@@ -406,7 +408,7 @@ class Telemetry(Component):
     def on_fit_end(self, trainer: "Trainer", results: dict[str, float]) -> None:
         self.progress.clear()
         if self._writers:
-            self._writers.close()
+            self._writers.flush()
             self._writers = None
         if self._sampler:
             self._sampler.close()
