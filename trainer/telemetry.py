@@ -303,8 +303,9 @@ class _Writers:
     """TensorBoard writers and the metrics.jsonl file of one run (chief only).
 
     Kept on the Trainer across ``fit()`` calls. A record's scalars are written by one
-    ``tf.function`` per run directory, traced once (tags and values are tensors), so a
-    window costs one call instead of an eager op per scalar.
+    ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
+    and after the first probe — so a window costs one call instead of an eager op per
+    scalar.
     """
 
     def __init__(self, workdir: str):
@@ -313,19 +314,21 @@ class _Writers:
         self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
                         for kind in ("train", "eval")}
         self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-        self._scalars = {kind: self._scalar_fn(writer) for kind, writer in self.summary.items()}
+        self._scalar_fns: dict[tuple, Callable] = {}
 
-    @staticmethod
-    def _scalar_fn(writer) -> Callable:
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int64),
-                                      tf.TensorSpec([None], tf.string),
-                                      tf.TensorSpec([None], tf.float32)])
-        def write(step, tags, values):
-            with writer.as_default(step=step):
-                for i in tf.range(tf.size(tags)):
-                    tf.summary.write(tags[i], values[i], metadata=_SCALAR)
+    def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
+        key = (kind, tags)
+        if key not in self._scalar_fns:
+            writer = self.summary[kind]
 
-        return write
+            @tf.function
+            def write(step, values):
+                with writer.as_default(step=step):
+                    for i, tag in enumerate(tags):
+                        tf.summary.write(tag, values[i], metadata=_SCALAR)
+
+            self._scalar_fns[key] = write
+        return self._scalar_fns[key]
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record["kind"], record["step"]
@@ -334,8 +337,9 @@ class _Writers:
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
-        self._scalars[kind](tf.constant(step, tf.int64), tf.constant(list(scalars), tf.string),
-                            tf.constant(list(scalars.values()), tf.float32))
+        tags = tuple(sorted(scalars))
+        self._scalar_fn(kind, tags)(tf.constant(step, tf.int64),
+                                    tf.constant([scalars[t] for t in tags], tf.float32))
         if record.get("alert"):
             with self.summary[kind].as_default(step=step):
                 tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)
