@@ -14,11 +14,12 @@ batch for every implementation; ``Trainer.fit`` with ``steps_per_loop=50``:
 They run interleaved in rotating order over rounds (warm-up excluded); the table shows
 median examples/s, min/max and the median per-round ratio to ``mirrored``.
 
-Overlap: ``trainer.manual.measure`` times each device's slice alone (forward and
-backward of an equal share, no update); a manual step that costs about the SUM of the
-two is sequential, about the MAX is fully concurrent. On virtual CPU devices both
-devices share this machine's cores and one thread pool, so overlap shows what TF's
-executor does with independent per-device work, not what two GPUs would gain.
+Overlap: in-graph loops (``steps_per_loop`` iterations, like the real loop) run the
+forward and backward of the manual (1, 1) slices without the update: device 0's slice
+alone, device 1's alone, and both in one graph. ``both`` close to the SUM of the two is
+sequential, close to the MAX fully concurrent. On virtual CPU devices both devices
+share this machine's cores and one thread pool, so this shows what TF's executor does
+with independent per-device work, not what two GPUs would gain.
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ def _run(t, steps: int) -> float:
 
 def measure(workload_name: str, rounds: int, seconds: float) -> dict:
     from benchmarks.workloads import WORKLOADS
-    from trainer import manual
 
     workload = WORKLOADS[workload_name]
     trainers = {name: _trainer(workload, d) for name, d in IMPLEMENTATIONS.items()}
@@ -105,14 +105,48 @@ def measure(workload_name: str, rounds: int, seconds: float) -> dict:
         ratios = [v / m for v, m in zip(values, rates["mirrored"])]
         results[name] = {"examples_per_s": statistics.median(values), "min": min(values),
                          "max": max(values), "ratio_to_mirrored": statistics.median(ratios)}
-    # Overlap: the two slices alone vs a whole manual (1, 1) step.
-    slices = manual.measure(trainers["manual"], repeats=50)
-    slice_s = [s["seconds"] for s in slices]
-    step_s = workload.batch_size / results["manual"]["examples_per_s"]
-    overlap = {"step_ms": step_s * 1e3, "slices_ms": [s * 1e3 for s in slice_s],
-               "sum_ms": sum(slice_s) * 1e3, "max_ms": max(slice_s) * 1e3}
+    step_ms = 1e3 * workload.batch_size / results["manual"]["examples_per_s"]
     return {"workload": workload_name, "batch": workload.batch_size, "steps_per_round": steps,
-            "rounds": rounds, "implementations": results, "overlap": overlap}
+            "rounds": rounds, "implementations": results,
+            "overlap": dict(overlap(trainers["manual"], rounds), step_ms=step_ms)}
+
+
+def overlap(t, rounds: int, steps: int = K) -> dict[str, float]:
+    """ms per iteration of in-graph loops running the manual (1, 1) slices' forward and
+    backward (no update): device 0's slice alone, device 1's alone, and both."""
+    import tensorflow as tf
+
+    from trainer import data, loop
+
+    manual = t.manual
+    dataset = data.distribute(t.strategy, t.build_train_dataset,
+                              t.config.train.global_batch_size)
+    loop._ensure_built(t, dataset)
+    slices, _, _ = manual._split(next(iter(dataset)), require_examples=True)
+
+    def looped(which: tuple[int, ...]):
+        @tf.function
+        def run(parts):
+            total = tf.constant(0.0)
+            for _ in tf.range(steps):
+                for i in which:
+                    _, calls = manual.run_slice(t.train_step, parts[i], manual.devices[i])
+                    total += tf.add_n([tf.reduce_sum(g) for c in calls for g in c.grads])
+            return total
+
+        return run
+
+    variants = {"device0_ms": (0,), "device1_ms": (1,), "both_ms": (0, 1)}
+    fns = {name: looped(which) for name, which in variants.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn(slices).numpy()  # trace
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn(slices).numpy()
+            times[name].append((time.perf_counter() - start) * 1e3 / steps)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def format_table(runs: list[dict]) -> str:
@@ -123,9 +157,9 @@ def format_table(runs: list[dict]) -> str:
             lines.append(f"{run['workload']:<12}{name:<16}{r['examples_per_s']:>12.0f}"
                          f"{r['min']:>10.0f}{r['max']:>10.0f}{r['ratio_to_mirrored']:>12.2f}")
         o = run["overlap"]
-        lines.append(f"{run['workload']:<12}overlap: manual step {o['step_ms']:.2f} ms; slices "
-                     f"alone {' + '.join(f'{s:.2f}' for s in o['slices_ms'])} ms "
-                     f"(sum {o['sum_ms']:.2f}, max {o['max_ms']:.2f})")
+        lines.append(f"{run['workload']:<12}overlap (forward+backward, ms/step): device 0 "
+                     f"alone {o['device0_ms']:.2f}, device 1 alone {o['device1_ms']:.2f}, both "
+                     f"{o['both_ms']:.2f}; full manual step {o['step_ms']:.2f}")
     return "\n".join(lines)
 
 
