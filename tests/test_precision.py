@@ -112,16 +112,6 @@ def test_recompute_reruns_the_forward_pass_in_the_backward_pass_with_same_result
     np.testing.assert_allclose(weights[True], weights[False], atol=1e-6)
 
 
-@pytest.fixture
-def no_loop_components(monkeypatch):
-    """fit() without telemetry: these tests are about the step's numerics only (and
-    telemetry's system sampler does not support the default strategy yet)."""
-    from trainer import loop
-
-    monkeypatch.setattr(loop, "components", lambda trainer: [])
-
-
-@pytest.mark.usefixtures("no_loop_components")
 def test_jit_compile_under_default_strategy_gives_the_same_weights():
     results = {}
     for jit in (False, True):
@@ -133,7 +123,6 @@ def test_jit_compile_under_default_strategy_gives_the_same_weights():
     assert np.max(np.abs(results[True] - results[False])) <= 1e-5
 
 
-@pytest.mark.usefixtures("no_loop_components")
 def test_accumulation_in_replica_context_path_equals_4x_batch():
     # The default strategy takes the no-merge_call path (as MultiWorker and TPU do).
     adam = {"optimizer.name": "adam", "optimizer.learning_rate": 0.01,
