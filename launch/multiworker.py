@@ -16,7 +16,8 @@ Every argument the launcher does not know is passed to the trainer unchanged (af
 
 The launcher owns the tasks' lives (see :mod:`launch._process`): when one fails, hangs
 or freezes the others are stopped (SIGTERM, SIGKILL after ``--grace_s``) and, with
-``--max_restarts R``, the whole group is restarted up to R times on new ports; the
+``--max_restarts R``, the whole group is restarted up to R times on new ports (a task
+that exits 42, preempted after saving a checkpoint, restarts it without counting); the
 trainer resumes from the latest checkpoint in its workdir if there is one. A port taken
 between the pick and TensorFlow's bind restarts the group on new ports without counting
 as a restart. SIGINT / SIGTERM / SIGHUP to the launcher stop every task the same way;
@@ -235,6 +236,11 @@ class _StopSignals:
         return self.received
 
 
+# trainer.main's exit status after a preemption save (trainer.checkpoint.EXIT_PREEMPTED;
+# not imported: launch/ does not import TensorFlow).
+EXIT_PREEMPTED = 42
+
+
 def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:
     """Runs the local group with restarts; returns the launcher's exit status."""
     workdir = _flag_value(args.trainer_flags, "--workdir")
@@ -259,6 +265,11 @@ def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:
             port_retries += 1
             log(f"[launcher] {result.failed_task}'s port was taken before it could bind; "
                 f"restarting the group on new ports (port retry {port_retries} of {_PORT_RETRIES}).")
+            continue
+        if args.max_restarts and result.exit_code == EXIT_PREEMPTED:
+            log(f"[launcher] {result.reason}: preempted after saving a checkpoint; restarting "
+                f"the whole group (not counted against --max_restarts); {resume}.")
+            time.sleep(_RESTART_PAUSE_S)
             continue
         if restarts < args.max_restarts:
             restarts += 1

@@ -163,6 +163,24 @@ def test_max_restarts_restarts_the_group_after_a_crash(tmp_path):
     assert run.output.count("[worker:1] worker:1 done") == 1
 
 
+def test_a_preempted_task_restarts_the_group_without_using_a_restart(tmp_path):
+    marker = tmp_path / "preempted"
+    run = launch(["--workers", "2", "--max_restarts", "1"],
+                 {"worker:1": {"crash_once": str(marker), "crash_code": multiworker.EXIT_PREEMPTED},
+                  "worker:0": {"code": 5}})
+    # The preemption restart is free, so worker:0's failure still gets its one restart.
+    assert run.finish(BOUND_S) == 5, run.output
+    assert "preempted after saving a checkpoint; restarting" in run.output
+    assert "restart 1 of 1" in run.output
+    assert len(run.all_task_pids()) == 6
+
+
+def test_preemption_exit_code_matches_the_trainer():
+    from trainer import checkpoint
+
+    assert multiworker.EXIT_PREEMPTED == checkpoint.EXIT_PREEMPTED
+
+
 def test_restarts_are_bounded_by_max_restarts():
     run = launch(["--workers", "2", "--max_restarts", "2"], {"worker:0": {"code": 4}})
     assert run.finish(BOUND_S) == 4, run.output

@@ -136,3 +136,10 @@ def test_second_fit_continues_where_the_first_stopped():
     assert split.step == 20
     for ref, got in zip(fit_weights(), split.model.get_weights()):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+
+
+def test_default_strategy_trains_like_one_device():
+    default = toy.ToyTrainer(toy.toy_config(**{"distribute.strategy": "default"}))
+    default.fit()
+    for ref, got in zip(fit_weights(), default.model.get_weights()):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)

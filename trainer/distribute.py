@@ -228,6 +228,23 @@ def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     return {"one_device": _one_device, "mirrored": _mirrored, "tpu": _tpu}[name](dcfg)
 
 
+def accelerator_devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """This worker's non-CPU devices the strategy computes on, as ``"GPU:0"`` names.
+
+    The default strategy has no device list of its own: it uses every local device.
+    """
+    try:
+        names = list(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy does not implement worker_devices
+        names = [d.name for d in tf.config.list_logical_devices()]
+    out = []
+    for name in names:
+        spec = tf.DeviceSpec.from_string(name)
+        if spec.device_type and spec.device_type.upper() != "CPU":
+            out.append(f"{spec.device_type}:{spec.device_index or 0}")
+    return out
+
+
 def num_workers(strategy: tf.distribute.Strategy) -> int:
     """Number of worker processes taking part in ``strategy`` (1 unless multi-worker)."""
     resolver = getattr(strategy, "cluster_resolver", None)

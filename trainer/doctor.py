@@ -125,17 +125,6 @@ def _cached(trainer) -> Callable:
     return lambda ctx: trainer.build_train_dataset(ctx).take(1).cache().repeat()
 
 
-def _device_names(strategy) -> list[str]:
-    import tensorflow as tf
-
-    names = []
-    for name in strategy.extended.worker_devices:
-        spec = tf.DeviceSpec.from_string(name)
-        if spec.device_type and spec.device_type.upper() != "CPU":
-            names.append(f"{spec.device_type}:{spec.device_index or 0}")
-    return names
-
-
 # --------------------------------------------------------------------------- sections
 def measure_baseline(trainer, steps: int) -> Report:
     """(1) The real pipeline and the real step."""
@@ -162,6 +151,8 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
     """(4) Doubles the global batch while it fits; times each candidate like (3)."""
     import tensorflow as tf
 
+    from trainer import distribute
+
     tried: list[dict[str, Any]] = []
     stop_reason = f"reached the search bound ({doublings} doublings)"
     batch = config.train.global_batch_size
@@ -170,7 +161,7 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
         row: dict[str, Any] = {"global_batch_size": batch}
         try:
             trainer = _build(candidate)
-            devices = _device_names(trainer.strategy)
+            devices = distribute.accelerator_devices(trainer.strategy)
             for device in devices:
                 tf.config.experimental.reset_memory_stats(device)
             row.update(_loop_rate(trainer, _cached(trainer),

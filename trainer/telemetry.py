@@ -153,11 +153,7 @@ class SystemSampler:
         self._process = psutil.Process()
         self._process.cpu_percent(None)
         psutil.cpu_percent(None)
-        self._devices = []
-        for name in strategy.extended.worker_devices:
-            spec = tf.DeviceSpec.from_string(name)
-            if spec.device_type and spec.device_type.upper() != "CPU":
-                self._devices.append(f"{spec.device_type}:{spec.device_index or 0}")
+        self._devices = distribute.accelerator_devices(strategy)
         self._nvml = self._init_nvml()
 
     @staticmethod
@@ -384,6 +380,13 @@ class Telemetry(Component):
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
         self._probe: dict[str, Any] = {}
         self._probed = False  # a probe ran after the previous window
+        # Probes run collectives; their timing-driven chunk counts would differ between
+        # workers and mismatch the collectives, so multi-worker runs do not probe.
+        self._probe_every = cfg.telemetry.probe_every_windows
+        if self._probe_every and distribute.num_workers(trainer.strategy) > 1:
+            self._probe_every = 0
+            logging.info("input-wait probes are off in multi-worker runs "
+                         "(perf/input_wait_fraction is null).")
         logging.info("%s", setup_report(trainer))
 
     def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
@@ -449,7 +452,7 @@ class Telemetry(Component):
         record["perf/after_probe"] = after_probe
         slow, fire = (False, False) if warmup or after_probe else self._detector.update(
             examples_per_s)
-        every = cfg.telemetry.probe_every_windows
+        every = self._probe_every
         if every and not warmup and (
                 (self._windows - 2) % every == 0 or (slow and self._detector.streak == 1)):
             self._run_probes(trainer)

@@ -193,7 +193,6 @@ class Trainer:
         self._built_optimizers: set[int] = set()
         self._accumulators: dict[int, _Accumulators] = {}
         self.step = 0
-        logging.info("%s", distribute.describe(self.strategy))
         logging.info("%s", optimizers.describe(config, self.optimizer))
         if precision.uses_loss_scaling(config.precision.policy) and (
                 config.train.on_nonfinite == "stop"):

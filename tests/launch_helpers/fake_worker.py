@@ -8,7 +8,8 @@ the task's own entry wins over ``"*"``). Plan keys, applied in this order:
 * ``ignore_term``: ignore SIGTERM;
 * ``bind``: bind this task's TF_CONFIG port (like TensorFlow's server); if it is taken,
   print gRPC's message and exit 1;
-* ``crash_once``: a marker path; exit 3 the first time (creating the marker);
+* ``crash_once``: a marker path; exit ``crash_code`` (default 3) the first time
+  (creating the marker);
 * ``code`` after ``seconds``: print a heartbeat every 0.2 s for ``seconds`` (default 0.5),
   then exit with ``code`` (default 0); ``seconds: -1`` runs forever.
 
@@ -53,7 +54,7 @@ def main() -> int:
     if marker and not os.path.exists(marker):
         open(marker, "w").close()
         print(f"{task} crashing once", file=sys.stderr, flush=True)
-        return 3
+        return plan.get("crash_code", 3)
     seconds = plan.get("seconds", 0.5)
     deadline = time.monotonic() + seconds
     while seconds < 0 or time.monotonic() < deadline:

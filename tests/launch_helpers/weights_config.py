@@ -13,10 +13,4 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.steps_per_loop = 5
     config.train.log_every_steps = 5
     config.eval.every_steps = 0
-    # Telemetry's input-wait probes decide per worker, from timings, how many probe
-    # batches to pull (and whether to probe at all); under MultiWorkerMirroredStrategy
-    # the workers' collectives then disagree ("Shape mismatch in the collective
-    # instance ... __inference_drain") or hang. Reported to the telemetry owner; remove
-    # this line once the probes take the same decisions on every worker.
-    config.telemetry.probe_every_windows = 0
     return config
