@@ -44,7 +44,8 @@ class GAN(keras.Model):
         return self.generator(z, training=training)
 
 
-def _mlp(inputs: int, hidden: int, outputs: int, out_activation: str | None, name: str) -> keras.Model:
+def _mlp(inputs: int, hidden: int, outputs: int, out_activation: str | None,
+         name: str) -> keras.Model:
     return keras.Sequential([
         keras.Input((inputs,)),
         keras.layers.Dense(hidden),

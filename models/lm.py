@@ -88,7 +88,7 @@ class PositionEmbedding(keras.layers.Layer):
 
 def transformer_lm(seq_len: int, vocab_size: int, d_model: int, heads: int, layers: int,
                    mlp_dim: int, dropout: float = 0.0) -> keras.Model:
-    """A causal Transformer: int tokens ``[b, seq_len]`` -> float32 logits ``[b, seq_len, vocab]``."""
+    """A causal Transformer: int tokens ``[b, seq_len]`` -> float32 logits ``[b, seq_len, V]``."""
     if d_model % heads:
         raise ValueError(f"config.model.d_model={d_model} must be divisible by "
                          f"config.model.heads={heads}.")
@@ -141,7 +141,8 @@ class TransformerLMTrainer(trainer.Trainer):
         tokens = self.tokenizer.encode(load_text(config.data.text_file))
         seq_len = config.data.seq_len
         n_eval = int(len(tokens) * config.data.eval_fraction)
-        self.train_tokens, self.eval_tokens = tokens[:len(tokens) - n_eval], tokens[len(tokens) - n_eval:]
+        split = len(tokens) - n_eval
+        self.train_tokens, self.eval_tokens = tokens[:split], tokens[split:]
         if len(self.train_tokens) <= seq_len or len(self.eval_tokens) <= seq_len:
             raise ValueError(
                 f"The text has {len(tokens)} bytes: too short for config.data.seq_len="

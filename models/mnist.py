@@ -16,7 +16,10 @@ from models.image_classifier import TFDSImageClassifier
 
 
 class MnistTrainer(TFDSImageClassifier):
-    """Conv(f)-pool-Conv(2f)-pool-Dense(hidden)-Dense(10); ``config.model``: filters, hidden, dropout."""
+    """Conv(f)-pool-Conv(2f)-pool-Dense(hidden)-Dense(10).
+
+    ``config.model``: ``filters`` (f), ``hidden``, ``dropout``.
+    """
 
     dataset = "mnist"
     mean = (0.1307,)
@@ -34,5 +37,5 @@ class MnistTrainer(TFDSImageClassifier):
             keras.layers.Dropout(cfg.dropout),
             keras.layers.Dense(cfg.hidden, activation="relu"),
             keras.layers.Dense(10),
-            keras.layers.Activation("linear", dtype="float32"),  # float32 logits under mixed precision
+            keras.layers.Activation("linear", dtype="float32"),  # float32 logits (mixed precision)
         ], name="mnist_cnn")

@@ -37,7 +37,7 @@ def _basic_block(x, filters: int, stride: int, sync_bn: bool, l2: float):
 
 def resnet(input_shape: Sequence[int], num_classes: int, widths: Sequence[int] = (16, 32, 64),
            blocks_per_stage: int = 3, sync_bn: bool = False, l2: float = 0.0) -> keras.Model:
-    """Returns a ResNet mapping float images ``[b, *input_shape]`` to float32 logits ``[b, num_classes]``.
+    """A ResNet: float images ``[b, *input_shape]`` -> float32 logits ``[b, num_classes]``.
 
     One stage per entry of ``widths`` (the first at stride 1, the others halve the
     resolution), ``blocks_per_stage`` basic blocks each; ``l2`` > 0 adds L2 weight
@@ -51,7 +51,8 @@ def resnet(input_shape: Sequence[int], num_classes: int, widths: Sequence[int] =
             stride = 2 if stage > 0 and block == 0 else 1
             x = _basic_block(x, filters, stride, sync_bn, l2)
     x = keras.layers.GlobalAveragePooling2D()(x)
-    x = keras.layers.Dense(num_classes, kernel_regularizer=keras.regularizers.L2(l2) if l2 else None)(x)
+    x = keras.layers.Dense(
+        num_classes, kernel_regularizer=keras.regularizers.L2(l2) if l2 else None)(x)
     outputs = keras.layers.Activation("linear", dtype="float32")(x)
     depth = 2 + 2 * blocks_per_stage * len(widths)
     return keras.Model(inputs, outputs, name=f"resnet{depth}")

@@ -25,7 +25,8 @@ def mirrored_runs(tmp_path_factory):
     """Every model on 2 virtual-device Mirrored replicas, started first, read on demand."""
     out = tmp_path_factory.mktemp("models2")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.run_models", "replicas", "--replicas", "2", "--out", str(out)],
+        [sys.executable, "-m", "tests.run_models", "replicas", "--replicas", "2",
+         "--out", str(out)],
         cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cache = {}
 
