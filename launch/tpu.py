@@ -14,7 +14,7 @@ Detection (:func:`resolve_tpu`), for ``tpu=""``, in this order:
 
 Command line::
 
-    python -m launch.tpu [--tpu local|NAME|grpc://HOST:PORT] [--connect_timeout_s S] \\
+    python -m launch.tpu [--tpu local|NAME|grpc://HOST:PORT] \\
         --config=... --workdir=... [TRAINER_FLAGS...]
 
 execs ``python -m trainer.main FLAGS --config.distribute.strategy=tpu

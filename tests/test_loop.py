@@ -143,3 +143,18 @@ def test_default_strategy_trains_like_one_device():
     default.fit()
     for ref, got in zip(fit_weights(), default.model.get_weights()):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+
+
+class SecondOptimizerTrainer(toy.ToyTrainer):
+    """Builds a second optimizer's variables from build_model, as documented."""
+
+    def build_model(self):
+        model = super().build_model()
+        self.head_optimizer = keras.optimizers.SGD(0.1)
+        self.build_optimizer_variables(self.head_optimizer, model.layers[-1].trainable_variables)
+        return model
+
+
+def test_second_optimizer_can_be_built_from_build_model():
+    t = SecondOptimizerTrainer(toy.toy_config())
+    assert t.head_optimizer.built

@@ -175,6 +175,9 @@ class Trainer:
             "eval.global_batch_size", self.eval_global_batch_size, replicas)
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
+        # Before build_model: it may call build_optimizer_variables for a second optimizer.
+        self._built_optimizers: set[int] = set()
+        self._accumulators: dict[int, _Accumulators] = {}
         with self.strategy.scope():
             self.model = self.build_model()
             if not isinstance(self.model, keras.Model):
@@ -190,8 +193,6 @@ class Trainer:
             self.precision = precision.PrecisionState(
                 config.precision.policy, config.precision.initial_loss_scale,
                 config.precision.growth_interval, self.step_counter)
-        self._built_optimizers: set[int] = set()
-        self._accumulators: dict[int, _Accumulators] = {}
         self.step = 0
         logging.info("%s", optimizers.describe(config, self.optimizer))
         if precision.uses_loss_scaling(config.precision.policy) and (
