@@ -137,7 +137,9 @@ def test_accumulation_in_replica_context_path_equals_4x_batch():
 
 
 def test_effective_learning_rate_is_logged_at_start(caplog):
+    # absl's own logger level is process-global (earlier tests may leave it at WARNING).
     caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="absl")
     toy.ToyTrainer(toy.toy_config(**{
         "optimizer.lr_scaling": "linear", "optimizer.reference_batch_size": 64,
         "train.global_batch_size": 16, "train.steps": 40, "perf.grad_accum_steps": 2}))
