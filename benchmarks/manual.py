@@ -43,39 +43,11 @@ IMPLEMENTATIONS = {
 
 
 def _trainer(workload, distribute: dict):
-    import keras
-    import tensorflow as tf
+    from benchmarks.workloads import framework_trainer
 
-    import trainer
-    from trainer import config as config_lib
-
-    x, y = workload.data(4096)
-
-    class BenchTrainer(trainer.Trainer):
-        def build_model(self):
-            return workload.build_model()
-
-        def build_train_dataset(self, ctx):
-            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                batch, drop_remainder=True)
-
-        def compute_loss(self, batch, outputs):
-            return keras.losses.sparse_categorical_crossentropy(
-                batch[1], outputs, from_logits=True)
-
-    config = config_lib.get_config()
-    config.train.global_batch_size = workload.batch_size
-    config.train.steps_per_loop = K
-    config.train.steps = K
-    config.train.log_every_steps = 10**9
-    config.optimizer.name = "adam"
-    config.telemetry.progress = "off"
-    config.telemetry.probe_every_windows = 0
-    config.distribute.virtual_devices = 2
-    for key, value in distribute.items():
-        config.distribute[key] = value
-    return BenchTrainer(config)
+    return framework_trainer(workload, K, **{
+        "telemetry.probe_every_windows": 0, "distribute.virtual_devices": 2,
+        **{f"distribute.{key}": value for key, value in distribute.items()}})
 
 
 def _run(t, steps: int) -> float:

@@ -42,39 +42,11 @@ STEPS_PER_LOOP = 50
 
 def build_trainer(workload, policy: str, jit: bool, strategy: str):
     """A Trainer for ``workload`` with the given policy, XLA setting and strategy name."""
-    import keras
-    import tensorflow as tf
+    from benchmarks.workloads import framework_trainer
 
-    import trainer
-    from trainer import config as config_lib
-
-    x, y = workload.data(4096)
-
-    class BenchTrainer(trainer.Trainer):
-        def build_model(self):
-            return workload.build_model()
-
-        def build_train_dataset(self, ctx):
-            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                batch, drop_remainder=True)
-
-        def compute_loss(self, batch, outputs):
-            return keras.losses.sparse_categorical_crossentropy(
-                batch[1], outputs, from_logits=True)
-
-    config = config_lib.get_config()
-    config.train.global_batch_size = workload.batch_size
-    config.train.steps_per_loop = STEPS_PER_LOOP
-    config.train.steps = STEPS_PER_LOOP
-    config.train.log_every_steps = 10**9
-    config.optimizer.name = "adam"
-    config.precision.policy = policy
-    config.perf.jit_compile = jit
-    config.distribute.strategy = strategy
-    config.telemetry.progress = "off"
-    config.telemetry.probe_every_windows = 0
-    return BenchTrainer(config)
+    return framework_trainer(workload, STEPS_PER_LOOP, **{
+        "precision.policy": policy, "perf.jit_compile": jit, "distribute.strategy": strategy,
+        "telemetry.probe_every_windows": 0})
 
 
 def run_steps(t, steps: int) -> float:

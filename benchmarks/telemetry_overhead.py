@@ -32,36 +32,12 @@ MODES = ("off", "on_no_probes", "on")
 
 
 def _trainer(workload, mode: str, steps_per_loop: int, log_every: int, workdir: str | None):
-    import keras
-    import tensorflow as tf
+    from benchmarks.workloads import framework_trainer
 
-    import trainer
-    from trainer import config as config_lib
-
-    x, y = workload.data(4096)
-
-    class MlpTrainer(trainer.Trainer):
-        def build_model(self):
-            return workload.build_model()
-
-        def build_train_dataset(self, ctx):
-            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                batch, drop_remainder=True)
-
-        def compute_loss(self, batch, outputs):
-            return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,
-                                                                from_logits=True)
-
-    config = config_lib.get_config()
-    config.train.global_batch_size = workload.batch_size
-    config.train.steps_per_loop = steps_per_loop
-    config.train.log_every_steps = log_every
-    config.telemetry.progress = "off"
-    config.distribute.strategy = "one_device"
+    overrides = {"train.log_every_steps": log_every, "distribute.strategy": "one_device"}
     if mode == "on_no_probes":
-        config.telemetry.probe_every_windows = 0
-    return MlpTrainer(config, workdir)
+        overrides["telemetry.probe_every_windows"] = 0
+    return framework_trainer(workload, steps_per_loop, workdir=workdir, **overrides)
 
 
 def run(rounds: int, steps: int) -> dict:

@@ -63,35 +63,10 @@ class _Impl:
 
 class Framework(_Impl):
     def __init__(self, workload, strategy, jit: bool):
-        import keras
-        import tensorflow as tf
+        from benchmarks.workloads import framework_trainer
 
-        import trainer
-        from trainer import config as config_lib
-
-        x, y = workload.data(4096)
-
-        class BenchTrainer(trainer.Trainer):
-            def build_model(self):
-                return workload.build_model()
-
-            def build_train_dataset(self, ctx):
-                batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-                return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                    batch, drop_remainder=True)
-
-            def compute_loss(self, batch, outputs):
-                return keras.losses.sparse_categorical_crossentropy(
-                    batch[1], outputs, from_logits=True)
-
-        config = config_lib.get_config()
-        config.train.global_batch_size = workload.batch_size
-        config.train.steps_per_loop = K
-        config.train.steps = 0 + K
-        config.train.log_every_steps = 10**9
-        config.optimizer.name = "adam"
-        config.perf.jit_compile = jit
-        self.trainer = BenchTrainer(config, strategy=strategy)
+        self.trainer = framework_trainer(workload, K, strategy=strategy, **{
+            "perf.jit_compile": jit})
         self.xla = jit
 
     def run(self, steps: int) -> None:

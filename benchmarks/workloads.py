@@ -81,3 +81,44 @@ WORKLOADS = {
     "cnn": Workload("cnn", 128, _cnn, (32, 32, 3), "float32"),
     "transformer": Workload("transformer", 32, _transformer, (128,), "int32"),
 }
+
+
+def framework_trainer(workload: Workload, steps_per_loop: int, strategy=None,
+                      workdir: str | None = None, **overrides):
+    """A ``trainer.Trainer`` on ``workload``'s synthetic data (Adam, no logging noise).
+
+    ``overrides`` maps ``"section.field"`` to values set on the config before the
+    Trainer is built; ``strategy`` and ``workdir`` are passed through.
+    """
+    import keras
+    import tensorflow as tf
+
+    import trainer
+    from trainer import config as config_lib
+
+    x, y = workload.data(4096)
+
+    class BenchTrainer(trainer.Trainer):
+        def build_model(self):
+            return workload.build_model()
+
+        def build_train_dataset(self, ctx):
+            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+                batch, drop_remainder=True)
+
+        def compute_loss(self, batch, outputs):
+            return keras.losses.sparse_categorical_crossentropy(
+                batch[1], outputs, from_logits=True)
+
+    config = config_lib.get_config()
+    config.train.global_batch_size = workload.batch_size
+    config.train.steps_per_loop = steps_per_loop
+    config.train.steps = steps_per_loop
+    config.train.log_every_steps = 10**9
+    config.optimizer.name = "adam"
+    config.telemetry.progress = "off"
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        config[section][field] = value
+    return BenchTrainer(config, workdir, strategy=strategy)

@@ -19,7 +19,6 @@ import time
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
-from absl import logging
 
 from trainer import data
 
