@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
+from absl import logging
 
 from trainer import data
 
@@ -46,24 +47,28 @@ class CompiledLoops:
     """
 
     def __init__(self, trainer: "Trainer"):
+        from trainer.trainer import no_autograph, user_hook
+
         strategy = trainer.strategy
-        train_step_fn, eval_step_fn = trainer.train_step, trainer.eval_step
+        train_step_fn, eval_step_fn = user_hook(trainer.train_step), user_hook(trainer.eval_step)
         if trainer.manual is not None:  # distribute.strategy="manual": see trainer.manual
             train_step_fn = trainer.manual.wrap_train(train_step_fn)
             eval_step_fn = trainer.manual.wrap_eval(eval_step_fn)
 
+        @no_autograph
         def replica_train(batch):
             outputs = train_step_fn(batch)
             _check_outputs(outputs, "train_step")
             trainer.train_loss.update_state(outputs["loss"])
             return outputs
 
+        @no_autograph
         def replica_eval(batch):
             outputs = eval_step_fn(batch)
             _check_outputs(outputs, "eval_step")
             trainer.eval_loss.update_state(outputs["loss"])
 
-        @tf.function
+        @tf.function(autograph=False)
         def train_step(iterator):
             outputs = strategy.run(replica_train, args=(next(iterator),))
             trainer.step_counter.assign_add(1)
@@ -111,6 +116,20 @@ def _ensure_built(trainer: "Trainer", dist_dataset) -> None:
         with trainer.strategy.scope():
             model(dummy, training=False)
     trainer.build_optimizer_variables(trainer.optimizer, model.trainable_variables)
+
+
+def _warn_nonfinite_loss(trainer: "Trainer", loss: float) -> None:
+    """Logs (once per fit) that the window's train loss is NaN/inf, and what to do."""
+    if trainer._checks_finite:
+        what = (f"{int(trainer.precision.skipped_steps.numpy())} update(s) skipped so far "
+                f"(precision/skipped_steps)")
+    else:
+        what = ("updates are NOT checked (train.on_nonfinite='auto' without mixed_float16), "
+                "so the weights may now be NaN; set train.on_nonfinite='skip' to skip such "
+                "updates or 'stop' to stop at the first")
+    logging.warning("Train loss is %s in the window ending at step %d: %s. Lower "
+                    "optimizer.learning_rate, set optimizer.clipnorm, or check the data and "
+                    "compute_loss.", loss, trainer.step, what)
 
 
 def _loops(trainer: "Trainer") -> CompiledLoops:
@@ -223,6 +242,7 @@ def fit(trainer: "Trainer") -> dict[str, float]:
     _reset(trainer.train_loss, trainer.train_metrics)
     stop_on_nonfinite = cfg.train.on_nonfinite == "stop"
     skipped_before = int(trainer.precision.skipped_steps.numpy())
+    warned_nonfinite = False
     for part in parts:
         part.on_fit_start(trainer)
     try:
@@ -253,6 +273,9 @@ def fit(trainer: "Trainer") -> dict[str, float]:
             if trainer.step in (next_log, total):
                 values = {k: float(v) for k, v in outputs.items()}
                 values.update(_metric_values(trainer.train_loss, trainer.train_metrics))
+                if not math.isfinite(values["loss"]) and not warned_nonfinite:
+                    warned_nonfinite = True
+                    _warn_nonfinite_loss(trainer, values["loss"])
                 results.update({f"train/{k}": v for k, v in values.items()})
                 _reset(trainer.train_loss, trainer.train_metrics)
                 for part in parts:

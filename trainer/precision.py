@@ -7,8 +7,9 @@ decided on the *all-reduced* gradients (identical on every replica), so every re
 takes the same branch: apply, or skip and halve the scale.
 
 Only ``mixed_float16`` scales the loss; ``float32`` and ``mixed_bfloat16`` never do
-(bfloat16 has float32's exponent range), but still get the same replica-consistent
-non-finite check and skip.
+(bfloat16 has float32's exponent range), and get the same replica-consistent
+non-finite check and skip when ``train.on_nonfinite`` is "skip" or "stop" (its
+default "auto" checks only under ``mixed_float16``).
 
 Contexts: :class:`PrecisionState` is created in ``strategy.scope()``; ``scale_loss``
 and ``unscale`` run in replica context; ``on_finite`` / ``on_nonfinite`` run once per
@@ -35,6 +36,7 @@ def uses_loss_scaling(policy: str) -> bool:
     return policy == "mixed_float16"
 
 
+@tf.autograph.experimental.do_not_convert
 def outputs_to_float32(outputs):
     """Casts float16/bfloat16 model outputs to float32 so losses are computed in fp32.
 
@@ -77,10 +79,12 @@ class PrecisionState:
                                              name="last_skipped_step", aggregation=_ONLY_FIRST)
         self._step_counter = step_counter
 
+    @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
         """Replica context: the loss to differentiate."""
         return loss * tf.cast(self.scale, loss.dtype) if self.dynamic else loss
 
+    @tf.autograph.experimental.do_not_convert
     def unscale(self, grads: list) -> list:
         """Replica context: divides all-reduced gradients by the scale."""
         if not self.dynamic:
@@ -88,6 +92,7 @@ class PrecisionState:
         inv = 1.0 / self.scale
         return [map_values(g, lambda v: v * tf.cast(inv, v.dtype)) for g in grads]
 
+    @tf.autograph.experimental.do_not_convert
     def on_finite(self) -> None:
         """Cross-replica context: after an applied step; grows the scale when due."""
         if not self.dynamic:
@@ -96,6 +101,7 @@ class PrecisionState:
         self.scale.assign(tf.where(grow, self.scale * 2.0, self.scale))
         self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
 
+    @tf.autograph.experimental.do_not_convert
     def on_nonfinite(self) -> None:
         """Cross-replica context: after a skipped step; counts it and halves the scale."""
         self.skipped_steps.assign_add(1)
@@ -105,6 +111,7 @@ class PrecisionState:
             self.good_steps.assign(0)
 
 
+@tf.autograph.experimental.do_not_convert
 def map_values(grad, fn):
     """Applies ``fn`` to a dense gradient, or to the values of an ``IndexedSlices``."""
     if isinstance(grad, tf.IndexedSlices):
@@ -112,6 +119,7 @@ def map_values(grad, fn):
     return fn(grad)
 
 
+@tf.autograph.experimental.do_not_convert
 def all_finite(grads: list) -> tf.Tensor:
     """True when every gradient element is finite (a sum is NaN/inf otherwise)."""
     sums = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 
+@tf.autograph.experimental.do_not_convert
 def _local_tensors(value) -> list:
     """The tensors of a (possibly distributed) nested value on this worker."""
     out = []
@@ -105,7 +106,7 @@ class ComputeProbe:
     """
 
     def __init__(self, trainer: "Trainer", batch):
-        from trainer.trainer import Trainer, split_batch
+        from trainer.trainer import Trainer, no_autograph, split_batch, user_hook
 
         if type(trainer).train_step is not Trainer.train_step:
             raise ComputeUnavailable(
@@ -114,11 +115,14 @@ class ComputeProbe:
         strategy, model = trainer.strategy, trainer.model
         self._state = list(model.non_trainable_variables)
 
+        compute_loss = user_hook(trainer.compute_loss)
+
+        @no_autograph
         def replica_step(b):
             features, _ = split_batch(b)
             with tf.GradientTape() as tape:
                 outputs = precision.outputs_to_float32(model(features, training=True))
-                loss = tf.reduce_sum(tf.cast(trainer.compute_loss(b, outputs), tf.float32))
+                loss = tf.reduce_sum(tf.cast(compute_loss(b, outputs), tf.float32))
             grads = tape.gradient(loss, model.trainable_variables)
             sums = [tf.reduce_sum(tf.cast(g.values if isinstance(g, tf.IndexedSlices) else g,
                                           tf.float32)) for g in grads if g is not None]

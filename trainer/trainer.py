@@ -11,6 +11,13 @@ Contexts:
   ``apply_gradients`` run in REPLICA context, traced by ``tf.function`` (no numpy, no
   Python side effects that must happen every step);
 * ``fit``, ``evaluate``, ``restore``, ``export`` are called eagerly from the host.
+
+AutoGraph: framework code that runs while a step is traced is marked
+``no_autograph`` (it uses ``tf.cond`` where it branches on tensors), so a run does
+not pay AutoGraph's conversion of every framework function at its first step. A
+hook the user overrides (``train_step``, ``eval_step``, ``compute_loss``,
+``update_metrics``) is still converted (:func:`user_hook`): Python ``if``/``for`` on
+tensors works there as in any ``tf.function``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,23 @@ from trainer import distribute, optimizers, precision
 
 _SUM = tf.distribute.ReduceOp.SUM
 
+no_autograph = tf.autograph.experimental.do_not_convert
 
+
+def user_hook(method):
+    """``method`` (a bound Trainer hook) ready to call while a step is traced.
+
+    A user's override is AutoGraph-converted (once per function; cached by AutoGraph);
+    the framework's own default is returned as is (it is ``no_autograph``).
+    """
+    func = getattr(method, "__func__", None)
+    if func is None or func is getattr(Trainer, func.__name__, None):
+        return method
+    converted = tf.autograph.to_graph(func)
+    return lambda *args, **kwargs: converted(method.__self__, *args, **kwargs)
+
+
+@no_autograph
 def split_batch(batch) -> tuple[Any, Any]:
     """``(features, labels)`` of a batch: a 2-tuple, or a dict with a "label(s)" key."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
@@ -42,6 +65,7 @@ def split_batch(batch) -> tuple[Any, Any]:
         f"key; got {type(batch).__name__}. Override train_step/eval_step for other layouts.")
 
 
+@no_autograph
 def check_per_example_loss(per_example_loss: tf.Tensor, batch=None) -> tf.Tensor:
     """Raises at trace time unless ``per_example_loss`` has shape ``[batch_size]``.
 
@@ -100,6 +124,7 @@ def _mark_reduction_switchable(optimizer: keras.optimizers.Optimizer) -> None:
     optimizer._trainer_switchable = True
 
 
+@no_autograph
 def _apply_reduced(optimizer: keras.optimizers.Optimizer, grads: list, variables: list) -> None:
     """Replica context: ``optimizer.apply`` of gradients that are already all-reduced."""
     _PRE_REDUCED.active = True
@@ -109,6 +134,7 @@ def _apply_reduced(optimizer: keras.optimizers.Optimizer, grads: list, variables
         _PRE_REDUCED.active = False
 
 
+@no_autograph
 def _cast_all(grads: list, dtypes: list) -> list:
     """Casts float32 accumulated gradients back to their variables' dtypes."""
     return [tf.cast(g, d) for g, d in zip(grads, dtypes)]
@@ -195,6 +221,11 @@ class Trainer:
                 config.precision.growth_interval, self.step_counter)
         self.step = 0
         logging.info("%s", optimizers.describe(config, self.optimizer))
+        # train.on_nonfinite="auto" checks only where dynamic loss scaling needs it: the
+        # check gates every update on a reduction over all gradients (a tf.cond), which
+        # costs an overhead-bound step ~5-10% (benchmarks/README.md).
+        self._checks_finite = (config.train.on_nonfinite != "auto"
+                               or precision.uses_loss_scaling(config.precision.policy))
         if precision.uses_loss_scaling(config.precision.policy) and (
                 config.train.on_nonfinite == "stop"):
             logging.warning(
@@ -234,12 +265,14 @@ class Trainer:
         """Returns fresh metrics by name (called twice: train and eval sets)."""
         return {}
 
+    @no_autograph
     def update_metrics(self, metrics: dict[str, keras.metrics.Metric], batch, outputs) -> None:
         """Replica context: default ``metric.update_state(labels, outputs)`` for each."""
         _, labels = split_batch(batch)
         for metric in metrics.values():
             metric.update_state(labels, outputs)
 
+    @no_autograph
     def train_step(self, batch) -> dict[str, tf.Tensor]:
         """Replica context: one optimisation step on this replica's batch.
 
@@ -254,9 +287,10 @@ class Trainer:
             with tf.GradientTape() as tape:
                 outputs, per_example_loss = self._forward_loss(batch)
             loss = self.apply_gradients(tape, per_example_loss)
-        self.update_metrics(self.train_metrics, batch, outputs)
+        user_hook(self.update_metrics)(self.train_metrics, batch, outputs)
         return {"loss": loss}
 
+    @no_autograph
     def eval_step(self, batch) -> dict[str, tf.Tensor]:
         """Replica context: forward pass and metric updates on this replica's batch.
 
@@ -264,7 +298,7 @@ class Trainer:
         over every eval example of every replica.
         """
         outputs, per_example_loss = self._forward_loss(batch, training=False)
-        self.update_metrics(self.eval_metrics, batch, outputs)
+        user_hook(self.update_metrics)(self.eval_metrics, batch, outputs)
         return {"loss": per_example_loss}
 
     # ---------------------------------------------------------------- helpers
@@ -315,6 +349,7 @@ class Trainer:
     # Only the loss and the example count (2 scalars) are all-reduced per micro-step,
     # for the returned global-mean loss.
 
+    @no_autograph
     def _forward(self, features, training: bool):
         """Replica context: the model call, through ``tf.recompute_grad`` when
         ``perf.recompute`` and training (activations are recomputed in the backward pass
@@ -332,11 +367,13 @@ class Trainer:
         flat = tf.recompute_grad(call)(*tf.nest.flatten(features))
         return tf.nest.pack_sequence_as(outputs_structure[0], flat)
 
+    @no_autograph
     def _forward_loss(self, batch, training: bool = True) -> tuple[Any, tf.Tensor]:
         """Replica context: ``(float32 outputs, per-example loss [b])`` of the default steps."""
         features, _ = split_batch(batch)
         outputs = precision.outputs_to_float32(self._forward(features, training))
-        return outputs, check_per_example_loss(self.compute_loss(batch, outputs), batch)
+        loss = user_hook(self.compute_loss)(batch, outputs)
+        return outputs, check_per_example_loss(loss, batch)
 
     def _build_jit_grads(self):
         """The XLA-compiled forward+backward of the default ``train_step``, or None.
@@ -368,17 +405,20 @@ class Trainer:
                 objective = self._scaled_objective(per_example_loss)
             return tape.gradient(objective, variables), per_example_loss, outputs
 
-        return tf.function(forward_backward, jit_compile=True)
+        return tf.function(forward_backward, jit_compile=True, autograph=False)
 
+    @no_autograph
     def _static_count(self) -> int:
         """C_static: examples per optimizer update when every batch is full."""
         return self.config.train.global_batch_size * self.config.perf.grad_accum_steps
 
+    @no_autograph
     def _is_full_batch(self, per_example_loss: tf.Tensor) -> bool:
         """True when the batch statically has the per-replica batch size."""
         per_replica = self.config.train.global_batch_size // self.strategy.num_replicas_in_sync
         return per_example_loss.shape[0] == per_replica
 
+    @no_autograph
     def _scaled_objective(self, per_example_loss: tf.Tensor) -> tf.Tensor:
         """Replica context, inside the tape: the scalar to differentiate (see above)."""
         per_example_loss = tf.cast(per_example_loss, tf.float32)
@@ -388,6 +428,7 @@ class Trainer:
             objective += tf.cast(tf.add_n(self.model.losses), tf.float32) * n_local
         return self.precision.scale_loss(objective / float(self._static_count()))
 
+    @no_autograph
     def apply_gradients(self, tape: tf.GradientTape, per_example_loss: tf.Tensor,
                         variables: list | None = None,
                         optimizer: keras.optimizers.Optimizer | None = None) -> tf.Tensor:
@@ -399,8 +440,9 @@ class Trainer:
         replicas give the same update, also for a short final batch), plus the model's
         regularisation losses once. Gradients (and the loss) are summed across replicas
         in ONE batched all-reduce; then loss scaling is undone, gradients are clipped by
-        global norm (``optimizer.clipnorm``) and checked for finiteness — all on the
-        reduced values, so every replica takes the same decision. A non-finite update is
+        global norm (``optimizer.clipnorm``) and, when ``train.on_nonfinite`` asks for it
+        (always under ``mixed_float16``), checked for finiteness — all on the reduced
+        values, so every replica takes the same decision. A non-finite update is then
         skipped on every replica and counted in ``skipped_steps``.
 
         With ``perf.grad_accum_steps=K > 1`` each call is a micro-step: gradients are
@@ -417,6 +459,7 @@ class Trainer:
         grads = tape.gradient(objective, variables)
         return self._reduce_and_apply(optimizer, variables, grads, per_example_loss)
 
+    @no_autograph
     def _reduce_and_apply(self, optimizer, variables: list, grads: list,
                           per_example_loss: tf.Tensor) -> tf.Tensor:
         """Replica context: ``apply_gradients`` after ``tape.gradient``."""
@@ -449,11 +492,14 @@ class Trainer:
         self._finish(optimizer, variables, reduced[:-2], reduced[-1])
         return reduced[-2] / reduced[-1]
 
+    @no_autograph
     def _finalize(self, grads: list, count: tf.Tensor | None) -> tuple[list, tf.Tensor]:
         """All-reduced scaled gradients -> (final gradients, all-finite flag).
 
         Corrects the averaging (``count`` examples instead of C_static; None: full),
-        undoes loss scaling and clips by global norm. Pure computation, any context.
+        undoes loss scaling and clips by global norm. The flag is a constant True when
+        this run does not check finiteness (see ``train.on_nonfinite``). Pure
+        computation, any context.
         """
         if count is not None:
             factor = float(self._static_count()) / count
@@ -462,14 +508,21 @@ class Trainer:
         grads = self.precision.unscale(grads)
         if self.config.optimizer.clipnorm > 0:
             grads, _ = tf.clip_by_global_norm(grads, self.config.optimizer.clipnorm)
-        return grads, precision.all_finite(grads)
+        return grads, (precision.all_finite(grads) if self._checks_finite
+                       else tf.constant(True))
 
+    @no_autograph
     def _finish(self, optimizer, variables: list, grads: list,
                 count: tf.Tensor | None) -> None:
-        """Replica context: finalizes all-reduced gradients and applies them iff finite."""
+        """Replica context: finalizes all-reduced gradients and applies them (iff finite
+        when this run checks finiteness)."""
         grads, finite = self._finalize(grads, count)
+        if not self._checks_finite:  # no tf.cond: the update need not wait for a check
+            _apply_reduced(optimizer, grads, variables)
+            return
         self._apply_if_finite(optimizer, grads, variables, finite)
 
+    @no_autograph
     def _apply_if_finite(self, optimizer, grads: list, variables: list,
                          finite: tf.Tensor) -> None:
         """Replica context: applies on every replica iff ``finite`` (the same everywhere).
@@ -504,6 +557,7 @@ class Trainer:
 
         tf.distribute.get_replica_context().merge_call(cross_replica, args=(grads, finite))
 
+    @no_autograph
     def _accumulate(self, optimizer, variables: list, grads: list, n_local: tf.Tensor) -> None:
         """Replica context: adds local gradients; every K-th step reduces and applies.
 
