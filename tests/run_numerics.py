@@ -181,6 +181,13 @@ def main() -> None:
             facts[f"{name}/skipped_steps"] = int(t.precision.skipped_steps.numpy())
             facts[f"{name}/last_skipped_step"] = int(t.precision.last_skipped_step.numpy())
 
+    # float32, inf on the last replica at step 5: "skip" skips it everywhere; the default
+    # "auto" does not check float32 updates (the inf is applied, identically everywhere).
+    for name, mode in (("fp32_skip", "skip"), ("fp32_auto", "auto")):
+        t = run(name, "inf", **{"train.on_nonfinite": mode})
+        facts[f"{name}/finite"] = all(np.isfinite(w).all() for w in t.model.get_weights())
+        facts[f"{name}/skipped_steps"] = int(t.precision.skipped_steps.numpy())
+
     # float32 with train.on_nonfinite="stop": a clear error naming the step, everywhere.
     t = classes["inf"](config(**{"train.on_nonfinite": "stop"}))
     try:

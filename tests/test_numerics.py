@@ -133,6 +133,26 @@ def test_negative_control_keras_loss_scale_optimizer_applies_inf_from_last_repli
     assert not facts["keras_fp16_inf/finite"]
 
 
+# ------------------------------------------ float32, inf on the LAST replica at step 5
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_fp32_on_nonfinite_skip_skips_step_everywhere(numerics_runs, replicas):
+    facts = numerics_runs[replicas]["facts"]
+    assert facts["fp32_skip/skipped_steps"] == 1
+    assert facts["fp32_skip/updates"] == 19
+    assert facts["fp32_skip/finite"] and facts["fp32_skip/replicas_agree"]
+
+
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_fp32_default_auto_applies_nonfinite_update_identically_everywhere(
+        numerics_runs, replicas):
+    # "auto" does not check float32 updates (no tf.cond on the step's critical path): the
+    # inf reaches the weights, on every replica alike, and nothing is counted as skipped.
+    facts = numerics_runs[replicas]["facts"]
+    assert facts["fp32_auto/skipped_steps"] == 0
+    assert facts["fp32_auto/updates"] == 20
+    assert not facts["fp32_auto/finite"] and facts["fp32_auto/replicas_agree"]
+
+
 # --------------------------------------------------------- on_nonfinite="stop"
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_on_nonfinite_stop_raises_naming_the_step_and_keeps_weights(numerics_runs, replicas):

@@ -39,7 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
             steps=1000,  # total optimizer steps (global batches) of the run
             steps_per_loop=50,  # steps run inside one tf.function call (in-graph loop)
             log_every_steps=100,  # logging window, rounded up to whole loops
-            on_nonfinite="skip",  # "skip" | "stop": what a NaN/inf gradient does
+            # What a NaN/inf all-reduced gradient does: "skip" the update on every replica,
+            # "stop" with an error, or "auto": skip under mixed_float16 (loss scaling needs
+            # it), otherwise no check (the update is applied, as in keras fit; faster).
+            on_nonfinite="auto",
             deterministic=True,  # tf.data deterministic order (exact resume needs it)
         )
     )
@@ -218,7 +221,7 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
     _check_positive("train.steps", config.train.steps)
     _check_positive("train.steps_per_loop", config.train.steps_per_loop)
     _check_positive("train.log_every_steps", config.train.log_every_steps)
-    _check_choice("train.on_nonfinite", config.train.on_nonfinite, ("skip", "stop"))
+    _check_choice("train.on_nonfinite", config.train.on_nonfinite, ("auto", "skip", "stop"))
     _check_positive("eval.global_batch_size", config.eval.global_batch_size, allow_zero=True)
     _check_positive("eval.every_steps", config.eval.every_steps, allow_zero=True)
     if not (isinstance(config.eval.steps, int) and (config.eval.steps == -1 or config.eval.steps > 0)):
