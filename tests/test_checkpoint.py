@@ -78,8 +78,55 @@ def test_restore_sets_every_variable_and_the_step(trained):
 def test_restore_of_an_earlier_step(trained):
     fresh = toy.ToyTrainer(adam_config(), trained.workdir)
     assert fresh.restore(step=10) == 10
-    assert int(fresh.optimizer.iterations.numpy()) == 10
+    reference = toy.ToyTrainer(adam_config(**{"train.steps": 10}))
+    reference.fit()
+    got, want = all_values(fresh), all_values(reference)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     assert not np.array_equal(fresh.model.get_weights()[0], trained.model.get_weights()[0])
+
+
+def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
+                                                                      monkeypatch):
+    """Every array write is held back 0.5 s (longer than the next 5 toy steps), so a
+    save that refilled the snapshot buffers before the previous write finished would
+    put step 10's values into step 5's checkpoint."""
+    import asyncio
+
+    import orbax.checkpoint as ocp
+
+    original = ocp.type_handlers.NumpyHandler._background_serialize
+
+    async def slow(self, *args, **kwargs):
+        await asyncio.sleep(0.5)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.type_handlers.NumpyHandler, "_background_serialize", slow)
+    config = adam_config(**{"train.steps": 10, "checkpoint.every_steps": 5})
+    toy.ToyTrainer(config, str(tmp_path)).fit()
+    restored = toy.ToyTrainer(config, str(tmp_path))
+    assert restored.restore(step=5) == 5
+    reference = toy.ToyTrainer(adam_config(**{"train.steps": 5}))
+    reference.fit()
+    got, want = all_values(restored), all_values(reference)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_snapshot_is_a_copy_and_refills_the_buffers_it_is_given():
+    trainer = toy.ToyTrainer(adam_config(**{"train.steps": 5}))
+    trainer.fit()
+    first, manifest = checkpoint.snapshot(trainer)
+    assert manifest["step"] == 5
+    kernel = first["model"][0].copy()
+    trainer.config.train.steps = 10
+    trainer.fit()
+    np.testing.assert_array_equal(first["model"][0], kernel)  # training did not touch it
+    second, _ = checkpoint.snapshot(trainer, reuse=first)
+    assert second["model"][0] is first["model"][0]  # the same host memory, refilled
+    np.testing.assert_array_equal(second["model"][0], trainer.model.get_weights()[0])
+    assert not np.array_equal(second["model"][0], kernel)
+    assert all(isinstance(a, np.ndarray) for g in second.values() for a in g)
 
 
 def test_no_workdir_or_empty_workdir_restores_nothing(tmp_path):

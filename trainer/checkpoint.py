@@ -28,7 +28,10 @@ in ``workdir/checkpoints_best`` keeps the best ``max_to_keep`` by that metric
 ``workdir/export/best`` at the end of ``fit()``. Saves happen at every multiple of
 ``checkpoint.every_steps``, at the end of ``fit()`` and on preemption;
 ``checkpoint.async_save`` writes in a background thread (training continues, the next
-save waits for the previous one).
+save waits for the previous one). The loop is held only while the state is copied to
+host memory; that copy goes into buffers kept between the saves of one ``fit()`` (one
+state-sized host copy per directory in use, freed when ``fit()`` returns). Arrays are
+stored uncompressed.
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it
 when complete, so a crash mid-write leaves the previous steps intact. Restore ignores
@@ -86,7 +89,6 @@ LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
 BEST_EXPORT_DIR = os.path.join("export", "best")
 FORMAT = 1
-_ITEMS = ("state", "manifest")
 _SUM = tf.distribute.ReduceOp.SUM
 
 
@@ -117,6 +119,22 @@ def _orbax():
         handler.addFilter(_QuietOrbax())
         sys.unraisablehook = _without_closed_loop_noise(sys.unraisablehook)
     return ocp
+
+
+def _state_handler(ocp):
+    """The orbax handler that writes the ``state`` item.
+
+    Uncompressed: zstd saved 8% of the size of a float training state for about 4x the
+    CPU per save (1.2 s vs 0.27 s for 577 MB), which an async save takes from training.
+    No defensive copy: the arrays are already :func:`snapshot` copies that stay
+    untouched until the write is finished.
+    """
+    import jax  # already imported by orbax; its handler keeps orbax's array metadata on
+
+    registry = ocp.type_handlers.create_type_handler_registry(
+        (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+        (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
+    return ocp.PyTreeCheckpointHandler(use_compression=False, type_handler_registry=registry)
 
 
 def _without_closed_loop_noise(previous):
@@ -202,14 +220,32 @@ def _dtype(variable) -> str:
     return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype).name
 
 
-def snapshot(trainer: "Trainer") -> tuple[dict[str, list[np.ndarray]], dict]:
+def snapshot(trainer: "Trainer", reuse: dict[str, list[np.ndarray]] | None = None
+             ) -> tuple[dict[str, list[np.ndarray]], dict]:
     """Host copies of the training state and its manifest (cross-replica context).
 
     Arrays are ``np.ndarray`` (0-d for scalars: orbax rejects numpy scalars); they are
-    snapshots, safe to write while training continues.
+    snapshots, safe to write while training continues. ``reuse``: the state of an
+    earlier snapshot whose arrays are overwritten in place where shape and dtype still
+    match (the caller makes sure nothing reads them any more). Copying into warm
+    buffers avoids faulting in fresh pages: 0.06 s instead of 0.3-1.4 s for 577 MB.
     """
     groups = state_variables(trainer)
-    state = {g: [np.asarray(v.numpy()) for _, v in entries] for g, entries in groups.items()}
+    reuse = reuse or {}
+    state = {}
+    for group, entries in groups.items():
+        old = reuse.get(group, [])
+        arrays = []
+        for i, (_, variable) in enumerate(entries):
+            # A read of the variable, seen as numpy without a copy (on CPU); the one
+            # copy is the one below. (``Variable.numpy()`` would copy into fresh memory.)
+            value = np.asarray(tf.convert_to_tensor(variable))
+            if i < len(old) and old[i].shape == value.shape and old[i].dtype == value.dtype:
+                np.copyto(old[i], value)
+                arrays.append(old[i])
+            else:
+                arrays.append(np.array(value, copy=True))
+        state[group] = arrays
     return state, _manifest(trainer, groups)
 
 
@@ -529,6 +565,7 @@ class Checkpointer(Component):
         self.multi = distribute.num_workers(trainer.strategy) > 1
         self.best_source, _, self.best_name = cfg.best_metric.partition("/")
         self._managers: dict[str, Any] = {}
+        self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers, by kind
         self._stop_requested = False
         self._previous_handler: Any = None
         self._handler_installed = False
@@ -564,7 +601,9 @@ class Checkpointer(Component):
                 cleanup_tmp_directories=True,
             )
             self._managers[kind] = ocp.CheckpointManager(
-                os.path.join(trainer.workdir, kind), options=options, item_names=_ITEMS)
+                os.path.join(trainer.workdir, kind), options=options,
+                item_handlers={"state": _state_handler(ocp),
+                               "manifest": ocp.JsonCheckpointHandler()})
         return self._managers[kind]
 
     def save(self, trainer: "Trainer", kind: str = LATEST_DIR,
@@ -576,9 +615,11 @@ class Checkpointer(Component):
         if trainer.step in manager.all_steps():
             return
         ocp = _orbax()
-        state, manifest = snapshot(trainer)
+        manager.wait_until_finished()  # an async write may still read the buffers reused here
+        state, manifest = snapshot(trainer, self._host_state.get(kind))
+        self._host_state[kind] = state
         manager.save(trainer.step, metrics=metrics, force=True, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), manifest=ocp.args.JsonSave(manifest)))
+            state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
         if wait:
             manager.wait_until_finished()
         logging.info("checkpoint of step %d -> %s%s", trainer.step,
@@ -650,6 +691,7 @@ class Checkpointer(Component):
         for manager in self._managers.values():
             manager.close()
         self._managers.clear()
+        self._host_state.clear()
 
     def _export_best(self, trainer: "Trainer", step: int) -> None:
         """Exports the best step's model to ``workdir/export/best`` (chief)."""
