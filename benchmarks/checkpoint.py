@@ -1,6 +1,6 @@
 """Checkpoint cost on a ~50M-parameter model: save / restore times and the training stall.
 
-    python -m benchmarks.checkpoint [--width 2048 --layers 12] [--interval 25] [--rounds 3]
+    python -m benchmarks.checkpoint [--width 2048 --layers 12] [--interval 25] [--rounds 5]
                                     [--json benchmarks/results/checkpoint.json]
 
 Model: an MLP of ``layers`` Dense(width) layers (50.4M parameters at the defaults),
@@ -18,9 +18,10 @@ public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
    ``every_steps=0``. Both end with one (waited-for) save, so the difference is
    ``R - 1`` mid-run saves; divided by ``R - 1`` it is the stall of one save, and
    divided by the baseline time of one interval it is the overhead averaged over a
-   save interval (the goal: < 2% for async). The process CPU time of the same runs is
-   reported too: the extra CPU one save costs, which does not depend on what else
-   the machine is running (wall-time differences do).
+   save interval (the goal: < 2% for async). Differences are paired within a round
+   (the arms of one round run back to back) and the median over rounds is reported,
+   so a slow drift of the machine between rounds cancels. The process CPU time of the
+   same runs is reported too: the extra CPU one save costs.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--interval", type=int, default=25, help="steps between saves")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
@@ -151,17 +152,19 @@ def main() -> None:
 
     median = {k: statistics.median(v) for k, v in {**times, **runs}.items()}
     interval_s = median["baseline"] / INTERVALS_PER_RUN
+    saves = INTERVALS_PER_RUN - 1
     result = {
         "params": params, "state_mb": state_bytes / 2**20, "interval_steps": args.interval,
         "step_ms": 1000 * interval_s / args.interval, **{k: median[k] for k in times},
         "rounds": args.rounds, "runs_s": runs, "runs_cpu_s": cpu,
     }
     for name in ("async", "sync"):
-        stall = (median[name] - median["baseline"]) / (INTERVALS_PER_RUN - 1)
-        result[f"{name}_stall_s"] = stall
-        result[f"{name}_stall_pct_of_interval"] = 100 * stall / interval_s
-        extra_cpu = statistics.median(cpu[name]) - statistics.median(cpu["baseline"])
-        result[f"{name}_extra_cpu_s_per_save"] = extra_cpu / (INTERVALS_PER_RUN - 1)
+        stalls = [(t - b) / saves for t, b in zip(runs[name], runs["baseline"])]
+        result[f"{name}_stall_s_per_round"] = stalls
+        result[f"{name}_stall_s"] = statistics.median(stalls)
+        result[f"{name}_stall_pct_of_interval"] = 100 * result[f"{name}_stall_s"] / interval_s
+        result[f"{name}_extra_cpu_s_per_save"] = statistics.median(
+            (t - b) / saves for t, b in zip(cpu[name], cpu["baseline"]))
 
     print(f"model: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
           f"(weights + Adam slots), step {result['step_ms']:.0f} ms, save every "
@@ -174,7 +177,8 @@ def main() -> None:
         print(f"  {name:5s} stall per save    {result[f'{name}_stall_s']:7.2f} s = "
               f"{result[f'{name}_stall_pct_of_interval']:5.1f}% of a {args.interval}-step "
               f"interval (goal for async: < 2%); extra CPU per save "
-              f"{result[f'{name}_extra_cpu_s_per_save']:.2f} s")
+              f"{result[f'{name}_extra_cpu_s_per_save']:.2f} s; per round "
+              f"{[round(x, 2) for x in result[f'{name}_stall_s_per_round']]}")
     print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
         f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
     if args.json:
