@@ -218,3 +218,14 @@ def test_nonfinite_train_loss_is_logged_once_with_what_to_do(caplog):
     warnings = [r.getMessage() for r in caplog.records if "Train loss is nan" in r.getMessage()]
     assert len(warnings) == 1
     assert "train.on_nonfinite='skip'" in warnings[0] and "step 10" in warnings[0]
+
+
+def test_train_step_outputs_of_unknown_shape_are_refused_by_name():
+    class RaggedOutputTrainer(toy.ToyTrainer):
+        def train_step(self, batch):
+            outputs = super().train_step(batch)
+            positive = tf.boolean_mask(batch[0][:, 0], batch[0][:, 0] > 0)  # shape [None]
+            return {**outputs, "positive": positive}
+
+    with pytest.raises(ValueError, match=r"'positive' with shape \(None,\).*return scalars"):
+        RaggedOutputTrainer(toy.toy_config()).fit()

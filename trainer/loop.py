@@ -8,8 +8,8 @@ itself, end a loop exactly: the number of steps per call is a tensor argument, s
 shorter loop does not retrace.
 
 The in-graph loops are built in one place, :class:`CompiledLoops`. The step function
-is its own ``tf.function`` called from the loop body, so it is traced once even
-though the loop peels the first step (to give the loop-carried outputs a structure).
+is its own ``tf.function``, traced once; the loop carries its last outputs, which start
+as zeros of the traced output shapes, so the step appears once in the loop's graph.
 """
 
 from __future__ import annotations
@@ -36,6 +36,27 @@ class NonFiniteError(FloatingPointError):
 def _check_outputs(outputs, hook: str) -> None:
     if not isinstance(outputs, dict) or "loss" not in outputs:
         raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
+
+
+@tf.autograph.experimental.do_not_convert
+def _zeros_like_outputs(step, iterator, strategy):
+    """A replica function returning zeros shaped like one replica's outputs of ``step``.
+
+    They start the loop-carried outputs, so the loop body holds the only copy of the
+    step: peeling the first step out of the loop instead doubled the graph that
+    TensorFlow optimises before the first call (+1.7 s on the transformer benchmark
+    with 2 replicas). ``step`` (a ``tf.function``) is traced here, once; its call in the
+    loop reuses the trace.
+    """
+    outputs = step.get_concrete_function(iterator).structured_outputs
+    local = tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], outputs)
+    for name, value in local.items():
+        if not value.shape.is_fully_defined():
+            raise ValueError(f"train_step returned {name!r} with shape {value.shape}, which "
+                             f"is not fully known while tracing; return scalars (e.g. "
+                             f"tf.reduce_mean of it).")
+    return tf.autograph.experimental.do_not_convert(
+        lambda: tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), local))
 
 
 class CompiledLoops:
@@ -76,8 +97,8 @@ class CompiledLoops:
 
         @tf.function
         def train(iterator, num_steps):
-            outputs = train_step(iterator)
-            for _ in tf.range(num_steps - 1):
+            outputs = strategy.run(_zeros_like_outputs(train_step, iterator, strategy))
+            for _ in tf.range(num_steps):
                 outputs = train_step(iterator)
             return {k: tf.reduce_mean(strategy.reduce(_MEAN, v, axis=None))
                     for k, v in outputs.items()}
