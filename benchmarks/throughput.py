@@ -1,6 +1,7 @@
 """Training throughput: the framework vs the loops a user would write instead.
 
     python -m benchmarks.throughput --workload mlp --strategy default [--rounds 3]
+                                    [--impls a,c] [--seconds 2]
     python -m benchmarks.throughput --all [--json benchmarks/results/throughput.json]
 
 Implementations (same model, Adam, same synthetic in-memory data, same global batch):
@@ -16,7 +17,7 @@ They run interleaved in rotating order over rounds in ONE process (warm-up exclu
 the table shows median examples/s, min/max, and the median of the per-round ratio to
 (c). A failing implementation is reported in the table, not fatal. Cold start
 (process start to first step done) and peak RSS come from separate processes, one per
-implementation. ``--all`` runs each workload x strategy in its own process (a process
+implementation and repetition (median of ``--cold_runs``). ``--all`` runs each workload x strategy in its own process (a process
 hosts one device layout) and prints one table.
 """
 
@@ -177,14 +178,20 @@ def _short(error: BaseException) -> str:
     return text[:120]
 
 
-def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float) -> dict:
-    """Interleaved rounds in this process; returns per-implementation results."""
+def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
+            names: tuple[str, ...] = IMPLEMENTATIONS) -> dict:
+    """Interleaved rounds in this process; returns per-implementation results.
+
+    ``names``: the implementations to run (``c``, the reference of the ratio column,
+    is always included).
+    """
     from benchmarks.workloads import WORKLOADS
 
     strategy = _setup_devices(strategy_name)
     workload = WORKLOADS[workload_name]
+    selected = [n for n in IMPLEMENTATIONS if n in names or n == "c"]
     impls, errors = {}, {}
-    for name in IMPLEMENTATIONS:
+    for name in selected:
         try:
             impl = build(name, workload, strategy)
             impl.warm_up(2 * K)
@@ -213,7 +220,7 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float)
                 names.remove(name)
                 rates.pop(name)
     results = {}
-    for name in IMPLEMENTATIONS:
+    for name in selected:
         if name in errors:
             results[name] = {"error": errors[name]}
             continue
@@ -223,7 +230,7 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float)
             "examples_per_s": statistics.median(values),
             "min": min(values), "max": max(values),
             "ratio_to_c": statistics.median(ratios) if ratios else None,
-            "xla": impls[name].xla,
+            "xla": impls[name].xla, "per_round": values, "ratios_to_c": ratios,
         }
     return {"workload": workload_name, "strategy": strategy_name, "steps_per_round": steps,
             "rounds": rounds, "implementations": results}
@@ -258,21 +265,35 @@ def cold_start_child(impl: str, workload_name: str, strategy_name: str) -> None:
                       "peak_rss_mb": _peak_rss_mb()}))
 
 
-def cold_start(workload_name: str, strategy_name: str) -> dict:
-    """Process start -> first step done, and peak RSS, per implementation (own process)."""
+def cold_start(workload_name: str, strategy_name: str, names=COLD_START,
+               runs: int = 3) -> dict:
+    """Process start -> first step done, and peak RSS, per implementation.
+
+    Each measurement is its own process; the implementations alternate over ``runs``
+    repetitions and the medians are reported (one process start varies by 10-20%).
+    """
+    samples: dict[str, list[tuple[float, float]]] = {impl: [] for impl in names}
+    errors: dict[str, str] = {}
+    for _ in range(runs):
+        for impl in names:
+            started = time.time()
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.throughput", "--cold_start_child", impl,
+                 "--workload", workload_name, "--strategy", strategy_name],
+                capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+            try:
+                line = json.loads(proc.stdout.strip().splitlines()[-1])
+                samples[impl].append((line["first_step_done"] - started, line["peak_rss_mb"]))
+            except (IndexError, json.JSONDecodeError, KeyError):
+                errors[impl] = (proc.stderr.strip().splitlines() or ["no output"])[-1][:120]
     out = {}
-    for impl in COLD_START:
-        started = time.time()
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.throughput", "--cold_start_child", impl,
-             "--workload", workload_name, "--strategy", strategy_name],
-            capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-        try:
-            line = json.loads(proc.stdout.strip().splitlines()[-1])
-            out[impl] = {"seconds": line["first_step_done"] - started,
-                         "peak_rss_mb": line["peak_rss_mb"]}
-        except (IndexError, json.JSONDecodeError, KeyError):
-            out[impl] = {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:120]}
+    for impl in names:
+        if not samples[impl]:
+            out[impl] = {"error": errors[impl]}
+            continue
+        seconds = [s for s, _ in samples[impl]]
+        out[impl] = {"seconds": statistics.median(seconds), "runs_s": seconds,
+                     "peak_rss_mb": statistics.median(r for _, r in samples[impl])}
     return out
 
 
@@ -302,10 +323,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="target duration of one timed run of the reference")
     parser.add_argument("--all", action="store_true", help="every workload x strategy")
+    parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS),
+                        help="comma-separated subset of " + ",".join(IMPLEMENTATIONS)
+                        + " (c is always run: it is the reference)")
     parser.add_argument("--no_cold_start", action="store_true")
+    parser.add_argument("--cold_runs", type=int, default=3,
+                        help="processes per implementation for the cold start (median)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--cold_start_child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    names = tuple(args.impls.split(","))
+    unknown = sorted(set(names) - set(IMPLEMENTATIONS))
+    if unknown:
+        parser.error(f"--impls: unknown {unknown}; choose from {','.join(IMPLEMENTATIONS)}")
 
     if args.cold_start_child:
         cold_start_child(args.cold_start_child, args.workload, args.strategy)
@@ -316,9 +346,10 @@ def main() -> None:
             for strategy in STRATEGIES:
                 cmd = [sys.executable, "-m", "benchmarks.throughput", "--workload", workload,
                        "--strategy", strategy, "--rounds", str(args.rounds),
-                       "--seconds", str(args.seconds), "--json", "/dev/stdout"]
-                if args.no_cold_start:
-                    cmd.append("--no_cold_start")
+                       "--seconds", str(args.seconds), "--impls", args.impls,
+                       "--json", "/dev/stdout"]
+                cmd += ["--no_cold_start"] if args.no_cold_start else [
+                    "--cold_runs", str(args.cold_runs)]
                 print(f"running {workload} / {strategy} ...", file=sys.stderr, flush=True)
                 proc = subprocess.run(cmd, capture_output=True, text=True,
                                       cwd=Path(__file__).resolve().parent.parent)
@@ -328,9 +359,11 @@ def main() -> None:
                     print(proc.stderr[-2000:], file=sys.stderr)
                     raise
     else:
-        run = measure(args.workload, args.strategy, args.rounds, args.seconds)
+        run = measure(args.workload, args.strategy, args.rounds, args.seconds, names)
         if not args.no_cold_start:
-            run["cold_start"] = cold_start(args.workload, args.strategy)
+            run["cold_start"] = cold_start(args.workload, args.strategy,
+                                           [n for n in COLD_START if n in names],
+                                           args.cold_runs)
         runs = [run]
     machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     import tensorflow as tf
