@@ -1,6 +1,6 @@
 """Checkpoint cost on a ~50M-parameter model: save / restore times and the training stall.
 
-    python -m benchmarks.checkpoint [--width 2048 --layers 12] [--interval 25] [--rounds 5]
+    python -m benchmarks.checkpoint [--width 2048 --layers 12] [--interval 25] [--rounds 3] [--pairs 8]
                                     [--json benchmarks/results/checkpoint.json]
 
 Model: an MLP of ``layers`` Dense(width) layers (50.4M parameters at the defaults),
@@ -22,6 +22,13 @@ public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
    (the arms of one round run back to back) and the median over rounds is reported,
    so a slow drift of the machine between rounds cancels. The process CPU time of the
    same runs is reported too: the extra CPU one save costs.
+3. The same stall from adjacent windows of ONE run, which is far less noisy: ``fit()``
+   over ``2 * --pairs`` intervals with one logging window per interval and an async
+   save every second interval, so windows alternate between "the save's background
+   write runs during it" and "clean". The loop time of each such pair differs by the
+   CPU the background write took from training; the stall of one save is that
+   difference (median over pairs, from ``metrics.jsonl``) plus the time the save held
+   the loop (1., measured directly).
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ def _trainer(args, workdir: str):
     config.distribute.strategy = "one_device"
     config.checkpoint.max_to_keep = 1
     config.telemetry.progress = "off"
+    config.telemetry.probe_every_windows = 0  # no input probes inside the timed windows
     return MLPTrainer(config, workdir)
 
 
@@ -117,13 +125,40 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     return out
 
 
+def _window_stall(trainer, interval: int, pairs: int) -> list[float]:
+    """Per pair of adjacent windows: loop seconds after an async save minus clean."""
+    cfg = trainer.config
+    period = 2 * interval
+    first = trainer.step + interval  # the first save comes after one clean window
+    first += -first % period
+    _fit(trainer, first - trainer.step, period, True)  # aligned: the next saves at k * period
+    start = trainer.step
+    cfg.train.log_every_steps = interval
+    try:
+        _fit(trainer, (pairs + 1) * period, period, True)
+    finally:
+        cfg.train.log_every_steps = 10**9
+    seconds = {}
+    with open(os.path.join(trainer.workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record["kind"] == "train" and record["step"] > start + interval:
+                seconds[record["step"]] = record["perf/step_time_mean_s"] * interval
+    # The window ending at s + interval follows the save at s (a multiple of period);
+    # the window ending at s + period is clean (the write took less than an interval).
+    return [seconds[s + interval] - seconds[s + period]
+            for s in range(start + period, trainer.step, period)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--interval", type=int, default=25, help="steps between saves")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=8,
+                        help="window pairs (after a save / clean) for the one-run estimate")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
@@ -147,6 +182,7 @@ def main() -> None:
                 wall, cpu_s = _fit(trainer, steps, *arms[name])
                 runs[name].append(wall)
                 cpu[name].append(cpu_s)
+        window = _window_stall(trainer, args.interval, args.pairs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -165,6 +201,10 @@ def main() -> None:
         result[f"{name}_stall_pct_of_interval"] = 100 * result[f"{name}_stall_s"] / interval_s
         result[f"{name}_extra_cpu_s_per_save"] = statistics.median(
             (t - b) / saves for t, b in zip(cpu[name], cpu["baseline"]))
+    result["window_contention_s_per_pair"] = window
+    result["async_window_stall_s"] = median["async_blocking_s"] + statistics.median(window)
+    result["async_window_stall_pct_of_interval"] = (
+        100 * result["async_window_stall_s"] / interval_s)
 
     print(f"model: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
           f"(weights + Adam slots), step {result['step_ms']:.0f} ms, save every "
@@ -179,6 +219,10 @@ def main() -> None:
               f"interval (goal for async: < 2%); extra CPU per save "
               f"{result[f'{name}_extra_cpu_s_per_save']:.2f} s; per round "
               f"{[round(x, 2) for x in result[f'{name}_stall_s_per_round']]}")
+    print(f"  async stall per save, one run: {result['async_window_stall_s']:.2f} s = "
+          f"{result['async_window_stall_pct_of_interval']:.1f}% of the interval (hold "
+          f"{median['async_blocking_s']:.2f} s + background-write contention, median of "
+          f"{len(window)} window pairs: {[round(x, 2) for x in window]})")
     print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
         f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
     if args.json:
