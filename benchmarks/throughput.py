@@ -17,8 +17,9 @@ They run interleaved in rotating order over rounds in ONE process (warm-up exclu
 the table shows median examples/s, min/max, and the median of the per-round ratio to
 (c). A failing implementation is reported in the table, not fatal. Cold start
 (process start to first step done) and peak RSS come from separate processes, one per
-implementation and repetition (median of ``--cold_runs``). ``--all`` runs each workload x strategy in its own process (a process
-hosts one device layout) and prints one table.
+implementation and repetition (median of ``--cold_runs``). ``--all`` runs each
+workload x strategy in its own process (a process hosts one device layout) and prints
+one table.
 """
 
 from __future__ import annotations
