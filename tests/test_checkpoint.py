@@ -62,15 +62,27 @@ def all_values(trainer) -> dict:
             for i, (_, v) in enumerate(entries)}
 
 
+def assert_same_state(got_trainer, want_trainer) -> None:
+    """Every checkpointed variable of the two trainers is bitwise equal."""
+    got, want = all_values(got_trainer), all_values(want_trainer)
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def fresh_run(steps: int) -> toy.ToyTrainer:
+    """A ToyTrainer (Adam, no workdir) trained ``steps`` steps from scratch."""
+    trainer = toy.ToyTrainer(adam_config(**{"train.steps": steps}))
+    trainer.fit()
+    return trainer
+
+
 def test_restore_sets_every_variable_and_the_step(trained):
     fresh = toy.ToyTrainer(adam_config(), trained.workdir)
     assert fresh.restore() == 20
     assert fresh.step == 20
-    got, want = all_values(fresh), all_values(trained)
-    assert got.keys() == want.keys()
-    assert {k.split("/")[0] for k in want} == {"model", "optimizer", "trainer"}
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert {k.split("/")[0] for k in all_values(trained)} == {"model", "optimizer", "trainer"}
+    assert_same_state(fresh, trained)
     assert int(fresh.optimizer.iterations.numpy()) == 20
     assert int(fresh.step_counter.numpy()) == 20
 
@@ -78,11 +90,7 @@ def test_restore_sets_every_variable_and_the_step(trained):
 def test_restore_of_an_earlier_step(trained):
     fresh = toy.ToyTrainer(adam_config(), trained.workdir)
     assert fresh.restore(step=10) == 10
-    reference = toy.ToyTrainer(adam_config(**{"train.steps": 10}))
-    reference.fit()
-    got, want = all_values(fresh), all_values(reference)
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert_same_state(fresh, fresh_run(10))
     assert not np.array_equal(fresh.model.get_weights()[0], trained.model.get_weights()[0])
 
 
@@ -106,16 +114,11 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
     toy.ToyTrainer(config, str(tmp_path)).fit()
     restored = toy.ToyTrainer(config, str(tmp_path))
     assert restored.restore(step=5) == 5
-    reference = toy.ToyTrainer(adam_config(**{"train.steps": 5}))
-    reference.fit()
-    got, want = all_values(restored), all_values(reference)
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert_same_state(restored, fresh_run(5))
 
 
 def test_snapshot_is_a_copy_and_refills_the_buffers_it_is_given():
-    trainer = toy.ToyTrainer(adam_config(**{"train.steps": 5}))
-    trainer.fit()
+    trainer = fresh_run(5)
     first, manifest = checkpoint.snapshot(trainer)
     assert manifest["step"] == 5
     kernel = first["model"][0].copy()
