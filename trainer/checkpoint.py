@@ -696,7 +696,7 @@ class Checkpointer(Component):
     def _export_best(self, trainer: "Trainer", step: int) -> None:
         """Exports the best step's model to ``workdir/export/best`` (chief)."""
         groups = state_variables(trainer)
-        current = {g: [np.asarray(v.numpy()) for _, v in e] for g, e in groups.items()}
+        current, _ = snapshot(trainer)
         state, _ = _load(os.path.join(trainer.workdir, BEST_DIR, str(step)), groups)
         target = os.path.join(trainer.workdir, BEST_EXPORT_DIR)
         try:
