@@ -180,17 +180,17 @@ def _short(error: BaseException) -> str:
 
 
 def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
-            names: tuple[str, ...] = IMPLEMENTATIONS) -> dict:
+            only: tuple[str, ...] = IMPLEMENTATIONS) -> dict:
     """Interleaved rounds in this process; returns per-implementation results.
 
-    ``names``: the implementations to run (``c``, the reference of the ratio column,
+    ``only``: the implementations to run (``c``, the reference of the ratio column,
     is always included).
     """
     from benchmarks.workloads import WORKLOADS
 
     strategy = _setup_devices(strategy_name)
     workload = WORKLOADS[workload_name]
-    selected = [n for n in IMPLEMENTATIONS if n in names or n == "c"]
+    selected = [n for n in IMPLEMENTATIONS if n in only or n == "c"]
     impls, errors = {}, {}
     for name in selected:
         try:
