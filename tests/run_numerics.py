@@ -135,8 +135,14 @@ def main() -> None:
         facts[f"{name}/replicas_agree"] = _replicas_agree(t.model)
         facts[f"{name}/updates"] = int(t.optimizer.iterations.numpy())
 
+    live = []  # every Trainer stays alive: a destroyed distributed iterator can stall 60 s
+
+    def new(cls, **overrides):
+        live.append(classes[cls](config(**overrides)))
+        return live[-1]
+
     def run(name, cls, **overrides):
-        t = classes[cls](config(**overrides))
+        t = new(cls, **overrides)
         t.fit()
         save(name, t)
         return t
@@ -157,7 +163,7 @@ def main() -> None:
     # mixed_float16, inf on the last replica at step 5: stop after 4, 5 and 20 steps.
     fp16 = {"precision.policy": "mixed_float16", "optimizer.momentum": 0.9}
     for name, cls in (("fp16_inf", "inf"), ("keras_fp16_inf", "keras_loss_scale")):
-        t = classes[cls](config(**fp16, **{"train.steps": INJECT_STEP - 1}))
+        t = new(cls, **fp16, **{"train.steps": INJECT_STEP - 1})
         t.fit()
         scale_variable = (t.optimizer.dynamic_scale if cls == "keras_loss_scale"
                           else t.precision.scale)
@@ -189,7 +195,7 @@ def main() -> None:
         facts[f"{name}/skipped_steps"] = int(t.precision.skipped_steps.numpy())
 
     # float32 with train.on_nonfinite="stop": a clear error naming the step, everywhere.
-    t = classes["inf"](config(**{"train.on_nonfinite": "stop"}))
+    t = new("inf", **{"train.on_nonfinite": "stop"})
     try:
         t.fit()
         facts["stop/error"] = ""
@@ -207,4 +213,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from trainer.fast_exit import exit_now
+
     main()
+    exit_now(0)  # no teardown of distributed iterators (up to 60 s each)

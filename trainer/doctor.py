@@ -527,7 +527,9 @@ def run() -> None:
     flags.DEFINE_integer("top_layers", 8, "Layers listed in the per-layer table.")
     flags.DEFINE_list("sections", list(SECTIONS), f"Which measurements: {', '.join(SECTIONS)}.")
     flags.mark_flag_as_required("config")
-    app.run(main)
+    from trainer import fast_exit
+
+    app.run(fast_exit.then_exit(main))
 
 
 if __name__ == "__main__":

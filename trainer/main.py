@@ -58,8 +58,11 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """Console-script entry point (``tf-trainer``)."""
-    app.run(main)
+    """Console-script entry point (``tf-trainer``). The process ends without destroying
+    TensorFlow's objects one by one (see :mod:`trainer.fast_exit`)."""
+    from trainer import fast_exit
+
+    app.run(fast_exit.then_exit(main))
 
 
 if __name__ == "__main__":
