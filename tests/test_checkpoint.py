@@ -117,32 +117,6 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
     assert_same_state(restored, fresh_run(5))
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="scheduling policies are Linux's")
-def test_async_writes_run_at_idle_priority_unless_configured_normal(tmp_path):
-    from trainer.writer_priority import writer_threads
-
-    def policies() -> set[int]:
-        found = set()
-        for tid in writer_threads():
-            try:
-                found.add(os.sched_getscheduler(tid))
-            except ProcessLookupError:  # an idle worker exited meanwhile
-                continue
-        return found
-
-    config = adam_config(**{"train.steps": 10, "checkpoint.every_steps": 5,
-                            "checkpoint.writer_priority": "idle"})
-    toy.ToyTrainer(config, str(tmp_path / "idle")).fit()
-    assert policies() == {os.SCHED_IDLE}  # workers live on ~20 s after a write
-    sync = adam_config(**{"train.steps": 10, "checkpoint.async_save": False,
-                          "checkpoint.writer_priority": "normal"})
-    toy.ToyTrainer(sync, str(tmp_path / "sync")).fit()
-    assert policies() == {os.SCHED_IDLE}  # a synchronous save leaves priorities alone
-    config.checkpoint.writer_priority = "normal"
-    toy.ToyTrainer(config, str(tmp_path / "normal")).fit()
-    assert policies() == {os.SCHED_OTHER}
-
-
 def test_snapshot_is_a_copy_and_refills_the_buffers_it_is_given():
     trainer = fresh_run(5)
     first, manifest = checkpoint.snapshot(trainer)

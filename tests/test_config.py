@@ -84,8 +84,7 @@ def test_other_fields_are_checked():
                                   ("optimizer", "name", "adamm"),
                                   ("eval", "steps", 0),
                                   ("perf", "grad_accum_steps", 0),
-                                  ("checkpoint", "best_mode", "up"),
-                                  ("checkpoint", "writer_priority", "low")]:
+                                  ("checkpoint", "best_mode", "up")]:
         with pytest.raises(ConfigError, match=rf"config\.{section}\.{field}"):
             config_lib.validate(config_with(section, field, value))
 

@@ -80,7 +80,6 @@ from absl import logging
 
 from trainer import distribute
 from trainer.loop import Component, next_boundary
-from trainer.writer_priority import set_writer_priority
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
@@ -623,8 +622,6 @@ class Checkpointer(Component):
             state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
         if wait:
             manager.wait_until_finished()
-        elif trainer.config.checkpoint.async_save:  # the write runs on: set its priority
-            set_writer_priority(trainer.config.checkpoint.writer_priority)
         logging.info("checkpoint of step %d -> %s%s", trainer.step,
                      os.path.join(trainer.workdir, kind), "" if wait else " (async)")
 

@@ -19,8 +19,6 @@ from typing import Any
 
 import ml_collections
 
-from trainer import writer_priority
-
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
@@ -97,7 +95,6 @@ def get_config() -> ml_collections.ConfigDict:
             best_metric="",  # e.g. "eval/accuracy": keep the best N as well
             best_mode="max",  # "max" | "min"
             async_save=True,
-            writer_priority="idle",  # "idle" | "normal": async writes use idle CPU only (Linux)
         )
     )
     config.telemetry = ml_collections.ConfigDict(
@@ -261,8 +258,6 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
                 f"update happens every {accum}; use a multiple of {accum}.")
     _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
     _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
-    _check_choice("checkpoint.writer_priority", config.checkpoint.writer_priority,
-                  writer_priority.PRIORITIES)
     best = config.checkpoint.best_metric
     if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")
                      and best.partition("/")[2]):
