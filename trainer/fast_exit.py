@@ -19,11 +19,11 @@ import sys
 from typing import Callable, NoReturn
 
 
-def exit_now(code: int | str | None = 0) -> NoReturn:
+def exit_now(code: object = 0) -> NoReturn:
     """Ends the process like ``sys.exit(code)`` but without destroying live objects.
 
-    ``code``: ``None`` or an int is the exit status; a string is printed to stderr and
-    the status is 1 (``sys.exit``'s rules). Call it only once everything the process
+    ``code``: ``None`` or an int is the exit status; anything else (a message) is
+    printed to stderr and the status is 1 (``sys.exit``'s rules). Call it only once everything the process
     must write is written (files closed, async checkpoints committed).
     """
     if code is None:
@@ -40,16 +40,17 @@ def exit_now(code: int | str | None = 0) -> NoReturn:
 
 
 def then_exit(main: Callable[[list[str]], object]) -> Callable[[list[str]], NoReturn]:
-    """Wraps an absl ``main(argv)``: when it returns or calls ``sys.exit``, the process
-    ends through :func:`exit_now`. Any other exception propagates (a traceback and the
-    normal exit), so a crash is never hidden."""
+    """Wraps an absl ``main(argv)``: when it returns (its value is the exit code, as
+    under ``app.run``) or calls ``sys.exit``, the process ends through :func:`exit_now`.
+    Any other exception propagates (a traceback and the normal exit), so a crash is
+    never hidden."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str]) -> NoReturn:
         try:
-            main(argv)
+            code = main(argv)
         except SystemExit as done:
-            exit_now(done.code)
-        exit_now(0)
+            code = done.code
+        exit_now(code)
 
     return wrapped
