@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,11 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from tests import toy
 from tests.conftest import run_main
-from tests.test_telemetry_trainers import (SLOW_FROM_STEP, BatchNormDropoutTrainer,
+from tests.test_telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDropoutTrainer,
                                            HeavyCnnTrainer, SlowInputTrainer, TurnSlow,
                                            TurnsSlowTrainer, cnn_config)
 from trainer import config as config_lib
-from trainer import loop, telemetry
+from trainer import loop, probes, telemetry
 
 
 def _records(workdir: Path, kind: str) -> list[dict]:
@@ -149,17 +150,36 @@ def test_probes_leave_the_run_unchanged():
         np.testing.assert_array_equal(probed, plain)
 
 
-def test_regression_alert_fires_and_names_input_wait(tmp_path):
-    # 20-step windows: 5 fast (the first is warm-up), then 4 input-bound from step 100.
+def test_input_probe_drains_prefetched_stock_before_timing():
+    trainer = SlowInputTrainer(toy.toy_config(), None)
+    probe = probes.InputProbe(trainer)
+    floor_s = 0.5 * SLEEP_S
+    for _ in range(2):  # per fill-then-drain cycle, tf.data doubles the buffer limit
+        time.sleep(0.6)
+        assert probe.seconds_per_batch(5, floor_s) > 0.8 * SLEEP_S
+    for _ in range(2):
+        time.sleep(1)  # idle, as between probes: the buffer fills with SLEEP_S-slow batches
+        # Without floor_s, two chunks served from that stock often agree: ~1 ms/batch.
+        assert probe.seconds_per_batch(5, floor_s) > 0.8 * SLEEP_S
+
+
+@pytest.mark.parametrize("slow_from, blips", [(SLOW_FROM_STEP, ()), (140, (100,))],
+                         ids=["clean", "blip_before"])
+def test_regression_alert_fires_and_names_input_wait(tmp_path, slow_from, blips):
+    # 20-step windows: fast ones (the first is warm-up), then input-bound from slow_from.
+    # The periodic probe runs at step 40, so the detector judges from window 100 on. With
+    # the blip, steps 101-110 are slow: window 120 starts the slow streak and is probed
+    # while the input is fast again, window 140 runs on the probe's prefetched stock and
+    # window 160 continues the streak: the alert must judge the input of its own window.
     config = toy.toy_config(**{"train.steps": 180, "train.log_every_steps": 20,
                                "train.steps_per_loop": 10, "telemetry.probe_every_windows": 100,
                                "telemetry.alert_windows": 2})
-    _fit(TurnsSlowTrainer(config, str(tmp_path)), TurnSlow())
+    _fit(TurnsSlowTrainer(config, str(tmp_path)), TurnSlow(slow_from, blips))
     records = _records(tmp_path, "train")
     alerts = [r for r in records if r["alert"]]
     assert len(alerts) == 1, [r["alert"] for r in records]
-    assert "input wait up" in alerts[0]["alert"]
-    assert alerts[0]["step"] > SLOW_FROM_STEP
+    assert "input wait up" in alerts[0]["alert"], alerts[0]["alert"]
+    assert alerts[0]["step"] > slow_from
     events = _events(tmp_path, "train")
     assert alerts[0]["step"] in events["alerts"]
     assert events["perf/regression_alert"][alerts[0]["step"]] == 1.0
@@ -242,3 +262,17 @@ def test_likely_cause_names_memory_and_skipped_steps():
     assert "memory near limit" in cause and "5 skipped" in cause and "input" not in cause
     assert "profile_steps" in telemetry.likely_cause(
         {"perf/input_wait_fraction": 0.0}, {"perf/input_wait_fraction": 0.0})
+
+
+@pytest.mark.parametrize("wait, step_ms, named", [
+    (0.88, 32.0, True),   # already input-bound at 72%: the added wait is the slowdown
+    (0.40, 32.0, False),  # 40% of the step waits, but most of the added 31 ms is compute
+    (0.20, 32.0, False),  # under the 30% floor
+])
+def test_likely_cause_weighs_added_input_wait_against_added_step_time(wait, step_ms, named):
+    baseline = {"perf/input_wait_fraction": 0.72, "perf/step_time_mean_s": 0.0007}
+    current = {"perf/input_wait_fraction": wait, "perf/step_time_mean_s": step_ms / 1e3}
+    cause = telemetry.likely_cause(current, baseline)
+    assert ("input wait up" in cause) == named, cause
+    if named:
+        assert "88% of a 32 ms step (was 72% of a 0.7 ms step)" in cause

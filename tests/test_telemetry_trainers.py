@@ -50,11 +50,14 @@ class TurnsSlowTrainer(SlowInputTrainer):
 
 
 class TurnSlow(Component):
-    """Makes a TurnsSlowTrainer's input slow once the run reaches SLOW_FROM_STEP."""
+    """Makes a TurnsSlowTrainer's input slow once the run reaches ``slow_from``, and for
+    the one train loop that starts at each step in ``blips`` (a transient slowdown)."""
+
+    def __init__(self, slow_from: int = SLOW_FROM_STEP, blips: tuple[int, ...] = ()):
+        self.slow_from, self.blips = slow_from, set(blips)
 
     def on_train_loop_end(self, trainer, num_steps, seconds):
-        if trainer.step >= SLOW_FROM_STEP:
-            trainer.slow.assign(True)
+        trainer.slow.assign(trainer.step >= self.slow_from or trainer.step in self.blips)
 
 
 def cnn_config(**overrides):

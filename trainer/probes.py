@@ -73,23 +73,35 @@ class InputProbe:
         """One distributed batch (a PerReplica structure) from the probe's copy."""
         return next(self._iterator)
 
-    def seconds_per_batch(self, num_batches: int, max_chunks: int = 16) -> float:
+    def seconds_per_batch(self, num_batches: int, floor_s: float = 0.0,
+                          max_chunks: int = 16) -> float:
         """Steady-state wall seconds per global batch of the pipeline alone.
 
-        Between probes the copy's prefetch buffer fills up, and buffered batches come
-        out instantly. So chunks of ``num_batches`` are pulled until two consecutive
-        chunks take about the same time (within 25%, at most ``max_chunks`` chunks):
-        the buffer is drained and the last two chunks time the pipeline itself.
+        Between probes the copy's prefetch buffers fill up (tf.data grows an AUTOTUNE
+        prefetch buffer while its consumer waits, so it can hold many batches), and
+        buffered batches come out almost instantly. First the stock is drained: while a
+        chunk runs faster than ``floor_s`` per batch (the caller's "too fast to be the
+        pipeline it suspects") and takes less than ``num_batches * floor_s`` in all, the
+        next chunk is twice as large. Then chunks of ``num_batches`` are pulled until two
+        consecutive ones take about the same time (within 25%; at most ``max_chunks``
+        chunks in all): they time the pipeline itself. With ``floor_s=0`` there is no
+        drain phase and a shallow buffer drains in the first chunks.
         """
-        chunks: list[float] = []
-        while len(chunks) < max_chunks:
+        size, chunks = num_batches, []
+        for _ in range(max_chunks):
             start = time.perf_counter()
-            self._drain(self._iterator, tf.constant(num_batches, tf.int64)).numpy()
-            chunks.append(time.perf_counter() - start)
-            if len(chunks) >= 2 and abs(chunks[-1] - chunks[-2]) <= 0.25 * max(chunks[-2:]):
-                break
-        return (chunks[-1] + chunks[-2]) / 2 / num_batches if len(chunks) > 1 else (
-            chunks[-1] / num_batches)
+            self._drain(self._iterator, tf.constant(size, tf.int64)).numpy()
+            seconds = time.perf_counter() - start
+            per_batch = seconds / size
+            if not chunks and per_batch < floor_s and seconds < num_batches * floor_s:
+                size *= 2  # stock (or a pipeline that fast): keep draining
+            elif size != num_batches:
+                size = num_batches  # drained: measure from the next chunk
+            else:
+                chunks.append(per_batch)
+                if len(chunks) >= 2 and abs(chunks[-1] - chunks[-2]) <= 0.25 * max(chunks[-2:]):
+                    return (chunks[-1] + chunks[-2]) / 2
+        return per_batch
 
 
 class ComputeUnavailable(RuntimeError):

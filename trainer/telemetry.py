@@ -5,7 +5,8 @@ TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 per train loop it only adds up the host wall time of the compiled loop call (no extra
 device sync); per logging window (``train.log_every_steps``) it samples host/device
 memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
-windows (and at the first slow window of a streak) it runs the short input/compute probes
+windows (and at the first slow window of a streak, and when an alert fires, so the
+alert's cause is judged from the current input) it runs the short input/compute probes
 of :mod:`trainer.probes` to estimate the input-wait fraction.
 
 Granularity. The step function runs ``steps_per_loop`` steps per ``tf.function`` call,
@@ -233,12 +234,18 @@ class RegressionDetector:
 
 
 def likely_cause(current: dict, baseline: dict) -> str:
-    """Names the likely cause of a slowdown from two telemetry records (see README)."""
+    """Names the likely cause of a slowdown from two telemetry records (see README).
+
+    The input is named when at least 30% of the current step waits for it and, against
+    the baseline, the extra wait per step accounts for at least half of the extra step
+    time (a run that was already input-bound stays so at a higher fraction).
+    """
     causes = []
     wait, base_wait = current.get("perf/input_wait_fraction"), baseline.get("perf/input_wait_fraction")
-    if wait is not None and wait >= 0.3 and (base_wait is None or wait - base_wait >= 0.15):
-        was = f" (was {base_wait:.0%})" if base_wait is not None else ""
-        causes.append(f"input wait up: {wait:.0%} of the step{was}")
+    if wait is not None and wait >= 0.3 and _input_explains(current, baseline):
+        causes.append(f"input wait up: {wait:.0%} of {_step_ms(current)}"
+                      + (f" (was {base_wait:.0%} of {_step_ms(baseline)})"
+                         if base_wait is not None else ""))
     near = [current.get(k) for k in ("mem/gpu_memory_fraction", "mem/host_memory_fraction")]
     if any(v is not None and v >= 0.9 for v in near):
         causes.append(f"memory near limit ({max(v for v in near if v is not None):.0%} used)")
@@ -254,6 +261,23 @@ def likely_cause(current: dict, baseline: dict) -> str:
         return ("no telemetry signal explains it; capture a trace with "
                 "--config.telemetry.profile_steps=START:STOP")
     return "; ".join(causes)
+
+
+def _step_ms(record: dict) -> str:
+    step = record.get("perf/step_time_mean_s")
+    return f"a {step * 1e3:.3g} ms step" if step is not None else "the step"
+
+
+def _input_explains(current: dict, baseline: dict) -> bool:
+    """Whether the added input wait per step is at least half the added step time."""
+    base_wait = baseline.get("perf/input_wait_fraction")
+    step, base_step = current.get("perf/step_time_mean_s"), baseline.get("perf/step_time_mean_s")
+    if base_wait is None:
+        return True
+    if step is None or base_step is None:  # fractions only: a rise of 15 points
+        return current["perf/input_wait_fraction"] - base_wait >= 0.15
+    added_wait = current["perf/input_wait_fraction"] * step - base_wait * base_step
+    return added_wait > 0 and added_wait >= 0.5 * (step - base_step)
 
 
 def setup_report(trainer: "Trainer") -> str:
@@ -454,8 +478,8 @@ class Telemetry(Component):
             examples_per_s)
         every = self._probe_every
         if every and not warmup and (
-                (self._windows - 2) % every == 0 or (slow and self._detector.streak == 1)):
-            self._run_probes(trainer)
+                (self._windows - 2) % every == 0 or fire or (slow and self._detector.streak == 1)):
+            self._run_probes(trainer, step_s)
             self._probed = True
         record.update(self._wait_numbers(step_s))
         record["perf/regression_alert"] = 0.0
@@ -475,22 +499,30 @@ class Telemetry(Component):
         return record
 
     def _baseline(self) -> dict[str, Any]:
-        """Telemetry before the slow streak: median input wait, skipped-step count."""
+        """Telemetry before the slow streak: median input wait and step time, skipped-step
+        count."""
         streak = self.config.telemetry.alert_windows - 1  # earlier slow windows in records
         earlier = [r for r in self.records[:len(self.records) - streak] if not r["perf/warmup"]]
         waits = [r["perf/input_wait_fraction"] for r in earlier
                  if r["perf/input_wait_fraction"] is not None]
+        steps = [r["perf/step_time_mean_s"] for r in earlier]
         return {"perf/input_wait_fraction": statistics.median(waits) if waits else None,
+                "perf/step_time_mean_s": statistics.median(steps) if steps else None,
                 "precision/skipped_steps": earlier[-1]["precision/skipped_steps"] if earlier else 0}
 
-    def _run_probes(self, trainer: "Trainer") -> None:
-        """Times the pipeline alone and compute alone (see :mod:`trainer.probes`)."""
+    def _run_probes(self, trainer: "Trainer", step_s: float) -> None:
+        """Times the pipeline alone and compute alone (see :mod:`trainer.probes`).
+
+        ``step_s``: the window's observed seconds per step. A pipeline that slows the
+        step takes about that long per batch, so the input probe first drains what
+        comes out faster than half of it (prefetched stock).
+        """
         n = self.config.telemetry.probe_batches
         # Kept on the Trainer, so a later fit() on it reuses the traced probes.
         cache = trainer.__dict__.setdefault("_telemetry_probes", {})
         if "input" not in cache:
             cache["input"] = probes.InputProbe(trainer)
-        input_s = cache["input"].seconds_per_batch(n)
+        input_s = cache["input"].seconds_per_batch(n, floor_s=0.5 * step_s)
         if "compute" not in cache:
             try:
                 cache["compute"] = probes.ComputeProbe(trainer, cache["input"].next_batch())
