@@ -242,10 +242,13 @@ def likely_cause(current: dict, baseline: dict) -> str:
     """
     causes = []
     wait, base_wait = current.get("perf/input_wait_fraction"), baseline.get("perf/input_wait_fraction")
-    if wait is not None and wait >= 0.3 and _input_explains(current, baseline):
-        causes.append(f"input wait up: {wait:.0%} of {_step_ms(current)}"
-                      + (f" (was {base_wait:.0%} of {_step_ms(baseline)})"
-                         if base_wait is not None else ""))
+    step, base_step = current.get("perf/step_time_mean_s"), baseline.get("perf/step_time_mean_s")
+    if wait is not None and wait >= 0.3:
+        added_wait_s = wait * step - (base_wait or 0.0) * (base_step or 0.0)
+        if base_wait is None or (step > base_step and added_wait_s >= 0.5 * (step - base_step)):
+            causes.append(f"input wait up: {wait:.0%} of a {step * 1e3:.3g} ms step" + (
+                f" (was {base_wait:.0%} of a {base_step * 1e3:.3g} ms step)"
+                if base_wait is not None else ""))
     near = [current.get(k) for k in ("mem/gpu_memory_fraction", "mem/host_memory_fraction")]
     if any(v is not None and v >= 0.9 for v in near):
         causes.append(f"memory near limit ({max(v for v in near if v is not None):.0%} used)")
@@ -261,23 +264,6 @@ def likely_cause(current: dict, baseline: dict) -> str:
         return ("no telemetry signal explains it; capture a trace with "
                 "--config.telemetry.profile_steps=START:STOP")
     return "; ".join(causes)
-
-
-def _step_ms(record: dict) -> str:
-    step = record.get("perf/step_time_mean_s")
-    return f"a {step * 1e3:.3g} ms step" if step is not None else "the step"
-
-
-def _input_explains(current: dict, baseline: dict) -> bool:
-    """Whether the added input wait per step is at least half the added step time."""
-    base_wait = baseline.get("perf/input_wait_fraction")
-    step, base_step = current.get("perf/step_time_mean_s"), baseline.get("perf/step_time_mean_s")
-    if base_wait is None:
-        return True
-    if step is None or base_step is None:  # fractions only: a rise of 15 points
-        return current["perf/input_wait_fraction"] - base_wait >= 0.15
-    added_wait = current["perf/input_wait_fraction"] * step - base_wait * base_step
-    return added_wait > 0 and added_wait >= 0.5 * (step - base_step)
 
 
 def setup_report(trainer: "Trainer") -> str:
