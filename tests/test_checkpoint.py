@@ -99,22 +99,41 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
     """Every array write is held back 0.5 s (longer than the next 5 toy steps), so a
     save that refilled the snapshot buffers before the previous write finished would
     put step 10's values into step 5's checkpoint."""
-    import asyncio
+    import time
 
-    import orbax.checkpoint as ocp
+    from trainer import array_files
 
-    original = ocp.type_handlers.NumpyHandler._background_serialize
+    original = array_files.write_npy
+    writes = []
 
-    async def slow(self, *args, **kwargs):
-        await asyncio.sleep(0.5)
-        return await original(self, *args, **kwargs)
+    def slow(path, array):
+        time.sleep(0.5)
+        writes.append(path)
+        original(path, array)
 
-    monkeypatch.setattr(ocp.type_handlers.NumpyHandler, "_background_serialize", slow)
+    monkeypatch.setattr(array_files, "write_npy", slow)
     config = adam_config(**{"train.steps": 10, "checkpoint.every_steps": 5})
     toy.ToyTrainer(config, str(tmp_path)).fit()
+    assert writes  # the slowed writer is the one in use
     restored = toy.ToyTrainer(config, str(tmp_path))
     assert restored.restore(step=5) == 5
     assert_same_state(restored, fresh_run(5))
+
+
+def test_checkpoints_of_the_tensorstore_format_still_restore(tmp_path, monkeypatch):
+    """Steps written by orbax's own (tensorstore, OCDBT, zstd) array handler, the format
+    before the .npy files, restore bitwise."""
+    monkeypatch.setattr(checkpoint, "_state_handler",
+                        lambda ocp: ocp.PyTreeCheckpointHandler(use_compression=True))
+    config = adam_config(**{"train.steps": 10})
+    written = toy.ToyTrainer(config, str(tmp_path))
+    written.fit()
+    monkeypatch.undo()
+    state_dir = tmp_path / "checkpoints" / "10" / "state"
+    assert not list(state_dir.glob("*.npy")) and (state_dir / "manifest.ocdbt").exists()
+    restored = toy.ToyTrainer(config, str(tmp_path))
+    assert restored.restore() == 10
+    assert_same_state(restored, written)
 
 
 def test_snapshot_is_a_copy_and_refills_the_buffers_it_is_given():
@@ -163,7 +182,7 @@ def test_corrupt_latest_step_is_skipped_with_a_warning_and_named_when_asked_for(
     os.makedirs(workdir)
     subprocess.run(["cp", "-r", os.path.join(trained.workdir, "checkpoints"), str(workdir)],
                    check=True)
-    for path in glob.glob(str(workdir / "checkpoints" / "20" / "state" / "d" / "*")):
+    for path in glob.glob(str(workdir / "checkpoints" / "20" / "state" / "*.npy")):
         with open(path, "wb") as f:
             f.write(b"garbage")
     fresh = toy.ToyTrainer(adam_config(), str(workdir))

@@ -1,0 +1,105 @@
+"""trainer.array_files: aligned-header .npy files written with O_DIRECT, and their
+fallbacks (unaligned arrays, file systems that refuse O_DIRECT), read back bitwise."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from trainer import array_files
+
+CASES = [((), np.float32), ((), np.int64), ((3,), np.float32), ((1025, 3), np.float64),
+         ((4096,), np.float32), ((7, 4096), np.int32), ((0,), np.float32), ((2, 3), np.bool_)]
+
+
+def filled(shape, dtype, aligned: bool) -> np.ndarray:
+    array = array_files.aligned_empty(shape, dtype) if aligned else np.empty(shape, dtype)
+    array[...] = (np.arange(array.size).reshape(shape) % 7).astype(dtype)
+    return array
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The flags of every os.open call, in order."""
+    flags = []
+    original = os.open
+
+    def spy(path, flag, *args, **kwargs):
+        flags.append(flag)
+        return original(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", spy)
+    return flags
+
+
+@pytest.mark.parametrize("shape,dtype", CASES)
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+def test_round_trip_is_a_standard_npy_with_the_data_on_an_aligned_offset(
+        tmp_path, shape, dtype, aligned):
+    array = filled(shape, dtype, aligned)
+    path = str(tmp_path / "a.npy")
+    array_files.write_npy(path, array)
+    assert os.path.getsize(path) == array_files.ALIGN + array.nbytes
+    loaded = np.load(path)  # plain numpy reads it
+    assert loaded.shape == array.shape and loaded.dtype == array.dtype
+    np.testing.assert_array_equal(loaded, array)
+    np.testing.assert_array_equal(array_files.read_npy(path), array)
+    assert array_files.read_npy_header(path) == (array.shape, array.dtype)
+
+
+def test_aligned_arrays_are_written_with_o_direct_and_unaligned_ones_buffered(
+        tmp_path, opened):
+    aligned = filled((1000, 5), np.float32, aligned=True)
+    assert aligned.ctypes.data % array_files.ALIGN == 0
+    unaligned = np.empty(20_001, np.float32)[1:].reshape(1000, 20)
+    assert unaligned.ctypes.data % array_files.ALIGN != 0
+    array_files.write_npy(str(tmp_path / "a.npy"), aligned)
+    assert opened and opened[0] & os.O_DIRECT
+    del opened[:]
+    array_files.write_npy(str(tmp_path / "u.npy"), unaligned)
+    assert not any(flag & os.O_DIRECT for flag in opened)
+    np.testing.assert_array_equal(np.load(str(tmp_path / "u.npy")), unaligned)
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_a_file_system_that_refuses_o_direct_gets_a_buffered_write(
+        tmp_path, monkeypatch, refused_at):
+    original_open, original_write = os.open, os.write
+    direct_fds = set()
+
+    def refusing_open(path, flag, *args, **kwargs):
+        if flag & os.O_DIRECT and refused_at == "open":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        fd = original_open(path, flag, *args, **kwargs)
+        if flag & os.O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def refusing_write(fd, data):
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return original_write(fd, data)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    monkeypatch.setattr(os, "write", refusing_write)
+    array = filled((3000, 7), np.float32, aligned=True)
+    path = str(tmp_path / "a.npy")
+    array_files.write_npy(path, array)
+    np.testing.assert_array_equal(np.load(path), array)
+    assert os.path.getsize(path) == array_files.ALIGN + array.nbytes
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_file_is_a_value_error_naming_it(tmp_path, damage):
+    path = str(tmp_path / "a.npy")
+    array_files.write_npy(path, filled((100, 100), np.float32, aligned=True))
+    if damage == "truncated":
+        os.truncate(path, os.path.getsize(path) - 4)
+    else:
+        with open(path, "wb") as f:
+            f.write(b"" if damage == "empty" else b"garbage" * 1000)
+    with pytest.raises(ValueError, match=r"a\.npy is not a readable \.npy file"):
+        array_files.read_npy(path)

@@ -1,0 +1,208 @@
+"""Checkpoint arrays as ``.npy`` files written around the page cache (``O_DIRECT``).
+
+Why: a buffered write of a 577 MB training state costs 1.6-2.2 s of kernel CPU on a
+VM that returns freed memory to its host (every page-cache page is a fresh page to
+fault in), and an async save's background write takes that CPU from training. The
+same bytes written with ``O_DIRECT`` from page-aligned host buffers cost 0.1 s
+(``benchmarks/checkpoint.py``). Reads are ordinary (``np.load``).
+
+File format: a standard ``.npy`` (version 1.0) whose header is padded with spaces to
+:data:`ALIGN` bytes, so the data starts on an aligned offset; ``np.load`` reads it.
+
+``NpyFileHandler`` (:func:`npy_file_handler`) is the orbax ``TypeHandler`` for ``np.ndarray`` leaves that
+writes these files (``<param>.npy`` in the item directory); orbax keeps the rest:
+temporary step directories, the atomic commit, retention, async threads, the pytree
+metadata. Non-local paths (``gs://`` ...) and checkpoints written by orbax's own
+tensorstore handler go through that handler instead, so both kinds restore.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import mmap
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers (a page; >= any block)
+_CHUNK = 64 * 2**20  # bytes per write() call (Linux writes at most ~2 GiB per call)
+_MAGIC = b"\x93NUMPY\x01\x00"
+
+
+def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an :data:`ALIGN` boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buffer = mmap.mmap(-1, max(nbytes, 1))  # anonymous mappings are page-aligned
+    return np.frombuffer(buffer, np.uint8, count=nbytes).view(dtype).reshape(shape)
+
+
+def _header(array: np.ndarray) -> bytes:
+    """The ``.npy`` 1.0 header of ``array``, padded to exactly :data:`ALIGN` bytes."""
+    fields = repr({"descr": np.lib.format.dtype_to_descr(array.dtype),
+                   "fortran_order": False, "shape": tuple(array.shape)}).encode("latin1")
+    length = ALIGN - len(_MAGIC) - 2
+    if len(fields) + 1 > length:
+        raise ValueError(f"an array of shape {array.shape} needs a header longer than {ALIGN}")
+    return _MAGIC + length.to_bytes(2, "little") + fields.ljust(length - 1) + b"\n"
+
+
+def _is_aligned(array: np.ndarray) -> bool:
+    return array.ctypes.data % ALIGN == 0
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    for start in range(0, len(data), _CHUNK):
+        view = data[start:start + _CHUNK]
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _write_direct(path: str, header: bytes, data: memoryview) -> bool:
+    """Writes header + data with O_DIRECT; False when the platform or file system
+    refuses it (nothing usable is left at ``path`` then)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError as error:
+        if error.errno == errno.EINVAL:  # e.g. tmpfs
+            return False
+        raise
+    try:
+        body = len(data) - len(data) % ALIGN
+        edge = aligned_empty((2 * ALIGN,), np.uint8)  # header page, then the tail page
+        edge[:ALIGN] = np.frombuffer(header, np.uint8)
+        _write_all(fd, memoryview(edge)[:ALIGN])
+        _write_all(fd, data[:body])
+        if body < len(data):
+            tail = edge[ALIGN:]
+            tail[:len(data) - body] = np.frombuffer(data[body:], np.uint8)
+            tail[len(data) - body:] = 0
+            _write_all(fd, memoryview(tail))
+            os.ftruncate(fd, ALIGN + len(data))
+        os.fsync(fd)
+        return True
+    except OSError as error:
+        if error.errno == errno.EINVAL:  # a block size above ALIGN, or a picky driver
+            return False
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_npy(path: str, array: np.ndarray) -> None:
+    """Writes ``array`` to ``path`` as an aligned-header ``.npy`` file and fsyncs it.
+
+    Uses O_DIRECT when ``array`` is C-contiguous and starts on an :data:`ALIGN`
+    boundary (see :func:`aligned_empty`) and the file system accepts it; otherwise an
+    ordinary buffered write. Runs in the calling thread; ``array`` must not change
+    until it returns.
+    """
+    header = _header(array)
+    contiguous = array.flags.c_contiguous
+    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    if contiguous and _is_aligned(array) and _write_direct(path, header, data):
+        return
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """``(shape, dtype)`` of the ``.npy`` file at ``path``; ValueError if it is not one."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version != (1, 0):
+            raise ValueError(f"{path}: .npy version {version}, expected (1, 0)")
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    if fortran:
+        raise ValueError(f"{path}: Fortran-ordered data")
+    return shape, dtype
+
+
+def read_npy(path: str) -> np.ndarray:
+    """The array stored at ``path``; ValueError naming the file if it is not a whole
+    ``.npy`` (wrong magic, truncated data ...)."""
+    try:
+        shape, dtype = read_npy_header(path)
+        expected = ALIGN + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = os.path.getsize(path)
+        if size != expected:
+            raise ValueError(f"{size} bytes, expected {expected} for {dtype} {list(shape)}")
+        return np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, SyntaxError) as error:
+        raise ValueError(f"{path} is not a readable .npy file: {error}") from error
+
+
+@functools.cache
+def _handler_class(ocp):
+    """:class:`NpyFileHandler` for the ``orbax.checkpoint`` module ``ocp`` (built once)."""
+
+    class NpyFileHandler(ocp.type_handlers.NumpyHandler):
+        """Orbax TypeHandler: each ``np.ndarray`` leaf as ``<item dir>/<name>.npy``.
+
+        ``serialize`` returns a commit future that writes the files (O_DIRECT where
+        possible) in orbax's background thread; the arrays must stay unchanged until
+        that future is done (no defensive copy is made). ``deserialize`` reads the
+        ``.npy`` when it exists and otherwise defers to orbax's tensorstore handler
+        (checkpoints written before this format, or remote paths).
+        """
+
+        def __init__(self):
+            super().__init__(deepcopy_host_arrays=False)
+
+        @staticmethod
+        def _file(info) -> str:
+            return os.path.join(os.fspath(info.parent_dir), f"{info.name}.npy")
+
+        @staticmethod
+        def _local(info) -> bool:
+            return "://" not in str(info.parent_dir)
+
+        async def _write(self, values, infos) -> None:
+            for info in infos:
+                await info.await_path_creation()
+            for value, info in zip(values, infos):
+                write_npy(self._file(info), value)
+
+        async def serialize(self, values, infos, args=None):
+            if not all(self._local(info) for info in infos):
+                return await super().serialize(values, infos, args)
+            for value in values:
+                if not isinstance(value, np.ndarray):
+                    raise TypeError(f"expected np.ndarray leaves, got {type(value).__name__}")
+            return [ocp.future.CommitFutureAwaitingContractedSignals(
+                self._write(list(values), list(infos)), name="npy_file_handler")]
+
+        def _stored(self, info) -> bool:
+            return self._local(info) and os.path.exists(self._file(info))
+
+        async def deserialize(self, infos, args=None):
+            if not all(self._stored(info) for info in infos):
+                return await super().deserialize(infos, args)
+            return [read_npy(self._file(info)) for info in infos]
+
+        async def metadata(self, infos):
+            if not all(self._stored(info) for info in infos):
+                return await super().metadata(infos)
+            out = []
+            for info in infos:
+                shape, dtype = read_npy_header(self._file(info))
+                out.append(ocp.metadata.ArrayMetadata(
+                    name=info.name, directory=info.parent_dir, shape=shape,
+                    sharding=None, dtype=dtype))
+            return out
+
+    return NpyFileHandler
+
+
+def npy_file_handler(ocp):
+    """A new ``NpyFileHandler``, an orbax TypeHandler built on the ``orbax.checkpoint``
+    module ``ocp`` (the caller imports orbax, so this module does not)."""
+    return _handler_class(ocp)()
