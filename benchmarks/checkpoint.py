@@ -14,8 +14,9 @@ public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
    restore of the latest step (read + assign).
 2. Training stall of one async save, side by side: each round runs, in rotating order,
    ``fit()`` over ``R = 3`` save intervals of ``interval`` steps with a checkpoint
-   every ``interval`` steps (async, and sync for contrast) and the same ``fit()`` with
-   ``every_steps=0``. Both end with one (waited-for) save, so the difference is
+   every ``interval`` steps (async; async with the arrays written by orbax's own
+   tensorstore handler, the format before ``trainer.array_files``; sync for contrast)
+   and the same ``fit()`` with ``every_steps=0``. Both end with one (waited-for) save, so the difference is
    ``R - 1`` mid-run saves; divided by ``R - 1`` it is the stall of one save, and
    divided by the baseline time of one interval it is the overhead averaged over a
    save interval (the goal: < 2% for async). Differences are paired within a round
@@ -28,12 +29,14 @@ public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
    write runs during it" and "clean". The loop time of each such pair differs by the
    CPU the background write took from training; the stall of one save is that
    difference (median over pairs, from ``metrics.jsonl``) plus the time the save held
-   the loop (1., measured directly).
+   the loop (1., measured directly). Run for both array writers; the last lines
+   print the ratio of their stalls.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -44,6 +47,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 INTERVALS_PER_RUN = 3
+ARMS = ("async", "async_tensorstore", "sync")  # the arms with saves, besides "baseline"
+WRITERS = ("npy", "tensorstore")  # trainer.array_files; orbax's own array handler
 
 
 def _trainer(args, workdir: str):
@@ -87,14 +92,39 @@ def _trainer(args, workdir: str):
     return MLPTrainer(config, workdir)
 
 
-def _fit(trainer, steps: int, every: int, async_save: bool) -> tuple[float, float]:
+@contextlib.contextmanager
+def _tensorstore_writer():
+    """Saves inside write the state with orbax's own tensorstore array handler (the
+    format before the O_DIRECT ``.npy`` files; uncompressed, no defensive copy)."""
+    import jax
+    import numpy as np
+
+    from trainer import checkpoint
+
+    def handler(ocp):
+        registry = ocp.type_handlers.create_type_handler_registry(
+            (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+            (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
+        return ocp.PyTreeCheckpointHandler(use_compression=False,
+                                           type_handler_registry=registry)
+
+    original, checkpoint._state_handler = checkpoint._state_handler, handler
+    try:
+        yield
+    finally:
+        checkpoint._state_handler = original
+
+
+def _fit(trainer, steps: int, every: int, async_save: bool,
+         tensorstore: bool = False) -> tuple[float, float]:
     """Wall and process-CPU seconds of ``fit()`` over ``steps`` more steps."""
     cfg = trainer.config
     cfg.train.steps = trainer.step + steps
     cfg.checkpoint.every_steps = every
     cfg.checkpoint.async_save = async_save
     start, cpu = time.perf_counter(), time.process_time()
-    trainer.fit()
+    with _tensorstore_writer() if tensorstore else contextlib.nullcontext():
+        trainer.fit()
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -125,17 +155,18 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def _window_stall(trainer, interval: int, pairs: int) -> list[float]:
+def _window_stall(trainer, interval: int, pairs: int, tensorstore: bool) -> list[float]:
     """Per pair of adjacent windows: loop seconds after an async save minus clean."""
     cfg = trainer.config
     period = 2 * interval
     first = trainer.step + interval  # the first save comes after one clean window
     first += -first % period
-    _fit(trainer, first - trainer.step, period, True)  # aligned: the next saves at k * period
+    _fit(trainer, first - trainer.step, period, True,  # aligned: the next saves at k * period
+         tensorstore)
     start = trainer.step
     cfg.train.log_every_steps = interval
     try:
-        _fit(trainer, (pairs + 1) * period, period, True)
+        _fit(trainer, (pairs + 1) * period, period, True, tensorstore)
     finally:
         cfg.train.log_every_steps = 10**9
     seconds = {}
@@ -173,6 +204,7 @@ def main() -> None:
 
         steps = INTERVALS_PER_RUN * args.interval
         arms = {"baseline": (0, True), "async": (args.interval, True),
+                "async_tensorstore": (args.interval, True, True),
                 "sync": (args.interval, False)}
         runs: dict[str, list[float]] = {name: [] for name in arms}
         cpu: dict[str, list[float]] = {name: [] for name in arms}
@@ -182,7 +214,8 @@ def main() -> None:
                 wall, cpu_s = _fit(trainer, steps, *arms[name])
                 runs[name].append(wall)
                 cpu[name].append(cpu_s)
-        window = _window_stall(trainer, args.interval, args.pairs)
+        window = {writer: _window_stall(trainer, args.interval, args.pairs, writer == "tensorstore")
+                  for writer in WRITERS}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -194,17 +227,18 @@ def main() -> None:
         "step_ms": 1000 * interval_s / args.interval, **{k: median[k] for k in times},
         "rounds": args.rounds, "runs_s": runs, "runs_cpu_s": cpu,
     }
-    for name in ("async", "sync"):
+    for name in ARMS:
         stalls = [(t - b) / saves for t, b in zip(runs[name], runs["baseline"])]
         result[f"{name}_stall_s_per_round"] = stalls
         result[f"{name}_stall_s"] = statistics.median(stalls)
         result[f"{name}_stall_pct_of_interval"] = 100 * result[f"{name}_stall_s"] / interval_s
         result[f"{name}_extra_cpu_s_per_save"] = statistics.median(
             (t - b) / saves for t, b in zip(cpu[name], cpu["baseline"]))
-    result["window_contention_s_per_pair"] = window
-    result["async_window_stall_s"] = median["async_blocking_s"] + statistics.median(window)
-    result["async_window_stall_pct_of_interval"] = (
-        100 * result["async_window_stall_s"] / interval_s)
+    for writer in WRITERS:
+        result[f"{writer}_window_contention_s_per_pair"] = window[writer]
+        stall = median["async_blocking_s"] + statistics.median(window[writer])
+        result[f"{writer}_async_window_stall_s"] = stall
+        result[f"{writer}_async_window_stall_pct_of_interval"] = 100 * stall / interval_s
 
     print(f"model: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
           f"(weights + Adam slots), step {result['step_ms']:.0f} ms, save every "
@@ -213,16 +247,24 @@ def main() -> None:
     print(f"  async save, blocking     {median['async_blocking_s']:7.2f} s   "
           f"(until committed: {median['async_total_s']:.2f} s)")
     print(f"  restore (read + assign)  {median['restore_s']:7.2f} s")
-    for name in ("async", "sync"):
-        print(f"  {name:5s} stall per save    {result[f'{name}_stall_s']:7.2f} s = "
+    for name in ARMS:
+        print(f"  {name:17s} stall per save {result[f'{name}_stall_s']:5.2f} s = "
               f"{result[f'{name}_stall_pct_of_interval']:5.1f}% of a {args.interval}-step "
               f"interval (goal for async: < 2%); extra CPU per save "
               f"{result[f'{name}_extra_cpu_s_per_save']:.2f} s; per round "
               f"{[round(x, 2) for x in result[f'{name}_stall_s_per_round']]}")
-    print(f"  async stall per save, one run: {result['async_window_stall_s']:.2f} s = "
-          f"{result['async_window_stall_pct_of_interval']:.1f}% of the interval (hold "
-          f"{median['async_blocking_s']:.2f} s + background-write contention, median of "
-          f"{len(window)} window pairs: {[round(x, 2) for x in window]})")
+    for writer in WRITERS:
+        print(f"  async stall per save, one run, {writer:11s} writer: "
+              f"{result[f'{writer}_async_window_stall_s']:.2f} s = "
+              f"{result[f'{writer}_async_window_stall_pct_of_interval']:.1f}% of the interval "
+              f"(hold {median['async_blocking_s']:.2f} s + background-write contention, "
+              f"median of {len(window[writer])} window pairs: "
+              f"{[round(x, 2) for x in window[writer]]})")
+    for method, key in (("side by side", "{}_stall_s"), ("one run", "{}_async_window_stall_s")):
+        new, old = (result[key.format(n)] for n in (("async", "async_tensorstore")
+                    if method == "side by side" else WRITERS))
+        print(f"  async stall, {method}: .npy O_DIRECT writer / orbax tensorstore writer = "
+              f"{new:.2f} / {old:.2f} s = {new / old if old > 0 else float('nan'):.2f}")
     print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
         f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
     if args.json:

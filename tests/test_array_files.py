@@ -50,24 +50,35 @@ def test_round_trip_is_a_standard_npy_with_the_data_on_an_aligned_offset(
     assert array_files.read_npy_header(path) == (array.shape, array.dtype)
 
 
-def test_aligned_arrays_are_written_with_o_direct_and_unaligned_ones_buffered(
+def test_aligned_arrays_are_written_and_read_with_o_direct_unaligned_ones_buffered(
         tmp_path, opened):
     aligned = filled((1000, 5), np.float32, aligned=True)
     assert aligned.ctypes.data % array_files.ALIGN == 0
     unaligned = np.empty(20_001, np.float32)[1:].reshape(1000, 20)
     assert unaligned.ctypes.data % array_files.ALIGN != 0
     array_files.write_npy(str(tmp_path / "a.npy"), aligned)
-    assert opened and opened[0] & os.O_DIRECT
+    assert opened and opened[0] & os.O_DIRECT and opened[0] & os.O_WRONLY
     del opened[:]
     array_files.write_npy(str(tmp_path / "u.npy"), unaligned)
     assert not any(flag & os.O_DIRECT for flag in opened)
     np.testing.assert_array_equal(np.load(str(tmp_path / "u.npy")), unaligned)
+    del opened[:]
+    read = array_files.read_npy(str(tmp_path / "a.npy"))
+    assert opened == [os.O_RDONLY | os.O_DIRECT]
+    assert read.ctypes.data % array_files.ALIGN == 0
+    np.testing.assert_array_equal(read, aligned)
 
 
-@pytest.mark.parametrize("refused_at", ["open", "write"])
-def test_a_file_system_that_refuses_o_direct_gets_a_buffered_write(
+def test_any_npy_file_reads(tmp_path):
+    array = np.arange(1000.0).reshape(10, 100)
+    np.save(str(tmp_path / "plain.npy"), array)  # a 128-byte header
+    np.testing.assert_array_equal(array_files.read_npy(str(tmp_path / "plain.npy")), array)
+
+
+@pytest.mark.parametrize("refused_at", ["open", "io"])
+def test_a_file_system_that_refuses_o_direct_gets_buffered_io(
         tmp_path, monkeypatch, refused_at):
-    original_open, original_write = os.open, os.write
+    original_open, original_write, original_preadv = os.open, os.write, os.preadv
     direct_fds = set()
 
     def refusing_open(path, flag, *args, **kwargs):
@@ -83,13 +94,21 @@ def test_a_file_system_that_refuses_o_direct_gets_a_buffered_write(
             raise OSError(errno.EINVAL, "Invalid argument")
         return original_write(fd, data)
 
+    def refusing_preadv(fd, buffers, offset):
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return original_preadv(fd, buffers, offset)
+
     monkeypatch.setattr(os, "open", refusing_open)
     monkeypatch.setattr(os, "write", refusing_write)
+    monkeypatch.setattr(os, "preadv", refusing_preadv)
     array = filled((3000, 7), np.float32, aligned=True)
     path = str(tmp_path / "a.npy")
     array_files.write_npy(path, array)
     np.testing.assert_array_equal(np.load(path), array)
     assert os.path.getsize(path) == array_files.ALIGN + array.nbytes
+    np.testing.assert_array_equal(array_files.read_npy(path), array)
+    assert len(direct_fds) == (2 if refused_at == "io" else 0)  # O_DIRECT was tried
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])

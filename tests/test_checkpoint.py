@@ -176,15 +176,21 @@ def test_missing_variable_is_named(trained):
         DeeperToyTrainer(adam_config(), trained.workdir).restore()
 
 
+@pytest.mark.parametrize("damage", ["garbage", "one_missing"])
 def test_corrupt_latest_step_is_skipped_with_a_warning_and_named_when_asked_for(
-        trained, tmp_path, caplog):
+        trained, tmp_path, caplog, damage):
     workdir = tmp_path / "w"
     os.makedirs(workdir)
     subprocess.run(["cp", "-r", os.path.join(trained.workdir, "checkpoints"), str(workdir)],
                    check=True)
-    for path in glob.glob(str(workdir / "checkpoints" / "20" / "state" / "*.npy")):
-        with open(path, "wb") as f:
-            f.write(b"garbage")
+    files = sorted(glob.glob(str(workdir / "checkpoints" / "20" / "state" / "*.npy")))
+    assert len(files) == len(all_values(trained))
+    if damage == "one_missing":
+        os.remove(files[-1])
+    else:
+        for path in files:
+            with open(path, "wb") as f:
+                f.write(b"garbage")
     fresh = toy.ToyTrainer(adam_config(), str(workdir))
     with caplog.at_level(logging.WARNING):
         assert fresh.restore() == 10

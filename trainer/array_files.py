@@ -4,7 +4,7 @@ Why: a buffered write of a 577 MB training state costs 1.6-2.2 s of kernel CPU o
 VM that returns freed memory to its host (every page-cache page is a fresh page to
 fault in), and an async save's background write takes that CPU from training. The
 same bytes written with ``O_DIRECT`` from page-aligned host buffers cost 0.1 s
-(``benchmarks/checkpoint.py``). Reads are ordinary (``np.load``).
+(``benchmarks/checkpoint.py``). Reads use ``O_DIRECT`` too, for the same reason.
 
 File format: a standard ``.npy`` (version 1.0) whose header is padded with spaces to
 :data:`ALIGN` bytes, so the data starts on an aligned offset; ``np.load`` reads it.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import mmap
 import os
 from typing import Any, Sequence
 
@@ -32,11 +31,16 @@ _MAGIC = b"\x93NUMPY\x01\x00"
 
 
 def aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an :data:`ALIGN` boundary."""
+    """An uninitialised C-contiguous array whose data starts on an :data:`ALIGN` boundary.
+
+    Allocated like any numpy array (so memory freed by earlier arrays is reused warm,
+    where a fresh mapping would fault in every page) and offset to the boundary.
+    """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    buffer = mmap.mmap(-1, max(nbytes, 1))  # anonymous mappings are page-aligned
-    return np.frombuffer(buffer, np.uint8, count=nbytes).view(dtype).reshape(shape)
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _header(array: np.ndarray) -> bytes:
@@ -114,28 +118,72 @@ def write_npy(path: str, array: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
+def _read_header(f) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data offset)`` from an open ``.npy`` file; ValueError if it is
+    not a C-ordered version-1.0 one."""
+    version = np.lib.format.read_magic(f)
+    if version != (1, 0):
+        raise ValueError(f".npy version {version}, expected (1, 0)")
+    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    if fortran:
+        raise ValueError("Fortran-ordered data")
+    return shape, dtype, f.tell()
+
+
 def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     """``(shape, dtype)`` of the ``.npy`` file at ``path``; ValueError if it is not one."""
     with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version != (1, 0):
-            raise ValueError(f"{path}: .npy version {version}, expected (1, 0)")
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    if fortran:
-        raise ValueError(f"{path}: Fortran-ordered data")
+        shape, dtype, _ = _read_header(f)
     return shape, dtype
 
 
-def read_npy(path: str) -> np.ndarray:
-    """The array stored at ``path``; ValueError naming the file if it is not a whole
-    ``.npy`` (wrong magic, truncated data ...)."""
+def _read_direct(path: str, out: memoryview, size: int) -> bool:
+    """Reads ``size`` data bytes (from offset :data:`ALIGN`) into ``out`` (aligned, its
+    length rounded up to ALIGN) with O_DIRECT; False when that is refused."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
     try:
-        shape, dtype = read_npy_header(path)
-        expected = ALIGN + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        size = os.path.getsize(path)
-        if size != expected:
-            raise ValueError(f"{size} bytes, expected {expected} for {dtype} {list(shape)}")
-        return np.load(path, allow_pickle=False)
+        fd = os.open(path, os.O_RDONLY | flag)
+    except OSError as error:
+        if error.errno == errno.EINVAL:
+            return False
+        raise
+    try:
+        done = 0
+        while done < size:
+            got = os.preadv(fd, [out[done:done + _CHUNK]], ALIGN + done)
+            if got <= 0 or (got % ALIGN and done + got < size):
+                return False  # an odd short read: let the buffered path read it all
+            done += got
+        return True
+    except OSError as error:
+        if error.errno == errno.EINVAL:
+            return False
+        raise
+    finally:
+        os.close(fd)
+
+
+def read_npy(path: str) -> np.ndarray:
+    """The array stored at ``path`` by :func:`write_npy` (page-aligned, read with
+    O_DIRECT where possible; any other ``.npy`` through ``np.load``). ValueError
+    naming the file if it is not a whole ``.npy`` (wrong magic, truncated data ...)."""
+    try:
+        with open(path, "rb") as f:
+            shape, dtype, offset = _read_header(f)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            size = os.fstat(f.fileno()).st_size
+            if size != offset + nbytes:
+                raise ValueError(f"{size} bytes, expected {offset + nbytes} for {dtype} "
+                                 f"{list(shape)}")
+            if offset != ALIGN:
+                return np.load(path, allow_pickle=False)
+            padded = aligned_empty((nbytes + -nbytes % ALIGN,), np.uint8)
+            if not _read_direct(path, memoryview(padded), nbytes):
+                f.seek(ALIGN)
+                f.readinto(memoryview(padded)[:nbytes])
+        return padded[:nbytes].view(dtype).reshape(shape)
     except (ValueError, EOFError, SyntaxError) as error:
         raise ValueError(f"{path} is not a readable .npy file: {error}") from error
 
@@ -150,8 +198,9 @@ def _handler_class(ocp):
         ``serialize`` returns a commit future that writes the files (O_DIRECT where
         possible) in orbax's background thread; the arrays must stay unchanged until
         that future is done (no defensive copy is made). ``deserialize`` reads the
-        ``.npy`` when it exists and otherwise defers to orbax's tensorstore handler
-        (checkpoints written before this format, or remote paths).
+        ``.npy`` files (OSError when one is missing, ValueError when one is damaged)
+        and defers to orbax's tensorstore handler when there are none (checkpoints
+        written before this format, or remote paths).
         """
 
         def __init__(self):
@@ -184,12 +233,12 @@ def _handler_class(ocp):
             return self._local(info) and os.path.exists(self._file(info))
 
         async def deserialize(self, infos, args=None):
-            if not all(self._stored(info) for info in infos):
+            if not any(self._stored(info) for info in infos):  # an older format
                 return await super().deserialize(infos, args)
-            return [read_npy(self._file(info)) for info in infos]
+            return [read_npy(self._file(info)) for info in infos]  # a missing one: OSError
 
         async def metadata(self, infos):
-            if not all(self._stored(info) for info in infos):
+            if not any(self._stored(info) for info in infos):
                 return await super().metadata(infos)
             out = []
             for info in infos:

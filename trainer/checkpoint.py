@@ -118,6 +118,8 @@ def _orbax():
     handler = logging.get_absl_handler()  # orbax logs through absl, JAX through logging
     if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
         handler.addFilter(_QuietOrbax())
+        # Also on the absl logger: without absl's app.run, another handler prints it.
+        pylogging.getLogger("absl").addFilter(_QuietOrbax())
         sys.unraisablehook = _without_closed_loop_noise(sys.unraisablehook)
     return ocp
 
