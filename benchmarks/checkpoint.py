@@ -8,10 +8,14 @@ Adam (so the saved state is 3x the parameters: weights, two slots), fp32, batch 
 synthetic in-memory data, one device. Everything runs in ONE process through the
 public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
 
-1. Save and restore times, median over rounds: a synchronous save (``async_save=False``:
-   snapshot + write + commit); an asynchronous save's blocking part (the time the train
-   loop is held: snapshot to host + dispatch) and its total (until committed); a
-   restore of the latest step (read + assign).
+1. Save and restore times, median over rounds, for a synchronous save
+   (``async_save=False``), an asynchronous one, and an asynchronous one whose arrays
+   are written by orbax's own tensorstore handler (the format before
+   ``trainer.array_files``): the time the train loop is held (snapshot to host +
+   dispatch; all of it for sync), the time until committed, and the process CPU
+   until committed (every thread). That CPU bounds the stall of one async save: on a
+   machine whose training keeps every core busy, the background write can take no
+   more than it from training. Then a restore of the latest step (read + assign).
 2. Training stall of one async save, side by side: each round runs, in rotating order,
    ``fit()`` over ``R = 3`` save intervals of ``interval`` steps with a checkpoint
    every ``interval`` steps (async; async with the arrays written by orbax's own
@@ -48,6 +52,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 INTERVALS_PER_RUN = 3
 ARMS = ("async", "async_tensorstore", "sync")  # the arms with saves, besides "baseline"
+SAVES = (("sync", False, False), ("async", True, False),  # (name, async_save, tensorstore)
+         ("async_tensorstore", True, True))
 WRITERS = ("npy", "tensorstore")  # trainer.array_files; orbax's own array handler
 
 
@@ -129,25 +135,32 @@ def _fit(trainer, steps: int, every: int, async_save: bool,
 
 
 def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
+    """Per kind of save (:data:`SAVES`): seconds the loop is held, seconds until
+    committed, process CPU seconds until committed (all threads); and restore seconds.
+
+    Each save is the second of one ``Checkpointer`` (its host buffers already filled),
+    as every save of a run but its first is.
+    """
     from trainer import checkpoint
 
-    out: dict[str, list[float]] = {"sync_save_s": [], "async_blocking_s": [],
-                                   "async_total_s": [], "restore_s": []}
+    out: dict[str, list[float]] = {f"{name}_{what}": [] for name, _, _ in SAVES
+                                   for what in ("hold_s", "total_s", "cpu_s")}
+    out["restore_s"] = []
     for _ in range(rounds):
-        for async_save in (False, True):
-            _fit(trainer, 1, 0, async_save)  # one more step (its own save is not timed)
-            saver = checkpoint.Checkpointer(trainer)  # reads checkpoint.async_save
-            kind = f"bench_{'async' if async_save else 'sync'}"  # a directory of its own
-            start = time.perf_counter()
-            saver.save(trainer, kind=kind)
-            blocking = time.perf_counter() - start
-            saver.on_fit_end(trainer, {})  # waits for the commit, closes the manager
-            total = time.perf_counter() - start
-            if async_save:
-                out["async_blocking_s"].append(blocking)
-                out["async_total_s"].append(total)
-            else:
-                out["sync_save_s"].append(total)
+        _fit(trainer, 1, 0, True)  # one more step (its own save is not timed)
+        for name, async_save, tensorstore in SAVES:
+            trainer.config.checkpoint.async_save = async_save
+            kind = f"bench_{name}"  # a directory of its own
+            with _tensorstore_writer() if tensorstore else contextlib.nullcontext():
+                saver = checkpoint.Checkpointer(trainer)  # reads checkpoint.async_save
+                saver.save(trainer, kind=kind, wait=True)  # fills the host buffers
+                saver._manager(trainer, kind).delete(trainer.step)  # so the step saves again
+                start, cpu = time.perf_counter(), time.process_time()
+                saver.save(trainer, kind=kind)
+                out[f"{name}_hold_s"].append(time.perf_counter() - start)
+                saver.on_fit_end(trainer, {})  # waits for the commit, closes the manager
+                out[f"{name}_total_s"].append(time.perf_counter() - start)
+                out[f"{name}_cpu_s"].append(time.process_time() - cpu)
             shutil.rmtree(os.path.join(trainer.workdir, kind))
         start = time.perf_counter()
         trainer.restore(trainer.step)
@@ -236,17 +249,25 @@ def main() -> None:
             (t - b) / saves for t, b in zip(cpu[name], cpu["baseline"]))
     for writer in WRITERS:
         result[f"{writer}_window_contention_s_per_pair"] = window[writer]
-        stall = median["async_blocking_s"] + statistics.median(window[writer])
+        stall = median["async_hold_s"] + statistics.median(window[writer])
         result[f"{writer}_async_window_stall_s"] = stall
         result[f"{writer}_async_window_stall_pct_of_interval"] = 100 * stall / interval_s
 
     print(f"model: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
           f"(weights + Adam slots), step {result['step_ms']:.0f} ms, save every "
           f"{args.interval} steps ({interval_s:.1f} s)")
-    print(f"  sync save                {median['sync_save_s']:7.2f} s")
-    print(f"  async save, blocking     {median['async_blocking_s']:7.2f} s   "
-          f"(until committed: {median['async_total_s']:.2f} s)")
+    print("  one save (not a run's first)   loop held   committed after   process CPU")
+    for name, _, _ in SAVES:
+        print(f"  {name:30s} {median[f'{name}_hold_s']:7.2f} s {median[f'{name}_total_s']:13.2f} s "
+              f"{median[f'{name}_cpu_s']:12.2f} s")
     print(f"  restore (read + assign)  {median['restore_s']:7.2f} s")
+    for name in ("async", "async_tensorstore"):
+        bound = median[f"{name}_cpu_s"]
+        result[f"{name}_stall_bound_pct_of_interval"] = 100 * bound / interval_s
+        print(f"  {name} stall bound (all of one save's CPU taken from training): {bound:.2f} s "
+              f"= {100 * bound / interval_s:.1f}% of the interval (goal for async: < 2%)")
+    print(f"  process CPU of one async save: .npy O_DIRECT writer / orbax tensorstore writer = "
+          f"{median['async_cpu_s'] / median['async_tensorstore_cpu_s']:.2f}")
     for name in ARMS:
         print(f"  {name:17s} stall per save {result[f'{name}_stall_s']:5.2f} s = "
               f"{result[f'{name}_stall_pct_of_interval']:5.1f}% of a {args.interval}-step "
@@ -257,7 +278,7 @@ def main() -> None:
         print(f"  async stall per save, one run, {writer:11s} writer: "
               f"{result[f'{writer}_async_window_stall_s']:.2f} s = "
               f"{result[f'{writer}_async_window_stall_pct_of_interval']:.1f}% of the interval "
-              f"(hold {median['async_blocking_s']:.2f} s + background-write contention, "
+              f"(hold {median['async_hold_s']:.2f} s + background-write contention, "
               f"median of {len(window[writer])} window pairs: "
               f"{[round(x, 2) for x in window[writer]]})")
     for method, key in (("side by side", "{}_stall_s"), ("one run", "{}_async_window_stall_s")):

@@ -122,3 +122,26 @@ def test_a_damaged_file_is_a_value_error_naming_it(tmp_path, damage):
             f.write(b"" if damage == "empty" else b"garbage" * 1000)
     with pytest.raises(ValueError, match=r"a\.npy is not a readable \.npy file"):
         array_files.read_npy(path)
+
+
+def test_orbax_round_trip_writes_npy_files_and_sends_bfloat16_through_tensorstore(tmp_path):
+    """The checkpoint's own handler: float and integer leaves become .npy files; a
+    bfloat16 leaf (no .npy dtype) is stored by orbax's tensorstore handler; all restore."""
+    import ml_dtypes
+
+    from trainer import checkpoint
+
+    ocp = checkpoint._orbax()
+    tree = {"f": [filled((300, 7), np.float32, aligned=True), np.array(7, np.int64)],
+            "b": [np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)]}
+    saver = ocp.Checkpointer(checkpoint._state_handler(ocp))
+    saver.save(tmp_path / "ckpt", args=ocp.args.PyTreeSave(tree))
+    names = os.listdir(tmp_path / "ckpt")
+    assert {"f.0.npy", "f.1.npy"} <= set(names) and "b.0.npy" not in names
+    target = {group: [np.empty(a.shape, a.dtype) for a in arrays]
+              for group, arrays in tree.items()}
+    restored = saver.restore(tmp_path / "ckpt", args=ocp.args.PyTreeRestore(target))
+    for group, arrays in tree.items():
+        for got, want in zip(restored[group], arrays):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)

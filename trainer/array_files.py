@@ -9,11 +9,11 @@ same bytes written with ``O_DIRECT`` from page-aligned host buffers cost 0.1 s
 File format: a standard ``.npy`` (version 1.0) whose header is padded with spaces to
 :data:`ALIGN` bytes, so the data starts on an aligned offset; ``np.load`` reads it.
 
-``NpyFileHandler`` (:func:`npy_file_handler`) is the orbax ``TypeHandler`` for ``np.ndarray`` leaves that
-writes these files (``<param>.npy`` in the item directory); orbax keeps the rest:
+``NpyFileHandler`` (:func:`npy_file_handler`) is the orbax ``TypeHandler`` for
+``np.ndarray`` leaves that writes these files (``<param>.npy`` in the item directory); orbax keeps the rest:
 temporary step directories, the atomic commit, retention, async threads, the pytree
-metadata. Non-local paths (``gs://`` ...) and checkpoints written by orbax's own
-tensorstore handler go through that handler instead, so both kinds restore.
+metadata. Non-local paths (``gs://`` ...), dtypes ``.npy`` cannot name (bfloat16) and checkpoints
+written by orbax's own tensorstore handler go through that handler instead.
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ def write_npy(path: str, array: np.ndarray) -> None:
     ordinary buffered write. Runs in the calling thread; ``array`` must not change
     until it returns.
     """
+    if not fits_npy(array.dtype):
+        raise ValueError(f"a .npy file cannot hold dtype {array.dtype}")
     header = _header(array)
     contiguous = array.flags.c_contiguous
     data = memoryview(np.ascontiguousarray(array)).cast("B")
@@ -188,6 +190,21 @@ def read_npy(path: str) -> np.ndarray:
         raise ValueError(f"{path} is not a readable .npy file: {error}") from error
 
 
+def fits_npy(dtype: np.dtype) -> bool:
+    """Whether a ``.npy`` header names ``dtype`` (not so for ml_dtypes' bfloat16 ...)."""
+    descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+    return np.lib.format.descr_to_dtype(descr) == dtype
+
+
+def _where(mask: Sequence[bool], *lists: Sequence) -> list[list]:
+    """Each of ``lists`` reduced to the items where ``mask`` is true."""
+    return [[item for item, keep in zip(items, mask) if keep] for items in lists]
+
+
+def _not(mask: Sequence[bool]) -> list[bool]:
+    return [not keep for keep in mask]
+
+
 @functools.cache
 def _handler_class(ocp):
     """:class:`NpyFileHandler` for the ``orbax.checkpoint`` module ``ocp`` (built once)."""
@@ -197,10 +214,11 @@ def _handler_class(ocp):
 
         ``serialize`` returns a commit future that writes the files (O_DIRECT where
         possible) in orbax's background thread; the arrays must stay unchanged until
-        that future is done (no defensive copy is made). ``deserialize`` reads the
-        ``.npy`` files (OSError when one is missing, ValueError when one is damaged)
-        and defers to orbax's tensorstore handler when there are none (checkpoints
-        written before this format, or remote paths).
+        that future is done (no defensive copy is made). Leaves that ``.npy`` cannot
+        hold (dtypes numpy only knows through ml_dtypes, e.g. bfloat16) and remote
+        paths go through orbax's tensorstore handler. ``deserialize`` reads a leaf's
+        ``.npy`` if it exists (ValueError when damaged) and otherwise asks that
+        handler (which also reads checkpoints written before this format).
         """
 
         def __init__(self):
@@ -214,6 +232,9 @@ def _handler_class(ocp):
         def _local(info) -> bool:
             return "://" not in str(info.parent_dir)
 
+        def _stored(self, info) -> bool:
+            return self._local(info) and os.path.exists(self._file(info))
+
         async def _write(self, values, infos) -> None:
             for info in infos:
                 await info.await_path_creation()
@@ -221,27 +242,35 @@ def _handler_class(ocp):
                 write_npy(self._file(info), value)
 
         async def serialize(self, values, infos, args=None):
-            if not all(self._local(info) for info in infos):
-                return await super().serialize(values, infos, args)
-            for value in values:
-                if not isinstance(value, np.ndarray):
-                    raise TypeError(f"expected np.ndarray leaves, got {type(value).__name__}")
-            return [ocp.future.CommitFutureAwaitingContractedSignals(
-                self._write(list(values), list(infos)), name="npy_file_handler")]
-
-        def _stored(self, info) -> bool:
-            return self._local(info) and os.path.exists(self._file(info))
+            args = list(args) if args else [ocp.SaveArgs()] * len(values)
+            own = [isinstance(v, np.ndarray) and fits_npy(v.dtype) and self._local(info)
+                   for v, info in zip(values, infos)]
+            futures = []
+            if not all(own):
+                futures += await super().serialize(*_where(_not(own), values, infos, args))
+            if any(own):
+                mine, my_infos = _where(own, values, infos)
+                futures.append(ocp.future.CommitFutureAwaitingContractedSignals(
+                    self._write(mine, my_infos), name="npy_file_handler"))
+            return futures
 
         async def deserialize(self, infos, args=None):
-            if not any(self._stored(info) for info in infos):  # an older format
-                return await super().deserialize(infos, args)
-            return [read_npy(self._file(info)) for info in infos]  # a missing one: OSError
+            args = list(args) if args else [ocp.RestoreArgs()] * len(infos)
+            stored = [self._stored(info) for info in infos]
+            others = iter(await super().deserialize(*_where(_not(stored), infos, args))
+                          if not all(stored) else [])
+            return [read_npy(self._file(info)) if own else next(others)
+                    for info, own in zip(infos, stored)]
 
         async def metadata(self, infos):
-            if not any(self._stored(info) for info in infos):
-                return await super().metadata(infos)
+            stored = [self._stored(info) for info in infos]
+            others = iter(await super().metadata(*_where(_not(stored), infos))
+                          if not all(stored) else [])
             out = []
-            for info in infos:
+            for info, own in zip(infos, stored):
+                if not own:
+                    out.append(next(others))
+                    continue
                 shape, dtype = read_npy_header(self._file(info))
                 out.append(ocp.metadata.ArrayMetadata(
                     name=info.name, directory=info.parent_dir, shape=shape,
