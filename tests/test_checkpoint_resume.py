@@ -169,7 +169,9 @@ def test_crash_during_a_checkpoint_commit_restores_the_previous_step(runs):
 
 
 def _corrupt_every_step(workdir) -> None:
-    for path in glob.glob(str(workdir / "checkpoints" / "*" / "state" / "d" / "*")):
+    paths = glob.glob(str(workdir / "checkpoints" / "*" / "state" / "*.npy"))
+    assert paths
+    for path in paths:
         with open(path, "wb") as f:
             f.write(b"garbage")
 

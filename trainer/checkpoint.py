@@ -353,7 +353,7 @@ def _read_state(path: str, manifest: dict) -> dict[str, list[np.ndarray]]:
         return restored["state"]
     except (ValueError, KeyError, OSError, TypeError) as error:
         where = ""  # the variable, from the leaf name ("model.3") the error gives
-        for match in re.finditer(r'\b(\w+)\.(\d+)(?:/|\.npy\b)', str(error)):
+        for match in re.finditer(r'\b(\w+)\.(\d+)\b', str(error)):
             entries = manifest["groups"].get(match.group(1), [])
             if int(match.group(2)) < len(entries):
                 where = f" variable '{entries[int(match.group(2))][0]}'"
