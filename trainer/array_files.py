@@ -13,7 +13,8 @@ File format: a standard ``.npy`` (version 1.0) whose header is padded with space
 ``np.ndarray`` leaves that writes these files (``<param>.npy`` in the item directory); orbax keeps the rest:
 temporary step directories, the atomic commit, retention, async threads, the pytree
 metadata. Non-local paths (``gs://`` ...), dtypes ``.npy`` cannot name (bfloat16) and checkpoints
-written by orbax's own tensorstore handler go through that handler instead.
+written by orbax's own tensorstore handler go through that handler instead. A reader
+without this handler (plain orbax) cannot read the ``.npy`` leaves; ``np.load`` can.
 """
 
 from __future__ import annotations
