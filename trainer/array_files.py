@@ -10,11 +10,12 @@ File format: a standard ``.npy`` (version 1.0) whose header is padded with space
 :data:`ALIGN` bytes, so the data starts on an aligned offset; ``np.load`` reads it.
 
 ``NpyFileHandler`` (:func:`npy_file_handler`) is the orbax ``TypeHandler`` for
-``np.ndarray`` leaves that writes these files (``<param>.npy`` in the item directory); orbax keeps the rest:
-temporary step directories, the atomic commit, retention, async threads, the pytree
-metadata. Non-local paths (``gs://`` ...), dtypes ``.npy`` cannot name (bfloat16) and checkpoints
-written by orbax's own tensorstore handler go through that handler instead. A reader
-without this handler (plain orbax) cannot read the ``.npy`` leaves; ``np.load`` can.
+``np.ndarray`` leaves that writes these files (``<param>.npy`` in the item directory);
+orbax keeps the rest: temporary step directories, the atomic commit, retention, async
+threads, the pytree metadata. Non-local paths (``gs://`` ...), dtypes ``.npy`` cannot
+name (bfloat16) and checkpoints written by orbax's own tensorstore handler go through
+that handler instead. A reader without this handler (plain orbax) cannot read the
+``.npy`` leaves; ``np.load`` can.
 """
 
 from __future__ import annotations
