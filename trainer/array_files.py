@@ -20,6 +20,7 @@ that handler instead. A reader without this handler (plain orbax) cannot read th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -66,19 +67,37 @@ def _write_all(fd: int, data: memoryview) -> None:
             view = view[os.write(fd, view):]
 
 
-def _write_direct(path: str, header: bytes, data: memoryview) -> bool:
-    """Writes header + data with O_DIRECT; False when the platform or file system
-    refuses it (nothing usable is left at ``path`` then)."""
+class _Refused(Exception):
+    """O_DIRECT is refused for this file (platform, file system or driver)."""
+
+
+@contextlib.contextmanager
+def _direct(path: str, flags: int):
+    """An fd of ``path`` opened with ``flags | O_DIRECT``, closed on exit. Raises
+    :class:`_Refused` when O_DIRECT is unavailable or EINVAL comes at open or during
+    the I/O (tmpfs, a block size above ALIGN ...); other errors pass."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
-        return False
+        raise _Refused
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+        fd = os.open(path, flags | flag, 0o644)
     except OSError as error:
-        if error.errno == errno.EINVAL:  # e.g. tmpfs
-            return False
+        if error.errno == errno.EINVAL:
+            raise _Refused from error
         raise
     try:
+        yield fd
+    except OSError as error:
+        if error.errno == errno.EINVAL:
+            raise _Refused from error
+        raise
+    finally:
+        os.close(fd)
+
+
+def _write_direct(path: str, header: bytes, data: memoryview) -> None:
+    """Writes header + data with O_DIRECT (:class:`_Refused` if it cannot)."""
+    with _direct(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) as fd:
         body = len(data) - len(data) % ALIGN
         edge = aligned_empty((2 * ALIGN,), np.uint8)  # header page, then the tail page
         edge[:ALIGN] = np.frombuffer(header, np.uint8)
@@ -91,13 +110,6 @@ def _write_direct(path: str, header: bytes, data: memoryview) -> bool:
             _write_all(fd, memoryview(tail))
             os.ftruncate(fd, ALIGN + len(data))
         os.fsync(fd)
-        return True
-    except OSError as error:
-        if error.errno == errno.EINVAL:  # a block size above ALIGN, or a picky driver
-            return False
-        raise
-    finally:
-        os.close(fd)
 
 
 def write_npy(path: str, array: np.ndarray) -> None:
@@ -113,8 +125,11 @@ def write_npy(path: str, array: np.ndarray) -> None:
     header = _header(array)
     contiguous = array.flags.c_contiguous
     data = memoryview(np.ascontiguousarray(array)).cast("B")
-    if contiguous and _is_aligned(array) and _write_direct(path, header, data):
-        return
+    if contiguous and _is_aligned(array):
+        try:
+            return _write_direct(path, header, data)
+        except _Refused:
+            pass
     with open(path, "wb") as f:
         f.write(header)
         f.write(data)
@@ -141,32 +156,16 @@ def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
-def _read_direct(path: str, out: memoryview, size: int) -> bool:
+def _read_direct(path: str, out: memoryview, size: int) -> None:
     """Reads ``size`` data bytes (from offset :data:`ALIGN`) into ``out`` (aligned, its
-    length rounded up to ALIGN) with O_DIRECT; False when that is refused."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY | flag)
-    except OSError as error:
-        if error.errno == errno.EINVAL:
-            return False
-        raise
-    try:
+    length rounded up to ALIGN) with O_DIRECT (:class:`_Refused` if it cannot)."""
+    with _direct(path, os.O_RDONLY) as fd:
         done = 0
         while done < size:
             got = os.preadv(fd, [out[done:done + _CHUNK]], ALIGN + done)
             if got <= 0 or (got % ALIGN and done + got < size):
-                return False  # an odd short read: let the buffered path read it all
+                raise _Refused  # an odd short read: the buffered path reads it all
             done += got
-        return True
-    except OSError as error:
-        if error.errno == errno.EINVAL:
-            return False
-        raise
-    finally:
-        os.close(fd)
 
 
 def read_npy(path: str) -> np.ndarray:
@@ -184,7 +183,9 @@ def read_npy(path: str) -> np.ndarray:
             if offset != ALIGN:
                 return np.load(path, allow_pickle=False)
             padded = aligned_empty((nbytes + -nbytes % ALIGN,), np.uint8)
-            if not _read_direct(path, memoryview(padded), nbytes):
+            try:
+                _read_direct(path, memoryview(padded), nbytes)
+            except _Refused:
                 f.seek(ALIGN)
                 f.readinto(memoryview(padded)[:nbytes])
         return padded[:nbytes].view(dtype).reshape(shape)
