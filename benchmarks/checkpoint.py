@@ -6,22 +6,27 @@
 Model: an MLP of ``layers`` Dense(width) layers (50.4M parameters at the defaults),
 Adam (so the saved state is 3x the parameters: weights, two slots), fp32, batch 32,
 synthetic in-memory data, one device. Everything runs in ONE process through the
-public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
+public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore`` and
+(for 1.) ``trainer.checkpointing.Checkpointer.save``.
+
+The two array writers are compared through ``config.checkpoint.fast_io``: the
+O_DIRECT ``.npy`` files of ``trainer.array_files`` (``fast_io=True``: the "sync" and
+"async" arms) and orbax's stock tensorstore handler (``fast_io=False``, the default:
+the "async_tensorstore" arm).
 
 1. Save and restore times, median over rounds, for a synchronous save
    (``async_save=False``), an asynchronous one, and an asynchronous one whose arrays
-   are written by orbax's own tensorstore handler (the format before
-   ``trainer.array_files``): the time the train loop is held (snapshot to host +
-   dispatch; all of it for sync), the time until committed, and the process CPU
-   until committed (every thread): what one async save can take from a training that
-   keeps every core busy (memory-bandwidth and cache effects come on top). The timed
-   save starts ``PAUSE_S`` after the previous one, as in a run: a VM that returns
-   freed memory to its host has done so by then, which matters for page-cache
-   writes. Then a restore of the latest step (read + assign).
+   are written by orbax's stock tensorstore handler: the time the train loop is held
+   (snapshot to host + dispatch; all of it for sync), the time until committed, and
+   the process CPU until committed (every thread): what one async save can take from a
+   training that keeps every core busy (memory-bandwidth and cache effects come on
+   top). The timed save starts ``PAUSE_S`` after the previous one, as in a run: a VM
+   that returns freed memory to its host has done so by then, which matters for
+   page-cache writes. Then a restore of the latest step (read + assign).
 2. Training stall of one async save, side by side: each round runs, in rotating order,
    ``fit()`` over ``R = 3`` save intervals of ``interval`` steps with a checkpoint
-   every ``interval`` steps (async; async with the arrays written by orbax's own
-   tensorstore handler, the format before ``trainer.array_files``; sync for contrast)
+   every ``interval`` steps (async; async with the arrays written by orbax's stock
+   tensorstore handler; sync for contrast)
    and the same ``fit()`` with ``every_steps=0``. Both end with one (waited-for) save, so the difference is
    ``R - 1`` mid-run saves; divided by ``R - 1`` it is the stall of one save, and
    divided by the baseline time of one interval it is the overhead averaged over a
@@ -42,7 +47,6 @@ public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -57,7 +61,7 @@ ARMS = ("async", "async_tensorstore", "sync")  # the arms with saves, besides "b
 PAUSE_S = 5.0  # before a timed save: a VM's kernel returns freed memory after ~2 s
 SAVES = (("sync", False, False), ("async", True, False),  # (name, async_save, tensorstore)
          ("async_tensorstore", True, True))
-WRITERS = ("npy", "tensorstore")  # trainer.array_files; orbax's own array handler
+WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.array_files); False
 
 
 def _trainer(args, workdir: str):
@@ -96,44 +100,23 @@ def _trainer(args, workdir: str):
     config.optimizer.name = "adam"
     config.distribute.strategy = "one_device"
     config.checkpoint.max_to_keep = 1
+    config.checkpoint.fast_io = True  # the .npy writer unless an arm asks for tensorstore
     config.telemetry.progress = "off"
     config.telemetry.probe_every_windows = 0  # no input probes inside the timed windows
     return MLPTrainer(config, workdir)
 
 
-@contextlib.contextmanager
-def _tensorstore_writer():
-    """Saves inside write the state with orbax's own tensorstore array handler (the
-    format before the O_DIRECT ``.npy`` files; uncompressed, no defensive copy)."""
-    import jax
-    import numpy as np
-
-    from trainer import checkpoint
-
-    def handler(ocp):
-        registry = ocp.type_handlers.create_type_handler_registry(
-            (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
-            (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
-        return ocp.PyTreeCheckpointHandler(use_compression=False,
-                                           type_handler_registry=registry)
-
-    original, checkpoint._state_handler = checkpoint._state_handler, handler
-    try:
-        yield
-    finally:
-        checkpoint._state_handler = original
-
-
 def _fit(trainer, steps: int, every: int, async_save: bool,
          tensorstore: bool = False) -> tuple[float, float]:
-    """Wall and process-CPU seconds of ``fit()`` over ``steps`` more steps."""
+    """Wall and process-CPU seconds of ``fit()`` over ``steps`` more steps; with
+    ``tensorstore`` the arrays are written by orbax's stock handler (``fast_io=False``)."""
     cfg = trainer.config
     cfg.train.steps = trainer.step + steps
     cfg.checkpoint.every_steps = every
     cfg.checkpoint.async_save = async_save
+    cfg.checkpoint.fast_io = not tensorstore
     start, cpu = time.perf_counter(), time.process_time()
-    with _tensorstore_writer() if tensorstore else contextlib.nullcontext():
-        trainer.fit()
+    trainer.fit()
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -144,7 +127,7 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     Each save is the second of one ``Checkpointer`` (its host buffers already filled),
     as every save of a run but its first is.
     """
-    from trainer import checkpoint
+    from trainer.checkpointing import Checkpointer
 
     out: dict[str, list[float]] = {f"{name}_{what}": [] for name, _, _ in SAVES
                                    for what in ("hold_s", "total_s", "cpu_s")}
@@ -152,19 +135,25 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     for _ in range(rounds):
         _fit(trainer, 1, 0, True)  # one more step (its own save is not timed)
         for name, async_save, tensorstore in SAVES:
-            trainer.config.checkpoint.async_save = async_save
+            cfg = trainer.config.checkpoint
+            cfg.async_save, cfg.fast_io = async_save, not tensorstore
             kind = f"bench_{name}"  # a directory of its own
-            with _tensorstore_writer() if tensorstore else contextlib.nullcontext():
-                saver = checkpoint.Checkpointer(trainer)  # reads checkpoint.async_save
-                saver.save(trainer, kind=kind, wait=True)  # fills the host buffers
-                saver._manager(trainer, kind).delete(trainer.step)  # so the step saves again
-                time.sleep(PAUSE_S)  # the freed pages go back to the host, as between saves
-                start, cpu = time.perf_counter(), time.process_time()
-                saver.save(trainer, kind=kind)
-                out[f"{name}_hold_s"].append(time.perf_counter() - start)
-                saver.on_fit_end(trainer, {})  # waits for the commit, closes the manager
-                out[f"{name}_total_s"].append(time.perf_counter() - start)
-                out[f"{name}_cpu_s"].append(time.process_time() - cpu)
+            # Its store reads checkpoint.async_save / fast_io when it opens a directory.
+            saver = Checkpointer(trainer.config, trainer.workdir, trainer.is_chief)
+            saver.save(trainer, kind=kind, wait=True)  # fills the host buffers
+            # So the step saves again: close the store (it remembers the step), delete
+            # the step and reopen the directory outside the timed save.
+            saver.store.close()
+            shutil.rmtree(os.path.join(trainer.workdir, kind, str(trainer.step)))
+            if saver.store.has(kind, trainer.step):
+                raise RuntimeError(f"step {trainer.step} is still in {kind} after deleting it")
+            time.sleep(PAUSE_S)  # the freed pages go back to the host, as between saves
+            start, cpu = time.perf_counter(), time.process_time()
+            saver.save(trainer, kind=kind)
+            out[f"{name}_hold_s"].append(time.perf_counter() - start)
+            saver.on_fit_end(trainer, {})  # waits for the commit, closes the store
+            out[f"{name}_total_s"].append(time.perf_counter() - start)
+            out[f"{name}_cpu_s"].append(time.process_time() - cpu)
             shutil.rmtree(os.path.join(trainer.workdir, kind))
         start = time.perf_counter()
         trainer.restore(trainer.step)

@@ -88,13 +88,18 @@ def overlap(t, rounds: int, steps: int = K) -> dict[str, float]:
     backward (no update): device 0's slice alone, device 1's alone, and both."""
     import tensorflow as tf
 
-    from trainer import data, loop
+    from trainer import data
+    from trainer.data_parallel import split_sizes
 
-    manual = t.manual
+    manual = t.gradients.reducer
     dataset = data.distribute(t.strategy, t.build_train_dataset,
                               t.config.train.global_batch_size)
-    loop._ensure_built(t, dataset)
-    slices, _, _ = manual._split(next(iter(dataset)), require_examples=True)
+    t.driver.ensure_built(dataset)
+    batch = next(iter(dataset))
+    sizes = split_sizes(tf.nest.flatten(batch)[0].shape[0], manual.weights)
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    slices = [tf.nest.map_structure(lambda x, a=a, b=b: x[a:b], batch)
+              for a, b in zip(bounds, bounds[1:])]
 
     def looped(which: tuple[int, ...]):
         @tf.function

@@ -8,13 +8,17 @@ cheapest step, so per-window costs show most. Every mode is its own Trainer on t
 strategy; each round runs ``--steps`` more steps of every mode (``fit()`` again, in a
 rotating order) with ``train.log_every_steps=100`` and ``steps_per_loop=50``; the "on"
 modes have a workdir (TensorBoard and metrics.jsonl are written; checkpoints, if the
-loop has them, are the same in every mode). "off" drops the
-Telemetry component (the loop's other components stay); "on" is the
-default (probes every ``telemetry.probe_every_windows`` windows, counted per fit()).
+loop has them, are the same in every mode). "off" removes the
+``Telemetry`` callback from the Trainer's services (``trainer.callbacks.services``; the
+other services stay); "on" is the default (probes every
+``telemetry.probe_every_windows`` windows, counted per fit()).
 
 On a shared machine the end-to-end ratios are noisy, so the host time spent inside the
-components' callbacks is also measured directly, as a share of the fit() wall time
-("callbacks": everything but the probes; "probes": the input/compute probes).
+Telemetry callback's hooks is also measured directly (its bound methods wrapped with a
+timer), as a share of the fit() wall time ("callbacks": everything but the probes;
+"probes": the input/compute probes). The probes run inside ``on_log``; their time is
+estimated as the ``on_log`` time of the windows that probed (``perf/probe_step`` is
+the window's step) minus the median ``on_log`` time of the windows that did not.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def run(rounds: int, steps: int) -> dict:
     from absl import logging
 
     from benchmarks.workloads import WORKLOADS
-    from trainer import loop, telemetry
+    from trainer.telemetry import Telemetry
 
     logging.set_verbosity(logging.WARNING)
     workload = WORKLOADS["mlp"]
@@ -52,53 +56,68 @@ def run(rounds: int, steps: int) -> dict:
     trainers = {mode: _trainer(workload, mode, 50, 100,
                                os.path.join(root, mode))
                 for mode in MODES}
-    components = loop.components
 
-    spent = {mode: {"fit": 0.0, "callbacks": 0.0, "probes": 0.0} for mode in MODES}
+    spent = {mode: {"fit": 0.0, "callbacks": 0.0} for mode in MODES}
+    on_log_s = {mode: {"probed": [], "plain": []} for mode in MODES}
 
-    def timed(fn, clock: dict, key: str):
+    def timed(fn, clock: dict):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                clock[key] += time.perf_counter() - start
+                clock["callbacks"] += time.perf_counter() - start
         return wrapper
 
-    def without_telemetry(t):
-        return [p for p in components(t) if not isinstance(p, telemetry.Telemetry)]
+    def timed_on_log(part: Telemetry, mode: str):
+        """``part.on_log``, timed; its seconds also filed by whether the window probed."""
+        on_log = part.on_log
 
-    def instrumented(mode: str):
-        """The default components, with the host time of Telemetry's callbacks measured."""
-        def build(t):
-            parts = components(t)
-            for part in parts:
-                if not isinstance(part, telemetry.Telemetry):
-                    continue
-                for name in ("on_fit_start", "on_train_loop_end", "on_log", "on_eval",
-                             "on_fit_end"):
-                    setattr(part, name, timed(getattr(part, name), spent[mode], "callbacks"))
-                part._run_probes = timed(part._run_probes, spent[mode], "probes")
-            return parts
-        return build
+        def wrapper(trainer, logs):
+            start = time.perf_counter()
+            try:
+                return on_log(trainer, logs)
+            finally:
+                seconds = time.perf_counter() - start
+                spent[mode]["callbacks"] += seconds
+                probed = bool(part.records) and (
+                    part.records[-1].get("perf/probe_step") == trainer.step)
+                on_log_s[mode]["probed" if probed else "plain"].append(seconds)
+        return wrapper
+
+    for mode, t in trainers.items():
+        services = t.callbacks.services
+        part = next(p for p in services if isinstance(p, Telemetry))
+        if mode == "off":
+            services.remove(part)
+            continue
+        for name in ("on_fit_start", "on_loop_end", "on_eval_end", "on_fit_end"):
+            setattr(part, name, timed(getattr(part, name), spent[mode]))
+        part.on_log = timed_on_log(part, mode)
 
     def fit(mode: str, n: int) -> float:
         t = trainers[mode]
         t.config.train.steps = t.step + n
-        loop.components = without_telemetry if mode == "off" else instrumented(mode)
-        try:
-            start = time.perf_counter()
-            t.fit()
-            seconds = time.perf_counter() - start
-            spent[mode]["fit"] += seconds
-            return n * workload.batch_size / seconds
-        finally:
-            loop.components = components
+        start = time.perf_counter()
+        t.fit()
+        seconds = time.perf_counter() - start
+        spent[mode]["fit"] += seconds
+        return n * workload.batch_size / seconds
+
+    def probe_seconds(mode: str) -> float:
+        """The probes' share of ``on_log``: probed windows minus the plain median."""
+        windows = on_log_s[mode]
+        if not windows["probed"]:
+            return 0.0
+        plain = statistics.median(windows["plain"]) if windows["plain"] else 0.0
+        return max(0.0, sum(windows["probed"]) - plain * len(windows["probed"]))
 
     for mode in MODES:
         fit(mode, steps)  # trace, build the probes, warm up
     for clock in spent.values():
-        clock.update(fit=0.0, callbacks=0.0, probes=0.0)
+        clock.update(fit=0.0, callbacks=0.0)
+    for windows in on_log_s.values():
+        windows.update(probed=[], plain=[])
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     for r in range(rounds):
         order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
@@ -108,12 +127,12 @@ def run(rounds: int, steps: int) -> dict:
            "rounds": rounds, "log_every_steps": 100, "steps_per_loop": 50, "modes": {}}
     for mode in MODES:
         ratios = [v / o for v, o in zip(rates[mode], rates["off"])]
-        clock = spent[mode]
+        clock, probes = spent[mode], probe_seconds(mode)
         out["modes"][mode] = {"examples_per_s": statistics.median(rates[mode]),
                               "ratio_to_off": statistics.median(ratios),
                               "min_ratio": min(ratios), "max_ratio": max(ratios),
-                              "callback_share": (clock["callbacks"] - clock["probes"]) / clock["fit"],
-                              "probe_share": clock["probes"] / clock["fit"]}
+                              "callback_share": (clock["callbacks"] - probes) / clock["fit"],
+                              "probe_share": probes / clock["fit"]}
     return out
 
 

@@ -69,7 +69,7 @@ class Framework(_Impl):
 
         self.trainer = framework_trainer(workload, K, strategy=strategy, **{
             "perf.jit_compile": jit})
-        self.xla = self.trainer._jit_grads is not None  # off with 2+ replicas (logged)
+        self.xla = self.trainer.steps.jit_compiled  # off with 2+ replicas (logged)
 
     def run(self, steps: int) -> None:
         self.trainer.config.train.steps = self.trainer.step + steps

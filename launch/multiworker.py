@@ -17,7 +17,7 @@ Every argument the launcher does not know is passed to the trainer unchanged (af
 The launcher owns the tasks' lives (see :mod:`launch._process`): when one fails, hangs
 or freezes the others are stopped (SIGTERM, SIGKILL after ``--grace_s``) and, with
 ``--max_restarts R``, the whole group is restarted up to R times on new ports (a task
-that exits 42, preempted after saving a checkpoint, restarts it without counting); the
+that exits 143, preempted after saving a checkpoint, restarts it without counting); the
 trainer resumes from the latest checkpoint in its workdir if there is one. A port taken
 between the pick and TensorFlow's bind restarts the group on new ports without counting
 as a restart. SIGINT / SIGTERM / SIGHUP to the launcher stop every task the same way;
@@ -236,9 +236,9 @@ class _StopSignals:
         return self.received
 
 
-# trainer.main's exit status after a preemption save (trainer.checkpoint.EXIT_PREEMPTED;
-# not imported: launch/ does not import TensorFlow).
-EXIT_PREEMPTED = 42
+# trainer.main's exit status after a preemption save (trainer.preemption.EXIT_PREEMPTED,
+# 128 + SIGTERM; not imported: launch/ does not import TensorFlow).
+EXIT_PREEMPTED = 143
 
 
 def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import trainer
+from models.callbacks import StopAtMetric
 
 
 def load_digits_split(split_seed: int = 0, test_fraction: float = 0.2):
@@ -33,9 +34,9 @@ def load_digits_split(split_seed: int = 0, test_fraction: float = 0.2):
 class DigitsTrainer(trainer.Trainer):
     """A small MLP classifier; overrides only the required hooks plus data/metrics."""
 
-    def __init__(self, config, workdir=None, strategy=None):
+    def __init__(self, config, workdir=None, strategy=None, callbacks=()):
         self._train, self._test = load_digits_split(config.data.split_seed)
-        super().__init__(config, workdir, strategy)
+        super().__init__(config, workdir, strategy, callbacks)
 
     def build_model(self) -> keras.Model:
         cfg = self.config.model
@@ -64,3 +65,11 @@ class DigitsTrainer(trainer.Trainer):
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
         return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
+
+
+class DigitsToTargetTrainer(DigitsTrainer):
+    """The digits MLP that stops once eval accuracy reaches ``config.model.target_accuracy``
+    (the Callback example of docs/guide.md: :class:`models.callbacks.StopAtMetric`)."""
+
+    def build_callbacks(self) -> list[trainer.Callback]:
+        return [StopAtMetric("eval/accuracy", self.config.model.target_accuracy)]

@@ -22,6 +22,8 @@ every replica and step, identical on a rerun with the same seed.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import keras
 import ml_collections
 import tensorflow as tf
@@ -70,9 +72,10 @@ class DigitsGANTrainer(trainer.Trainer):
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None,
-                 strategy: tf.distribute.Strategy | None = None):
+                 strategy: tf.distribute.Strategy | None = None,
+                 callbacks: Sequence[trainer.Callback] = ()):
         (self._images, _), _ = load_digits_split(config.data.split_seed)
-        super().__init__(config, workdir, strategy)
+        super().__init__(config, workdir, strategy, callbacks)
         # The second optimizer's slots must exist before the first (traced) step, in
         # scope; the framework does this for self.optimizer only.
         self.build_optimizer_variables(self.optimizer, self.model.generator.trainable_variables)

@@ -22,6 +22,8 @@ final layer norm, and a dense projection to 256 float32 logits.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import keras
 import ml_collections
 import numpy as np
@@ -136,7 +138,8 @@ class TransformerLMTrainer(trainer.Trainer):
     """Next-byte prediction; batches are ``(tokens [b, t], next_tokens [b, t])``."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None,
-                 strategy: tf.distribute.Strategy | None = None):
+                 strategy: tf.distribute.Strategy | None = None,
+                 callbacks: Sequence[trainer.Callback] = ()):
         self.tokenizer = ByteTokenizer()
         tokens = self.tokenizer.encode(load_text(config.data.text_file))
         seq_len = config.data.seq_len
@@ -148,7 +151,7 @@ class TransformerLMTrainer(trainer.Trainer):
                 f"The text has {len(tokens)} bytes: too short for config.data.seq_len="
                 f"{seq_len} with eval_fraction={config.data.eval_fraction} (each part needs "
                 f"more than seq_len bytes). Use a longer text or a shorter seq_len.")
-        super().__init__(config, workdir, strategy)
+        super().__init__(config, workdir, strategy, callbacks)
 
     def build_model(self) -> keras.Model:
         cfg = self.config.model

@@ -39,7 +39,7 @@ def _classes():
     import tensorflow as tf
 
     from tests import toy
-    from trainer.manual import ManualDataParallel
+    from trainer.data_parallel import ManualDataParallel
 
     class CustomStepTrainer(toy.ToyTrainer):
         """A user's own train_step: tape + apply_gradients + an extra output."""
@@ -69,12 +69,13 @@ def _classes():
         the examples of the small slices.
         """
 
-        def defer(self, optimizer, variables, grads, per_example_loss):
+        def intercept(self, optimizer, variables, grads, per_example_loss):
+            if not self.deferring:
+                return None
             n_slice = tf.cast(tf.shape(per_example_loss)[0], tf.float32)
-            factor = float(self._trainer.config.train.global_batch_size) / (
-                n_slice * len(self.devices))
+            factor = float(sum(self.train_sizes)) / (n_slice * len(self.devices))
             grads = [g * factor for g in grads]
-            return super().defer(optimizer, variables, grads, per_example_loss)
+            return super().intercept(optimizer, variables, grads, per_example_loss)
 
     return CustomStepTrainer, InfOnMiddleDevice, PerDeviceMeanManual
 
@@ -96,12 +97,12 @@ def _placement(trainer) -> dict[str, list[str]]:
     """Op types per device in the traced manual train step's graph."""
     import tensorflow as tf
 
-    from trainer import data, loop
+    from trainer import data
 
     dataset = data.distribute(trainer.strategy, trainer.build_train_dataset,
                               trainer.config.train.global_batch_size)
-    loop._ensure_built(trainer, dataset)
-    step = trainer.manual.wrap_train(trainer.train_step)
+    trainer.driver.ensure_built(dataset)
+    step = trainer.gradients.reducer.wrap_train(trainer.train_step)
     traced = tf.function(lambda batch: trainer.strategy.run(step, args=(batch,)))
     graph = traced.get_concrete_function(dataset.element_spec).graph
     devices: dict[str, set] = {}
@@ -144,13 +145,13 @@ def run_three(out: dict, workdir: str) -> None:
 
     # Float weights whose shares are not whole examples: split 6/10/16.
     t = toy.ToyTrainer(config((1, 1.5, 2.5)))
-    out["float_weights_split"] = np.array(t.manual.train_sizes)
+    out["float_weights_split"] = np.array(t.gradients.reducer.train_sizes)
     t.fit()
     _save_weights(out, "manual_float_weights", t)
 
     # NEGATIVE CONTROL: per-device mean gradients with equal weights on the 8/16/8 split.
     t = toy.ToyTrainer(config(WEIGHTS))
-    t.manual = mean_manual_cls(t)
+    t.gradients.plug(mean_manual_cls(t.config, t.strategy))
     t.fit()
     _save_weights(out, "manual_per_device_mean", t)
 
@@ -177,7 +178,7 @@ def run_three(out: dict, workdir: str) -> None:
 
     # "skip": the update is then the one If(IsFinite) the placement test looks for.
     t = toy.ToyTrainer(config(WEIGHTS, **{"train.on_nonfinite": "skip"}))
-    out["devices"] = np.array(t.manual.devices)
+    out["devices"] = np.array(t.gradients.reducer.devices)
     out["placement"] = np.array(json.dumps(_placement(t)))
     measured = manual.measure(t, repeats=2)
     out["measure"] = np.array(json.dumps(measured))

@@ -82,9 +82,9 @@ def mock_tfds():
 
 
 def _trainer_class(config):
-    from trainer import config as config_lib
+    from trainer.trainer import resolve_trainer_class
 
-    return config_lib.resolve_trainer_class(config.trainer)
+    return resolve_trainer_class(config.trainer)
 
 
 def train(config) -> tuple[object, dict]:

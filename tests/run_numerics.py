@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    from trainer.loop import NonFiniteError
+    from trainer.nonfinite import NonFiniteError
     from tests import toy
 
     classes = _trainers()
@@ -150,7 +150,7 @@ def main() -> None:
     clip = {"optimizer.clipnorm": CLIP}
     run("clip", "toy", **clip)
     t = run("clip_jit", "toy", **clip, **{"perf.jit_compile": True})
-    facts["clip_jit/xla"] = t._jit_grads is not None
+    facts["clip_jit/xla"] = t.steps.jit_compiled
     run("clip_recompute", "toy", **clip, **{"perf.recompute": True})
     run("keras_clip", "keras_clip")  # negative control: Keras clips per replica
 

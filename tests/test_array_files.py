@@ -129,12 +129,12 @@ def test_orbax_round_trip_writes_npy_files_and_sends_bfloat16_through_tensorstor
     bfloat16 leaf (no .npy dtype) is stored by orbax's tensorstore handler; all restore."""
     import ml_dtypes
 
-    from trainer import checkpoint
+    from trainer import checkpoint_store
 
-    ocp = checkpoint._orbax()
+    ocp = checkpoint_store.orbax()
     tree = {"f": [filled((300, 7), np.float32, aligned=True), np.array(7, np.int64)],
             "b": [np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)]}
-    saver = ocp.Checkpointer(checkpoint._state_handler(ocp))
+    saver = ocp.Checkpointer(checkpoint_store.state_handler(ocp, fast_io=True))
     saver.save(tmp_path / "ckpt", args=ocp.args.PyTreeSave(tree))
     names = os.listdir(tmp_path / "ckpt")
     assert {"f.0.npy", "f.1.npy"} <= set(names) and "b.0.npy" not in names

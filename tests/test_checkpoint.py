@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from tests import toy
 from tests.conftest import subprocess_env
-from trainer import checkpoint
+from trainer import checkpoint_state
+from trainer.checkpoint_state import CheckpointError
 from trainer.config import ConfigError, validate
 
 
@@ -49,17 +50,17 @@ class DeeperToyTrainer(toy.ToyTrainer):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A ToyTrainer (Adam) trained 20 steps with checkpoints at 10 and 20."""
+    """A ToyTrainer (Adam) trained 20 steps with checkpoints at 10 and 20 (.npy arrays)."""
     workdir = str(tmp_path_factory.mktemp("trained"))
-    trainer = toy.ToyTrainer(adam_config(), workdir)
+    trainer = toy.ToyTrainer(adam_config(**{"checkpoint.fast_io": True}), workdir)
     trainer.fit()
     return trainer
 
 
 def all_values(trainer) -> dict:
-    return {f"{g}/{i}": np.asarray(v.numpy())
-            for g, entries in checkpoint.state_variables(trainer).items()
-            for i, (_, v) in enumerate(entries)}
+    return {f"{g}/{name}": np.asarray(v.numpy())
+            for g, entries in checkpoint_state.state_variables(trainer).items()
+            for name, v in entries}
 
 
 def assert_same_state(got_trainer, want_trainer) -> None:
@@ -112,7 +113,8 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
         original(path, array)
 
     monkeypatch.setattr(array_files, "write_npy", slow)
-    config = adam_config(**{"train.steps": 10, "checkpoint.every_steps": 5})
+    config = adam_config(**{"train.steps": 10, "checkpoint.every_steps": 5,
+                            "checkpoint.fast_io": True})
     toy.ToyTrainer(config, str(tmp_path)).fit()
     assert writes  # the slowed writer is the one in use
     restored = toy.ToyTrainer(config, str(tmp_path))
@@ -120,31 +122,53 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
     assert_same_state(restored, fresh_run(5))
 
 
-def test_checkpoints_of_the_tensorstore_format_still_restore(tmp_path, monkeypatch):
-    """Steps written by orbax's own (tensorstore, OCDBT, zstd) array handler, the format
-    before the .npy files, restore bitwise."""
-    monkeypatch.setattr(checkpoint, "_state_handler",
-                        lambda ocp: ocp.PyTreeCheckpointHandler(use_compression=True))
-    config = adam_config(**{"train.steps": 10})
-    written = toy.ToyTrainer(config, str(tmp_path))
+@pytest.mark.parametrize("fast_io", [False, True])
+def test_both_array_formats_restore_bitwise_under_either_setting(tmp_path, fast_io):
+    """Default: orbax's stock tensorstore (OCDBT) handler, readable by any orbax user;
+    checkpoint.fast_io: O_DIRECT .npy files. A run restores either, whatever it uses."""
+    written = toy.ToyTrainer(adam_config(**{"train.steps": 10, "checkpoint.fast_io": fast_io}),
+                             str(tmp_path))
     written.fit()
-    monkeypatch.undo()
     state_dir = tmp_path / "checkpoints" / "10" / "state"
-    assert not list(state_dir.glob("*.npy")) and (state_dir / "manifest.ocdbt").exists()
-    restored = toy.ToyTrainer(config, str(tmp_path))
+    assert bool(list(state_dir.glob("*.npy"))) == fast_io
+    assert (state_dir / "manifest.ocdbt").exists() != fast_io
+    restored = toy.ToyTrainer(adam_config(**{"checkpoint.fast_io": not fast_io}), str(tmp_path))
     assert restored.restore() == 10
     assert_same_state(restored, written)
 
 
+def test_stock_checkpoints_read_with_plain_orbax(tmp_path):
+    """Without checkpoint.fast_io any orbax user reads the arrays (no trainer code)."""
+    import orbax.checkpoint as ocp
+
+    written = toy.ToyTrainer(adam_config(**{"train.steps": 10}), str(tmp_path))
+    written.fit()
+    restored = ocp.PyTreeCheckpointer().restore(str(tmp_path / "checkpoints" / "10" / "state"))
+    np.testing.assert_array_equal(restored["model"][0], written.model.get_weights()[0])
+
+
+def test_restore_matches_variables_by_name_not_by_creation_count(tmp_path):
+    """Models built earlier in the process (dense, dense_1, ...) do not shift the names
+    a Trainer's variables get, so its checkpoint still matches."""
+    written = toy.ToyTrainer(adam_config(**{"train.steps": 10}), str(tmp_path))
+    written.fit()
+    keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(3)])
+    restored = toy.ToyTrainer(adam_config(), str(tmp_path))
+    assert restored.restore() == 10
+    assert_same_state(restored, written)
+    names = [name for name, _ in checkpoint_state.state_variables(restored)["model"]]
+    assert names == [name for name, _ in checkpoint_state.state_variables(written)["model"]]
+
+
 def test_snapshot_is_a_copy_and_refills_the_buffers_it_is_given():
     trainer = fresh_run(5)
-    first, manifest = checkpoint.snapshot(trainer)
+    first, manifest = checkpoint_state.snapshot(trainer)
     assert manifest["step"] == 5
     kernel = first["model"][0].copy()
     trainer.config.train.steps = 10
     trainer.fit()
     np.testing.assert_array_equal(first["model"][0], kernel)  # training did not touch it
-    second, _ = checkpoint.snapshot(trainer, reuse=first)
+    second, _ = checkpoint_state.snapshot(trainer, reuse=first)
     assert second["model"][0] is first["model"][0]  # the same host memory, refilled
     np.testing.assert_array_equal(second["model"][0], trainer.model.get_weights()[0])
     assert not np.array_equal(second["model"][0], kernel)
@@ -157,12 +181,12 @@ def test_no_workdir_or_empty_workdir_restores_nothing(tmp_path):
 
 
 def test_missing_step_lists_the_available_ones(trained):
-    with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint of step 99 .*\[10, 20\]"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint of step 99 .*\[10, 20\]"):
         toy.ToyTrainer(adam_config(), trained.workdir).restore(step=99)
 
 
 def test_shape_change_names_the_variable_and_both_shapes(trained):
-    with pytest.raises(checkpoint.CheckpointError) as error:
+    with pytest.raises(CheckpointError) as error:
         WideToyTrainer(adam_config(), trained.workdir).restore()
     message = str(error.value)
     assert "dense" in message and "/kernel' has shape [8, 32]" in message
@@ -170,8 +194,8 @@ def test_shape_change_names_the_variable_and_both_shapes(trained):
 
 
 def test_missing_variable_is_named(trained):
-    with pytest.raises(checkpoint.CheckpointError,
-                       match=r"Variable '.*dense_\d+/kernel' \(model #4, shape \[3, 3\]\) is "
+    with pytest.raises(CheckpointError,
+                       match=r"Variable '.*dense_\d+/kernel' \(model, shape \[3, 3\]\) is "
                              r"missing from checkpoint"):
         DeeperToyTrainer(adam_config(), trained.workdir).restore()
 
@@ -196,7 +220,7 @@ def test_corrupt_latest_step_is_skipped_with_a_warning_and_named_when_asked_for(
         assert fresh.restore() == 10
     assert any("Skipping checkpoint" in r.getMessage() and "/20" in r.getMessage()
                for r in caplog.records), caplog.text
-    with pytest.raises(checkpoint.CheckpointError,
+    with pytest.raises(CheckpointError,
                        match=r"checkpoints/20: cannot read variable '[^']+'"):
         fresh.restore(step=20)
 

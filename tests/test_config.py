@@ -7,6 +7,7 @@ import pytest
 from tests.conftest import run_main
 from trainer import config as config_lib
 from trainer.config import ConfigError
+from trainer.trainer import resolve_trainer_class
 
 
 def config_with(section: str, field: str, value):
@@ -70,13 +71,13 @@ def test_trainer_path_that_does_not_resolve(path, message):
     config = config_lib.get_config()
     config.trainer = path
     with pytest.raises(ConfigError, match=message):
-        config_lib.validate(config, resolve_trainer=True)
+        resolve_trainer_class(config.trainer)
 
 
 def test_trainer_path_that_resolves():
     from tests.toy import ToyTrainer
 
-    assert config_lib.resolve_trainer_class("tests.toy:ToyTrainer") is ToyTrainer
+    assert resolve_trainer_class("tests.toy:ToyTrainer") is ToyTrainer
 
 
 def test_other_fields_are_checked():

@@ -36,7 +36,7 @@ def test_cached_pipeline_with_a_heavy_model_is_diagnosed_compute_bound():
 
 def test_jit_section_times_the_step_with_and_without_xla():
     config = toy.toy_config()
-    trainer = doctor._build(config)
+    trainer = doctor.build_trainer(config)
     compute = doctor.measure_compute(trainer, 10)
     jit = doctor.measure_jit(config, compute, 10)
     assert jit["applicable"] and jit["on_examples_per_s"] > 0

@@ -176,9 +176,9 @@ def test_a_preempted_task_restarts_the_group_without_using_a_restart(tmp_path):
 
 
 def test_preemption_exit_code_matches_the_trainer():
-    from trainer import checkpoint
+    from trainer import preemption
 
-    assert multiworker.EXIT_PREEMPTED == checkpoint.EXIT_PREEMPTED
+    assert multiworker.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED == 143
 
 
 def test_restarts_are_bounded_by_max_restarts():

@@ -31,7 +31,7 @@ def test_fit_stops_exactly_at_train_steps():
     assert int(t.step_counter.numpy()) == 23
     assert int(t.optimizer.iterations.numpy()) == 23
     assert set(results) == {"train/loss"}
-    assert t._compiled_loops.train.experimental_get_tracing_count() == 1
+    assert t.driver.loops.train.experimental_get_tracing_count() == 1
 
 
 def test_required_hooks_only_subclass_trains():

@@ -117,7 +117,7 @@ def test_jit_compile_under_default_strategy_gives_the_same_weights():
     for jit in (False, True):
         t = toy.ToyTrainer(toy.toy_config(**{"perf.jit_compile": jit,
                                              "distribute.strategy": "default"}))
-        assert (t._jit_grads is not None) == jit
+        assert t.steps.jit_compiled == jit
         t.fit()
         results[jit] = flat_weights(t)
     assert np.max(np.abs(results[True] - results[False])) <= 1e-5

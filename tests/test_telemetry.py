@@ -23,7 +23,7 @@ from tests.test_telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDro
                                            HeavyCnnTrainer, SlowInputTrainer, TurnSlow,
                                            TurnsSlowTrainer, cnn_config)
 from trainer import config as config_lib
-from trainer import loop, probes, telemetry
+from trainer import probes, progress, telemetry
 
 
 def _records(workdir: Path, kind: str) -> list[dict]:
@@ -100,21 +100,10 @@ def test_no_files_without_a_workdir(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def _fit(trainer, *extra: loop.Component) -> telemetry.Telemetry:
-    """Runs ``trainer.fit()`` (with ``extra`` components) and returns its Telemetry."""
-    original = loop.components
-    parts: list[loop.Component] = []
-
-    def with_extra(t):
-        parts.extend(original(t) + list(extra))
-        return parts
-
-    loop.components = with_extra
-    try:
-        trainer.fit()
-    finally:
-        loop.components = original
-    return next(p for p in parts if isinstance(p, telemetry.Telemetry))
+def _fit(trainer) -> telemetry.Telemetry:
+    """Runs ``trainer.fit()`` and returns its telemetry service."""
+    trainer.fit()
+    return next(p for p in trainer.callbacks.services if isinstance(p, telemetry.Telemetry))
 
 
 def test_slow_input_pipeline_shows_input_wait_above_half():
@@ -174,7 +163,7 @@ def test_regression_alert_fires_and_names_input_wait(tmp_path, slow_from, blips)
     config = toy.toy_config(**{"train.steps": 180, "train.log_every_steps": 20,
                                "train.steps_per_loop": 10, "telemetry.probe_every_windows": 100,
                                "telemetry.alert_windows": 2})
-    _fit(TurnsSlowTrainer(config, str(tmp_path)), TurnSlow(slow_from, blips))
+    _fit(TurnsSlowTrainer(config, str(tmp_path), callbacks=[TurnSlow(slow_from, blips)]))
     records = _records(tmp_path, "train")
     alerts = [r for r in records if r["alert"]]
     assert len(alerts) == 1, [r["alert"] for r in records]
@@ -233,7 +222,7 @@ class _FakeTTY(io.StringIO):
 
 def test_progress_on_a_tty_is_one_updating_bar(monkeypatch):
     """Negative control for the plain-lines test: a terminal gets carriage returns."""
-    monkeypatch.delenv(telemetry.PROGRESS_ENV, raising=False)
+    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     stream = _FakeTTY()
     monkeypatch.setattr(sys, "stderr", stream)
@@ -243,14 +232,14 @@ def test_progress_on_a_tty_is_one_updating_bar(monkeypatch):
 
 
 def test_progress_mode_env_overrides_config(monkeypatch):
-    monkeypatch.setenv(telemetry.PROGRESS_ENV, "lines")
-    assert telemetry.progress_mode("bar", _FakeTTY()) == "lines"
-    monkeypatch.delenv(telemetry.PROGRESS_ENV)
+    monkeypatch.setenv(progress.PROGRESS_ENV, "lines")
+    assert progress.progress_mode("bar", _FakeTTY()) == "lines"
+    monkeypatch.delenv(progress.PROGRESS_ENV)
     monkeypatch.setenv("TF_CONFIG", "{}")
-    assert telemetry.progress_mode("auto", _FakeTTY()) == "lines"  # under a launcher
+    assert progress.progress_mode("auto", _FakeTTY()) == "lines"  # under a launcher
     monkeypatch.delenv("TF_CONFIG")
-    assert telemetry.progress_mode("auto", _FakeTTY()) == "bar"
-    assert telemetry.progress_mode("auto", io.StringIO()) == "lines"
+    assert progress.progress_mode("auto", _FakeTTY()) == "bar"
+    assert progress.progress_mode("auto", io.StringIO()) == "lines"
 
 
 def test_likely_cause_names_memory_and_skipped_steps():

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests import toy
-from trainer.loop import Component
+from trainer import Callback
 
 SLEEP_S = 0.03
 SLOW_FROM_STEP = 100
@@ -27,8 +27,8 @@ class SlowInputTrainer(toy.ToyTrainer):
 
     starts_slow = True
 
-    def __init__(self, config, workdir=None, strategy=None):
-        super().__init__(config, workdir, strategy)
+    def __init__(self, config, workdir=None, strategy=None, callbacks=()):
+        super().__init__(config, workdir, strategy, callbacks)
         self.slow = tf.Variable(self.starts_slow, trainable=False)  # read by every pipeline
 
     def build_train_dataset(self, ctx):
@@ -49,14 +49,14 @@ class TurnsSlowTrainer(SlowInputTrainer):
     starts_slow = False
 
 
-class TurnSlow(Component):
+class TurnSlow(Callback):
     """Makes a TurnsSlowTrainer's input slow once the run reaches ``slow_from``, and for
     the one train loop that starts at each step in ``blips`` (a transient slowdown)."""
 
     def __init__(self, slow_from: int = SLOW_FROM_STEP, blips: tuple[int, ...] = ()):
         self.slow_from, self.blips = slow_from, set(blips)
 
-    def on_train_loop_end(self, trainer, num_steps, seconds):
+    def on_loop_end(self, trainer):
         trainer.slow.assign(trainer.step >= self.slow_from or trainer.step in self.blips)
 
 

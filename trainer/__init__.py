@@ -21,6 +21,7 @@ except ImportError as _error:  # pragma: no cover - exercised in a TF-less venv 
         f"Original error: {_error}"
     ) from _error
 
+from trainer.callbacks import Callback  # noqa: E402
 from trainer.trainer import Trainer  # noqa: E402
 
-__all__ = ["Trainer"]
+__all__ = ["Callback", "Trainer"]

@@ -95,6 +95,10 @@ def get_config() -> ml_collections.ConfigDict:
             best_metric="",  # e.g. "eval/accuracy": keep the best N as well
             best_mode="max",  # "max" | "min"
             async_save=True,
+            # True: arrays as aligned .npy files written with O_DIRECT (trainer.array_files;
+            # ~10x less CPU per async save, readable by numpy, not by a plain orbax
+            # restore). False: orbax's stock handlers, readable by any orbax user.
+            fast_io=False,
         )
     )
     config.telemetry = ml_collections.ConfigDict(
@@ -181,8 +185,12 @@ def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
                           f"distribute.devices {tuple(dcfg.devices)!r}; give one per device.")
 
 
-def resolve_trainer_class(path: str) -> type:
-    """Imports ``"package.module:ClassName"`` and checks it is a Trainer subclass."""
+def import_trainer_class(path: str) -> type:
+    """Imports the class named ``"package.module:ClassName"`` (the ``config.trainer`` form).
+
+    Raises ConfigError naming the module or attribute that cannot be found. Whether it
+    is a ``Trainer`` subclass is checked by ``trainer.trainer.resolve_trainer_class``.
+    """
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
         raise ConfigError(
             f"config.trainer={path!r} must name a Trainer subclass as "
@@ -203,14 +211,10 @@ def resolve_trainer_class(path: str) -> type:
             f"config.trainer={path!r}: module '{module_name}' has no attribute "
             f"'{class_name}'.{_suggest(class_name, public)}"
         )
-    from trainer.trainer import Trainer
-
-    if not (isinstance(cls, type) and issubclass(cls, Trainer)):
-        raise ConfigError(f"config.trainer={path!r} is not a subclass of trainer.Trainer.")
     return cls
 
 
-def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -> None:
+def validate(config: ml_collections.ConfigDict) -> None:
     """Checks the config against the schema; raises ConfigError naming the field.
 
     Checks that need the strategy (batch divisibility by the replica count) are in
@@ -272,8 +276,6 @@ def validate(config: ml_collections.ConfigDict, resolve_trainer: bool = False) -
     if not 0 < config.telemetry.alert_drop < 1:
         raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
                           f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")
-    if resolve_trainer:
-        resolve_trainer_class(config.trainer)
 
 
 def parse_profile_steps(spec: str) -> list[tuple[int, int]]:

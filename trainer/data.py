@@ -11,15 +11,34 @@ The framework then
   run with the same global batch;
 * sets tf.data options: deterministic order (``train.deterministic``), autotune on;
 * ends the pipeline with ``prefetch(AUTOTUNE)``.
+
+:func:`split_batch` is the one definition of the default batch layout.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import tensorflow as tf
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+@tf.autograph.experimental.do_not_convert
+def split_batch(batch) -> tuple[Any, Any]:
+    """``(features, labels)`` of a batch: a 2-tuple, or a dict with a "label(s)" key.
+
+    Works on tensors and on ``TensorSpec`` structures alike (any context).
+    """
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        for key in ("label", "labels"):
+            if key in batch:
+                return {k: v for k, v in batch.items() if k != key}, batch[key]
+    raise ValueError(
+        "The default steps expect batches of (features, labels) or a dict with a 'label' "
+        f"key; got {type(batch).__name__}. Override train_step/eval_step for other layouts.")
 
 
 class _TrackedInputContext(tf.distribute.InputContext):

@@ -16,7 +16,7 @@ Strategy names (``config.distribute.strategy``):
 * ``multi_worker``: ``MultiWorkerMirroredStrategy``; needs ``TF_CONFIG``.
 * ``tpu``: ``TPUStrategy`` through ``launch.tpu.connect_tpu``.
 * ``manual``: ``OneDeviceStrategy`` on the first of ``devices`` (variables, input,
-  update); :mod:`trainer.manual` splits every batch over ``devices`` by
+  update); :mod:`trainer.data_parallel` splits every batch over ``devices`` by
   ``device_weights`` and combines the gradients itself.
 """
 
@@ -30,7 +30,13 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
+from launch.tf_config import validate_tf_config
+from launch.tpu import connect_tpu, tpu_attached
 from trainer.config import ConfigError
+from trainer.host_collectives import is_chief, num_workers
+
+__all__ = ["accelerator_devices", "build_strategy", "configure_devices", "describe",
+           "is_chief", "num_workers", "resolve_devices", "resolve_strategy_name"]
 
 
 def _physical(kind: str) -> list:
@@ -102,6 +108,48 @@ def configure_devices(dcfg: ml_collections.ConfigDict) -> None:
         tf.debugging.set_log_device_placement(True)
 
 
+def resolve_devices(dcfg: ml_collections.ConfigDict) -> list[str]:
+    """The manual mode's devices, checked, as logical device names (``/device:GPU:1``).
+
+    ``distribute.devices``, or else every logical GPU, or else every logical CPU (with
+    ``distribute.virtual_devices=N``: the N logical CPUs). Call after
+    ``distribute.configure_devices``. Raises ``ConfigError`` for a name that is not a
+    device of this process, a device listed twice, or ``device_weights`` of another
+    length.
+    """
+    available = {}
+    for device in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(device.name)
+        available[(spec.device_type, spec.device_index)] = device.name
+    requested = list(dcfg.devices) or [
+        d.name for d in (tf.config.list_logical_devices("GPU")
+                         or tf.config.list_logical_devices("CPU"))]
+    names: list[str] = []
+    for name in requested:
+        try:
+            spec = tf.DeviceSpec.from_string(name)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"config.distribute.devices: {name!r} is not a device name "
+                              f"such as '/gpu:0' or '/cpu:1' ({error}).") from error
+        canonical = available.get((spec.device_type, spec.device_index))
+        if canonical is None or spec.job not in (None, "localhost"):
+            raise ConfigError(
+                f"config.distribute.devices: {name!r} is not a device of this process, which "
+                f"has {', '.join(available.values())}. Manual mode uses local devices; for "
+                f"several CPU devices set distribute.virtual_devices=N.")
+        if canonical in names:
+            raise ConfigError(f"config.distribute.devices lists {canonical} twice; give "
+                              f"each device once and raise its weight instead.")
+        names.append(canonical)
+    weights = dcfg.device_weights
+    if weights and len(weights) != len(names):
+        raise ConfigError(
+            f"config.distribute.device_weights has {len(weights)} weights for "
+            f"{len(names)} devices ({', '.join(names)}); give one weight per device, or set "
+            f"distribute.devices.")
+    return names
+
+
 def _cross_device_ops(name: str):
     return {
         "auto": None,
@@ -126,8 +174,6 @@ def _mirrored(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
 
 def _multi_worker(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
-    from launch.tf_config import validate_tf_config
-
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         raise ConfigError(
@@ -163,8 +209,6 @@ def _multi_worker(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
 
 def _tpu(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
-    from launch.tpu import connect_tpu
-
     return tf.distribute.TPUStrategy(connect_tpu(dcfg.tpu))
 
 
@@ -180,8 +224,6 @@ def resolve_strategy_name(dcfg: ml_collections.ConfigDict) -> str:
     """Turns ``auto`` into a concrete strategy name; other names pass through."""
     if dcfg.strategy != "auto":
         return dcfg.strategy
-    from launch.tpu import tpu_attached
-
     if tpu_attached():
         return "tpu"
     if os.environ.get("TF_CONFIG"):
@@ -221,10 +263,8 @@ def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     configure_devices(dcfg)
     if name == "default":
         return tf.distribute.get_strategy()
-    if name == "manual":  # trainer.manual splits each batch over the devices itself
-        from trainer import manual
-
-        return tf.distribute.OneDeviceStrategy(manual.resolve_devices(dcfg)[0])
+    if name == "manual":  # trainer.data_parallel splits each batch over the devices itself
+        return tf.distribute.OneDeviceStrategy(resolve_devices(dcfg)[0])
     return {"one_device": _one_device, "mirrored": _mirrored, "tpu": _tpu}[name](dcfg)
 
 
@@ -243,20 +283,6 @@ def accelerator_devices(strategy: tf.distribute.Strategy) -> list[str]:
         if spec.device_type and spec.device_type.upper() != "CPU":
             out.append(f"{spec.device_type}:{spec.device_index or 0}")
     return out
-
-
-def num_workers(strategy: tf.distribute.Strategy) -> int:
-    """Number of worker processes taking part in ``strategy`` (1 unless multi-worker)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return 1
-    spec = resolver.cluster_spec().as_dict()
-    return len(spec.get("chief", [])) + len(spec.get("worker", []))
-
-
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True on the one process that writes files (checkpoints, summaries, config)."""
-    return bool(strategy.extended.should_checkpoint)
 
 
 def describe(strategy: tf.distribute.Strategy) -> str:

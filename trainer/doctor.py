@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import resource
 import statistics
@@ -47,8 +46,16 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 import psutil
+import tensorflow as tf
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-Report = dict[str, Any]
+from trainer import config as config_lib
+from trainer import data, distribute, fast_exit, probes
+from trainer.doctor_report import Report, format_table, verdict
+from trainer.layer_profile import profile_layers
+from trainer.trainer import resolve_trainer_class
+
 MIN_SECONDS = 1.0  # each measurement repeats its chunk of steps at least this long
 SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers")
 
@@ -64,10 +71,8 @@ def _with(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections
     return config
 
 
-def _build(config: ml_collections.ConfigDict):
-    from trainer import config as config_lib
-
-    cls = config_lib.resolve_trainer_class(config.trainer)
+def build_trainer(config: ml_collections.ConfigDict):
+    cls = resolve_trainer_class(config.trainer)
     return cls(config, None)
 
 
@@ -93,15 +98,11 @@ def _loop_rate(trainer, dataset_fn: Callable, steps: int,
                min_seconds: float = MIN_SECONDS) -> dict[str, float]:
     """examples/s of the train loop on ``dataset_fn``'s data: median over chunks of
     ``steps`` steps (run as ``steps_per_loop`` calls) after one warm-up call."""
-    import tensorflow as tf
-
-    from trainer import data, loop
-
     cfg = trainer.config
     dist = data.distribute(trainer.strategy, dataset_fn, cfg.train.global_batch_size,
                            deterministic=cfg.train.deterministic)
-    loop._ensure_built(trainer, dist)
-    loops = loop._loops(trainer)
+    trainer.driver.ensure_built(dist)
+    loops = trainer.driver.loops
     iterator = iter(dist)
     per_call = max(1, min(cfg.train.steps_per_loop, steps))
     float(loops.train(iterator, tf.constant(per_call, tf.int64))["loss"])  # trace + warm up
@@ -133,8 +134,6 @@ def measure_baseline(trainer, steps: int) -> Report:
 
 def measure_input(trainer, steps: int) -> Report:
     """(2) The distributed input pipeline alone."""
-    from trainer import probes
-
     probe = probes.InputProbe(trainer)
     seconds = _median_seconds(lambda: steps * probe.seconds_per_batch(steps), MIN_SECONDS) / steps
     return {"examples_per_s": trainer.config.train.global_batch_size / seconds,
@@ -149,10 +148,6 @@ def measure_compute(trainer, steps: int) -> Report:
 def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
                  memory_budget_mb: float) -> Report:
     """(4) Doubles the global batch while it fits; times each candidate like (3)."""
-    import tensorflow as tf
-
-    from trainer import distribute
-
     tried: list[dict[str, Any]] = []
     stop_reason = f"reached the search bound ({doublings} doublings)"
     batch = config.train.global_batch_size
@@ -160,7 +155,7 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
         candidate = _with(config, train__global_batch_size=batch)
         row: dict[str, Any] = {"global_batch_size": batch}
         try:
-            trainer = _build(candidate)
+            trainer = build_trainer(candidate)
             devices = distribute.accelerator_devices(trainer.strategy)
             for device in devices:
                 tf.config.experimental.reset_memory_stats(device)
@@ -192,10 +187,8 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
 
 def measure_jit(config: ml_collections.ConfigDict, compute: Report, steps: int) -> Report:
     """(5) Compute alone with ``perf.jit_compile`` flipped."""
-    import tensorflow as tf
-
     flipped = not config.perf.jit_compile
-    trainer = _build(_with(config, perf__jit_compile=flipped))
+    trainer = build_trainer(_with(config, perf__jit_compile=flipped))
     if flipped and trainer.strategy.num_replicas_in_sync > 1:
         return {"applicable": False,
                 "note": "XLA is not applied with several replicas in one process"}
@@ -239,147 +232,6 @@ def measure_communication(trainer, compute: Report, steps: int, config_path: str
             "scaling_efficiency": single["step_ms"] / compute["step_ms"]}
 
 
-def _timed_loop(fn: Callable, x, budget_s: float = 0.2) -> float:
-    """Seconds per iteration of ``fn(x, n)`` (an in-graph loop), growing n to the budget."""
-    import tensorflow as tf
-
-    float(fn(x, tf.constant(1)))  # trace
-    n = 1
-    while True:
-        start = time.perf_counter()
-        float(fn(x, tf.constant(n)))
-        seconds = time.perf_counter() - start
-        if seconds >= budget_s or n >= 1024:
-            return seconds / n
-        n *= 4
-
-
-def _nbytes(shape, dtype) -> int:
-    import tensorflow as tf
-
-    return int(math.prod(shape)) * tf.as_dtype(dtype).size
-
-
-def profile_layers(trainer, top: int) -> Report:
-    """(7) Forward/backward time and memory of each top-level layer, timed alone."""
-    import keras
-    import tensorflow as tf
-
-    per_replica = trainer.config.train.global_batch_size // trainer.strategy.num_replicas_in_sync
-    rows, untimed = [], []
-    for layer in trainer.model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        try:
-            spec = layer.input
-        except (AttributeError, ValueError):
-            untimed.append(layer.name)
-            continue
-
-        def make(t):
-            shape = [per_replica if i == 0 else (d or 32) for i, d in enumerate(t.shape)]
-            if tf.as_dtype(t.dtype).is_floating:
-                return tf.random.normal(shape, dtype=t.dtype)
-            return tf.zeros(shape, t.dtype)
-
-        x = tf.nest.map_structure(make, spec)
-
-        def total(y):
-            return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tf.nest.flatten(y)])
-
-        @tf.function
-        def forward(inputs, n, layer=layer):
-            acc = tf.constant(0.0)
-            for _ in tf.range(n):
-                acc += total(layer(inputs, training=True))
-            return acc
-
-        @tf.function
-        def forward_backward(inputs, n, layer=layer):
-            acc = tf.constant(0.0)
-            for _ in tf.range(n):
-                with tf.GradientTape() as tape:
-                    tape.watch([t for t in tf.nest.flatten(inputs) if t.dtype.is_floating])
-                    y = total(layer(inputs, training=True))
-                sources = list(layer.trainable_variables) + [
-                    t for t in tf.nest.flatten(inputs) if t.dtype.is_floating]
-                grads = [g for g in tape.gradient(y, sources) if g is not None]
-                acc += y + (total(grads) if grads else 0.0)
-            return acc
-
-        try:
-            fwd = _timed_loop(forward, x)
-            fwd_bwd = _timed_loop(forward_backward, x)
-            out = layer(x, training=False)
-        except Exception as error:  # noqa: BLE001 - report the layer and go on
-            untimed.append(f"{layer.name} ({type(error).__name__})")
-            continue
-        rows.append({
-            "layer": layer.name, "type": type(layer).__name__,
-            "forward_ms": 1e3 * fwd, "backward_ms": 1e3 * max(0.0, fwd_bwd - fwd),
-            "params": int(sum(math.prod(v.shape) for v in layer.weights)),
-            "param_mb": sum(_nbytes(v.shape, v.dtype) for v in layer.weights) / 2**20,
-            "activation_mb": sum(_nbytes(t.shape, t.dtype)
-                                 for t in tf.nest.flatten(out)) / 2**20,
-        })
-    rows.sort(key=lambda r: r["forward_ms"] + r["backward_ms"], reverse=True)
-    return {"per_replica_batch": per_replica, "top": rows[:top], "untimed": untimed}
-
-
-def verdict(report: Report) -> Report:
-    """(8) The diagnosis, from the measured numbers."""
-    run = report["baseline"]["examples_per_s"]
-    # The real run proves the pipeline delivers at least its rate (the probe may be
-    # slowed down by other work on a shared machine).
-    feed = max(report["input"]["examples_per_s"], run)
-    step = report["compute"]["examples_per_s"]
-    advice: list[str] = []
-    comm = report.get("communication") or {}
-    jit = report.get("jit") or {}
-    batch = report.get("batch") or {}
-    if feed < step or (run < 0.8 * step and feed < 1.5 * step):
-        kind = "input-bound"
-        narrowly = " (narrowly)" if feed >= 0.85 * step else ""
-        text = (f"input-bound{narrowly}: the pipeline delivers {feed:,.0f} ex/s, the step consumes "
-                f"{step:,.0f} ex/s (the run gets {run:,.0f}) — add .cache() after decoding, "
-                f"raise num_parallel_calls (tf.data.AUTOTUNE) in map/interleave, move heavy "
-                f"Python (py_function) out of the pipeline, batch before cheap per-batch maps, "
-                f"prefetch, or preprocess offline")
-    elif comm.get("applicable") and comm["communication_share"] > 0.3:
-        kind = "communication-bound"
-        text = (f"communication-bound: {comm['replicas']} replicas take "
-                f"{comm['n_replica_step_ms']:.2f} ms per step vs {comm['one_replica_step_ms']:.2f} "
-                f"ms for one ({comm['communication_share']:.0%} of the step) — raise the "
-                f"per-replica batch, accumulate gradients (perf.grad_accum_steps), or pick "
-                f"another distribute.all_reduce")
-    else:
-        kind = "compute-bound"
-        text = (f"compute-bound: the step consumes {step:,.0f} ex/s and the pipeline could "
-                f"deliver {feed:,.0f} ex/s ({feed / step:.1f}x headroom; the run gets "
-                f"{run:,.0f})")
-    if run < 0.8 * min(feed, step):
-        advice.append(f"the run ({run:,.0f} ex/s) is well below both the pipeline and the step: "
-                      f"host overhead — raise train.steps_per_loop")
-    if jit.get("applicable") and jit["speedup"] >= 1.15:
-        advice.append(f"XLA speeds the step up {jit['speedup']:.2f}x: set perf.jit_compile=True")
-    fastest = batch.get("fastest")
-    # Compared with the configured batch timed in the same search (same conditions).
-    configured = next((r for r in batch.get("tried", []) if r.get("examples_per_s")), None)
-    if fastest and configured and fastest is not configured and (
-            fastest["examples_per_s"] >= 1.3 * configured["examples_per_s"]):
-        gain = fastest["examples_per_s"] / configured["examples_per_s"]
-        advice.append(f"global batch {fastest['global_batch_size']} runs at "
-                      f"{fastest['examples_per_s']:,.0f} ex/s ({gain:.1f}x): "
-                      f"raise train.global_batch_size (and scale the learning rate: "
-                      f"optimizer.lr_scaling='linear')")
-    layers = (report.get("layers") or {}).get("top") or []
-    if kind == "compute-bound" and layers:
-        names = ", ".join(f"{r['layer']} ({r['forward_ms'] + r['backward_ms']:.2f} ms)"
-                          for r in layers[:3])
-        advice.append(f"the costliest layers: {names}")
-    return {"kind": kind, "text": text, "advice": advice}
-
-
 def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
              sections: Sequence[str] = SECTIONS, memory_budget_mb: float = 0,
              max_batch_doublings: int = 3, top_layers: int = 8,
@@ -389,9 +241,8 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
     ``baseline``, ``input`` and ``compute`` are always measured when a verdict is
     wanted (all of SECTIONS); ``memory_budget_mb`` 0 means half the machine's RAM.
     """
-    from trainer import config as config_lib
-
-    config_lib.validate(config, resolve_trainer=True)
+    config_lib.validate(config)
+    resolve_trainer_class(config.trainer)
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         raise ValueError(f"Unknown doctor sections {sorted(unknown)}; choose from {SECTIONS}.")
@@ -399,7 +250,7 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
         raise ValueError("Run the doctor in one process (not as a multi-worker task): unset "
                          "TF_CONFIG and use a mirrored/one_device strategy.")
     budget = memory_budget_mb or psutil.virtual_memory().total / 2**20 / 2
-    trainer = _build(config)
+    trainer = build_trainer(config)
     report: Report = {"config": {
         "trainer": config.trainer, "global_batch_size": config.train.global_batch_size,
         "replicas": trainer.strategy.num_replicas_in_sync,
@@ -427,74 +278,7 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
 
 
 # --------------------------------------------------------------------------- output
-def format_table(report: Report) -> str:
-    """The report as a readable table."""
-    c = report["config"]
-    lines = [f"Doctor: {c['trainer']}  global batch {c['global_batch_size']} on {c['replicas']} "
-             f"replica(s) ({c['strategy']}), {c['precision']}, steps_per_loop "
-             f"{c['steps_per_loop']}, {c['steps']} timed steps", ""]
-    row = "  {:<34}{:>14}  {}".format
-    lines.append(row("measurement", "examples/s", "notes"))
-    if "baseline" in report:
-        b = report["baseline"]
-        lines.append(row("(1) real run", f"{b['examples_per_s']:,.0f}", f"{b['step_ms']:.3f} ms/step"))
-    if "input" in report:
-        i = report["input"]
-        lines.append(row("(2) input pipeline alone", f"{i['examples_per_s']:,.0f}",
-                         f"{i['batch_ms']:.3f} ms/batch"))
-    if "compute" in report:
-        k = report["compute"]
-        lines.append(row("(3) compute alone (cached batch)", f"{k['examples_per_s']:,.0f}",
-                         f"{k['step_ms']:.3f} ms/step"))
-    if "batch" in report:
-        s = report["batch"]
-        for r in s["tried"]:
-            rate = f"{r['examples_per_s']:,.0f}" if "examples_per_s" in r else "-"
-            mem = (f"device peak {r['device_peak_mb']:,.0f} MB" if "device_peak_mb" in r
-                   else f"peak RSS {r.get('peak_rss_mb', float('nan')):,.0f} MB")
-            lines.append(row(f"(4) global batch {r['global_batch_size']}", rate,
-                             f"{'fits' if r['fits'] else 'does NOT fit'}, {mem}"))
-        lines.append(row("    largest that fits", str(s["largest_fitting"]), s["stopped"]))
-    if "jit" in report:
-        j = report["jit"]
-        if j["applicable"]:
-            lines.append(row("(5) jit_compile on", f"{j['on_examples_per_s']:,.0f}",
-                             f"{j['speedup']:.2f}x vs off"))
-            lines.append(row("    jit_compile off", f"{j['off_examples_per_s']:,.0f}", ""))
-        else:
-            lines.append(row("(5) jit_compile", "n/a", j["note"]))
-    if "communication" in report:
-        m = report["communication"]
-        if m["applicable"]:
-            lines.append(row(f"(6) 1 vs {m['replicas']} replicas", "",
-                             f"{m['one_replica_step_ms']:.3f} vs {m['n_replica_step_ms']:.3f} ms/step "
-                             f"at per-replica batch {m['per_replica_batch']}: communication "
-                             f"(+contention) {m['communication_share']:.0%} of the step"))
-        else:
-            lines.append(row("(6) communication", "n/a", m["note"]))
-    if "layers" in report:
-        lay = report["layers"]
-        lines += ["", f"  (7) top layers (per-replica batch {lay['per_replica_batch']}, each timed alone)",
-                  "  {:<24}{:<22}{:>10}{:>10}{:>12}{:>10}{:>12}".format(
-                      "layer", "type", "fwd ms", "bwd ms", "params", "param MB", "act MB")]
-        for r in lay["top"]:
-            lines.append("  {:<24}{:<22}{:>10.3f}{:>10.3f}{:>12,}{:>10.2f}{:>12.2f}".format(
-                r["layer"][:23], r["type"][:21], r["forward_ms"], r["backward_ms"], r["params"],
-                r["param_mb"], r["activation_mb"]))
-        if lay["untimed"]:
-            lines.append(f"  not timed: {', '.join(lay['untimed'])}")
-    if "verdict" in report:
-        v = report["verdict"]
-        lines += ["", f"(8) verdict: {v['text']}"] + [f"    - {a}" for a in v["advice"]]
-    return "\n".join(lines)
-
-
 def main(argv: list[str]) -> None:
-    from absl import flags, logging
-    from ml_collections import config_flags
-
-    from trainer import config as config_lib
-
     flag_values = flags.FLAGS
     if len(argv) > 1:
         raise SystemExit(f"Unexpected arguments: {' '.join(argv[1:])}")
@@ -516,9 +300,6 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """Console-script entry point (``tf-trainer-doctor``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from absl import app, flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
     flags.DEFINE_integer("steps", 100, "Timed steps per measurement.")
     flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
@@ -527,8 +308,6 @@ def run() -> None:
     flags.DEFINE_integer("top_layers", 8, "Layers listed in the per-layer table.")
     flags.DEFINE_list("sections", list(SECTIONS), f"Which measurements: {', '.join(SECTIONS)}.")
     flags.mark_flag_as_required("config")
-    from trainer import fast_exit
-
     app.run(fast_exit.then_exit(main))
 
 

@@ -1,36 +1,48 @@
-"""The outer driver behind ``Trainer.fit()`` / ``Trainer.evaluate()``.
+"""The loop driver behind ``Trainer.fit()`` / ``Trainer.evaluate()``.
 
 *When* things happen lives here: how many steps one ``tf.function`` call runs
 (``train.steps_per_loop``, an in-graph ``tf.range`` loop over the distributed
-iterator), and the logging / eval cadence. Loop boundaries are cut so that every
-``train.log_every_steps`` and ``eval.every_steps`` multiple, and ``train.steps``
-itself, end a loop exactly: the number of steps per call is a tensor argument, so a
-shorter loop does not retrace.
+iterator), the logging cadence, and the loop boundaries the callbacks ask for
+(``Callback.next_boundary``: eval, checkpoints, profiler windows). Every logging
+boundary and ``train.steps`` itself end a loop exactly: the number of steps per call
+is a tensor argument, so a shorter loop does not retrace.
 
 The in-graph loops are built in one place, :class:`CompiledLoops`. The step function
 is its own ``tf.function``, traced once; the loop carries its last outputs, which start
 as zeros of the traced output shapes, so the step appears once in the loop's graph.
+
+Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
+local flag; after the callbacks of every loop boundary the workers agree on the flags
+(one small all-reduce per loop on multi-worker runs, nothing on one worker), so every
+worker stops at the same step. Inside a gradient-accumulation window the stop waits for
+the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
+``fit()`` returns, or raises :class:`trainer.preemption.Preempted` after a preemption.
+
+Contexts: the driver runs on the host in cross-replica context; the compiled loops call
+the steps in replica context.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import data
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+from trainer import data, host_collectives
+from trainer.callbacks import Callback, CallbackList
+from trainer.preemption import Preempted
+from trainer.tracing import no_autograph
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
 
-class NonFiniteError(FloatingPointError):
-    """Raised with ``train.on_nonfinite="stop"`` when a step's gradients are NaN/inf."""
+def next_boundary(step: int, every: int) -> float:
+    """The first multiple of ``every`` after ``step`` (inf when ``every`` is 0)."""
+    return (step // every + 1) * every if every > 0 else math.inf
 
 
 def _check_outputs(outputs, hook: str) -> None:
@@ -38,7 +50,7 @@ def _check_outputs(outputs, hook: str) -> None:
         raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
 
 
-@tf.autograph.experimental.do_not_convert
+@no_autograph
 def _zeros_like_outputs(step, iterator, strategy):
     """A replica function returning zeros shaped like one replica's outputs of ``step``.
 
@@ -55,8 +67,7 @@ def _zeros_like_outputs(step, iterator, strategy):
             raise ValueError(f"train_step returned {name!r} with shape {value.shape}, which "
                              f"is not fully known while tracing; return scalars (e.g. "
                              f"tf.reduce_mean of it).")
-    return tf.autograph.experimental.do_not_convert(
-        lambda: tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), local))
+    return no_autograph(lambda: tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), local))
 
 
 class CompiledLoops:
@@ -65,41 +76,40 @@ class CompiledLoops:
     ``train(iterator, n)`` runs ``n >= 1`` steps and returns the last step's outputs,
     averaged over replicas. ``evaluate(iterator, n)`` runs ``n`` eval steps, or until
     the iterator is exhausted when ``n < 0``; results accumulate in the eval metrics.
+
+    Args:
+      strategy: the run's strategy.
+      train_step, eval_step: replica functions ``batch -> dict`` (``"loss"`` required).
+      step_counter: incremented after every train step.
+      train_loss, eval_loss: ``keras.metrics.Mean`` of the steps' ``"loss"``.
     """
 
-    def __init__(self, trainer: "Trainer"):
-        from trainer.trainer import no_autograph, user_hook
-
-        strategy = trainer.strategy
-        train_step_fn, eval_step_fn = user_hook(trainer.train_step), user_hook(trainer.eval_step)
-        if trainer.manual is not None:  # distribute.strategy="manual": see trainer.manual
-            train_step_fn = trainer.manual.wrap_train(train_step_fn)
-            eval_step_fn = trainer.manual.wrap_eval(eval_step_fn)
-
+    def __init__(self, strategy: tf.distribute.Strategy, train_step: Callable,
+                 eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss):
         @no_autograph
         def replica_train(batch):
-            outputs = train_step_fn(batch)
+            outputs = train_step(batch)
             _check_outputs(outputs, "train_step")
-            trainer.train_loss.update_state(outputs["loss"])
+            train_loss.update_state(outputs["loss"])
             return outputs
 
         @no_autograph
         def replica_eval(batch):
-            outputs = eval_step_fn(batch)
+            outputs = eval_step(batch)
             _check_outputs(outputs, "eval_step")
-            trainer.eval_loss.update_state(outputs["loss"])
+            eval_loss.update_state(outputs["loss"])
 
         @tf.function(autograph=False)
-        def train_step(iterator):
+        def one_step(iterator):
             outputs = strategy.run(replica_train, args=(next(iterator),))
-            trainer.step_counter.assign_add(1)
+            step_counter.assign_add(1)
             return outputs
 
         @tf.function
         def train(iterator, num_steps):
-            outputs = strategy.run(_zeros_like_outputs(train_step, iterator, strategy))
+            outputs = strategy.run(_zeros_like_outputs(one_step, iterator, strategy))
             for _ in tf.range(num_steps):
-                outputs = train_step(iterator)
+                outputs = one_step(iterator)
             return {k: tf.reduce_mean(strategy.reduce(_MEAN, v, axis=None))
                     for k, v in outputs.items()}
 
@@ -118,196 +128,225 @@ class CompiledLoops:
         self.evaluate = evaluate
 
 
-def _ensure_built(trainer: "Trainer", dist_dataset) -> None:
-    """Builds an unbuilt model from the dataset's element spec, then the optimizer."""
-    model = trainer.model
-    if not model.built or not model.trainable_variables:
-        from trainer.trainer import split_batch
-
-        spec = dist_dataset.element_spec
-        spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
-        try:
-            features, _ = split_batch(spec)
-        except ValueError as error:
-            raise ValueError(
-                "The model has no variables yet and the batch layout is custom; build it in "
-                "build_model() (e.g. start with keras.Input(shape)).") from error
-        dummy = tf.nest.map_structure(
-            lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), features)
-        with trainer.strategy.scope():
-            model(dummy, training=False)
-    trainer.build_optimizer_variables(trainer.optimizer, model.trainable_variables)
-
-
-def _warn_nonfinite_loss(trainer: "Trainer", loss: float) -> None:
-    """Logs (once per fit) that the window's train loss is NaN/inf, and what to do."""
-    if trainer._checks_finite:
-        what = (f"{int(trainer.precision.skipped_steps.numpy())} update(s) skipped so far "
-                f"(precision/skipped_steps)")
-    else:
-        what = ("updates are NOT checked (train.on_nonfinite='auto' without mixed_float16), "
-                "so the weights may now be NaN; set train.on_nonfinite='skip' to skip such "
-                "updates or 'stop' to stop at the first")
-    logging.warning("Train loss is %s in the window ending at step %d: %s. Lower "
-                    "optimizer.learning_rate, set optimizer.clipnorm, or check the data and "
-                    "compute_loss.", loss, trainer.step, what)
-
-
-def _loops(trainer: "Trainer") -> CompiledLoops:
-    if getattr(trainer, "_compiled_loops", None) is None:
-        trainer._compiled_loops = CompiledLoops(trainer)
-    return trainer._compiled_loops
-
-
-def _metric_values(loss_metric, metrics: dict) -> dict[str, float]:
+def metric_values(loss_metric, metrics: dict) -> dict[str, float]:
+    """``{"loss": ..., NAME: ...}`` as Python floats (reduced over replicas and workers:
+    Keras metric variables are ON_READ/SUM, read in cross-replica context)."""
     values = {"loss": float(loss_metric.result())}
     for name, metric in metrics.items():
         values[name] = float(metric.result())
     return values
 
 
-def _reset(loss_metric, metrics: dict) -> None:
+def reset_metrics(loss_metric, metrics: dict) -> None:
     loss_metric.reset_state()
     for metric in metrics.values():
         metric.reset_state()
 
 
-def evaluate(trainer: "Trainer") -> dict[str, float]:
-    """One pass over the eval dataset (``eval.steps`` batches when > 0)."""
-    if not trainer.has_eval_dataset():
-        raise ValueError(f"{type(trainer).__name__} has no eval dataset: override "
-                         f"build_eval_dataset(ctx) to evaluate.")
-    if getattr(trainer, "_eval_dataset", None) is None:
-        trainer._eval_dataset = data.distribute(
-            trainer.strategy, trainer.build_eval_dataset, trainer.eval_global_batch_size,
-            deterministic=trainer.config.train.deterministic, what="build_eval_dataset")
-        _ensure_built(trainer, trainer._eval_dataset)
-    _reset(trainer.eval_loss, trainer.eval_metrics)
-    _loops(trainer).evaluate(iter(trainer._eval_dataset),
-                             tf.constant(trainer.config.eval.steps, tf.int64))
-    return _metric_values(trainer.eval_loss, trainer.eval_metrics)
+class History(Callback):
+    """What ``fit()`` returns: the latest ``train/*`` and ``eval/*`` values."""
+
+    def __init__(self):
+        self.results: dict[str, float] = {}
+
+    def on_log(self, trainer, logs: dict[str, float]) -> None:
+        self.results.update({k: v for k, v in logs.items() if k.startswith("train/")})
+
+    def on_eval_end(self, trainer, logs: dict[str, float]) -> None:
+        self.results.update({k: v for k, v in logs.items() if k.startswith("eval/")})
 
 
-def _train_iterator(trainer: "Trainer"):
-    """The distributed train iterator, positioned at ``trainer.step``.
+class LoopDriver:
+    """Runs ``fit()`` and ``evaluate()`` for one Trainer (``trainer.driver``).
 
-    A second ``fit()`` on the same Trainer (e.g. after raising ``train.steps``)
-    continues with the iterator it left; otherwise (first call, or after a restore
-    moved ``trainer.step``) the dataset is built and skips the batches already
-    consumed, which is exact for deterministic pipelines and costs time linear in the
-    steps skipped.
-    """
-    cached = getattr(trainer, "_train_iterator_at", None)
-    if cached is not None and cached[0] == trainer.step:
-        return cached[1]
-    cfg = trainer.config
-    train_dataset = data.distribute(
-        trainer.strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
-        deterministic=cfg.train.deterministic, skip_batches=trainer.step)
-    _ensure_built(trainer, train_dataset)
-    return iter(train_dataset)
+    Holds what lives across ``fit()`` calls: the compiled loops, the distributed eval
+    dataset, and the train iterator with the step it is positioned at (a second
+    ``fit()`` after raising ``train.steps`` continues with it).
 
-
-def next_boundary(step: int, every: int) -> float:
-    """The first multiple of ``every`` after ``step`` (inf when ``every`` is 0)."""
-    return (step // every + 1) * every if every > 0 else math.inf
-
-
-class Component:
-    """Something that acts at loop boundaries (telemetry, checkpoints, profiler).
-
-    All methods run on the host between ``tf.function`` calls, on every worker (a
-    component that writes files checks ``distribute.is_chief`` itself). Defaults do
-    nothing.
+    Args:
+      trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
+        step, step_counter, gradients, metrics, dataset hooks).
+      train_step, eval_step: the replica step functions (user hooks, ready to trace).
     """
 
-    def next_boundary(self, step: int) -> float:
-        """The next step at which a train loop must end for this component."""
-        return math.inf
+    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable):
+        self.trainer = trainer
+        self.history = History()
+        self._train_step, self._eval_step = train_step, eval_step
+        self._loops: CompiledLoops | None = None
+        self._eval_dataset = None
+        self._iterator_at: tuple[int, Any] | None = None
+        self._stop_reason: str | None = None
+        self._preempt = False
+        self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
+        self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
-        """Before the first train loop (after any restore)."""
+    # ------------------------------------------------------------ building
+    @property
+    def loops(self) -> CompiledLoops:
+        if self._loops is None:
+            t = self.trainer
+            reducer = t.gradients.reducer
+            self._loops = CompiledLoops(
+                t.strategy, reducer.wrap_train(self._train_step),
+                reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss)
+        return self._loops
 
-    def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
-        """After each train loop of ``num_steps`` steps that took ``seconds``."""
-
-    def on_log(self, trainer: "Trainer", values: dict[str, float]) -> None:
-        """At each ``train.log_every_steps`` boundary with the window's train values."""
-
-    def on_eval(self, trainer: "Trainer", values: dict[str, float]) -> None:
-        """After each evaluation during fit()."""
-
-    def on_fit_end(self, trainer: "Trainer", results: dict[str, float]) -> None:
-        """After the last step (also when fit() raises: then ``results`` is partial)."""
-
-
-def components(trainer: "Trainer") -> list[Component]:
-    """The components a fit() run uses, in call order."""
-    from trainer import checkpoint, profiler, telemetry
-
-    return [telemetry.Telemetry(trainer.config), profiler.ProfilerWindows(trainer.config),
-            checkpoint.Checkpointer(trainer)]
-
-
-def fit(trainer: "Trainer") -> dict[str, float]:
-    """Trains until ``train.steps``; see the module docstring for the cadence."""
-    cfg = trainer.config
-    total = cfg.train.steps
-    has_eval = trainer.has_eval_dataset()
-    parts = components(trainer)
-    if trainer.step == 0:
-        trainer.restore()  # latest checkpoint in workdir: sets trainer.step before the input
-    iterator = _train_iterator(trainer)
-    loops = _loops(trainer)
-    results: dict[str, float] = {}
-    _reset(trainer.train_loss, trainer.train_metrics)
-    stop_on_nonfinite = cfg.train.on_nonfinite == "stop"
-    skipped_before = int(trainer.precision.skipped_steps.numpy())
-    warned_nonfinite = False
-    for part in parts:
-        part.on_fit_start(trainer)
-    try:
-        while trainer.step < total:
-            next_log = next_boundary(trainer.step, cfg.train.log_every_steps)
-            next_eval = next_boundary(trainer.step, cfg.eval.every_steps) if has_eval else math.inf
-            num_steps = int(min([cfg.train.steps_per_loop, total - trainer.step,
-                                 next_log - trainer.step, next_eval - trainer.step]
-                                + [p.next_boundary(trainer.step) - trainer.step for p in parts]))
-            start = time.perf_counter()
+    def ensure_built(self, dist_dataset=None) -> None:
+        """Builds an unbuilt model from the (train) dataset's element spec, then the
+        optimizer's variables."""
+        t = self.trainer
+        model = t.model
+        if not model.built or not model.trainable_variables:
+            if dist_dataset is None:
+                dist_dataset = self._distribute(t.build_train_dataset,
+                                                t.config.train.global_batch_size)
+            spec = dist_dataset.element_spec
+            spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
             try:
-                outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
-            except tf.errors.OutOfRangeError as error:
+                features, _ = data.split_batch(spec)
+            except ValueError as error:
                 raise ValueError(
-                    f"build_train_dataset ran out of data at step {trainer.step + 1} of "
-                    f"{total}; end it with .repeat() so training can run for train.steps."
-                ) from error
-            seconds = time.perf_counter() - start
-            trainer.step += num_steps
-            if stop_on_nonfinite and int(trainer.precision.skipped_steps.numpy()) > skipped_before:
-                bad = int(trainer.precision.last_skipped_step.numpy())
-                raise NonFiniteError(
-                    f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
-                    f"applied (train.on_nonfinite='stop'). Lower the learning rate, enable "
-                    f"optimizer.clipnorm, or check the data and the loss for NaN.")
-            for part in parts:
-                part.on_train_loop_end(trainer, num_steps, seconds)
-            if trainer.step in (next_log, total):
-                values = {k: float(v) for k, v in outputs.items()}
-                values.update(_metric_values(trainer.train_loss, trainer.train_metrics))
-                if not math.isfinite(values["loss"]) and not warned_nonfinite:
-                    warned_nonfinite = True
-                    _warn_nonfinite_loss(trainer, values["loss"])
-                results.update({f"train/{k}": v for k, v in values.items()})
-                _reset(trainer.train_loss, trainer.train_metrics)
-                for part in parts:
-                    part.on_log(trainer, values)
-            if has_eval and trainer.step in (next_eval, total):
-                eval_values = evaluate(trainer)
-                results.update({f"eval/{k}": v for k, v in eval_values.items()})
-                for part in parts:
-                    part.on_eval(trainer, eval_values)
-    finally:
-        trainer._train_iterator_at = (trainer.step, iterator)
-        for part in parts:
-            part.on_fit_end(trainer, results)
-    return results
+                    "The model has no variables yet and the batch layout is custom; build it "
+                    "in build_model() (e.g. start with keras.Input(shape)).") from error
+            dummy = tf.nest.map_structure(
+                lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), features)
+            with t.strategy.scope():
+                model(dummy, training=False)
+        t.gradients.build_optimizer_variables(t.optimizer, model.trainable_variables)
+
+    def _distribute(self, dataset_fn, global_batch_size: int, what: str = "build_train_dataset",
+                    skip_batches: int = 0):
+        return data.distribute(self.trainer.strategy, dataset_fn, global_batch_size,
+                               deterministic=self.trainer.config.train.deterministic,
+                               what=what, skip_batches=skip_batches)
+
+    def _train_iterator(self):
+        """The distributed train iterator, positioned at ``trainer.step``.
+
+        Reused when it is still there (a second ``fit()``); otherwise the dataset is
+        built and skips the batches already consumed, which is exact for deterministic
+        pipelines and costs time linear in the steps skipped.
+        """
+        t = self.trainer
+        if self._iterator_at is not None and self._iterator_at[0] == t.step:
+            return self._iterator_at[1]
+        dataset = self._distribute(t.build_train_dataset, t.config.train.global_batch_size,
+                                   skip_batches=t.step)
+        self.ensure_built(dataset)
+        return iter(dataset)
+
+    # ------------------------------------------------------------ evaluate
+    def evaluate(self) -> dict[str, float]:
+        """One pass over the eval dataset (``eval.steps`` batches when > 0)."""
+        t = self.trainer
+        if not t.has_eval_dataset():
+            raise ValueError(f"{type(t).__name__} has no eval dataset: override "
+                             f"build_eval_dataset(ctx) to evaluate.")
+        if self._eval_dataset is None:
+            self._eval_dataset = self._distribute(
+                t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
+            self.ensure_built(self._eval_dataset)
+        reset_metrics(t.eval_loss, t.eval_metrics)
+        self.loops.evaluate(iter(self._eval_dataset), tf.constant(t.config.eval.steps, tf.int64))
+        return metric_values(t.eval_loss, t.eval_metrics)
+
+    # ---------------------------------------------------------------- stop
+    def request_stop(self, reason: str) -> None:
+        """Host: asks every worker to stop at the end of the current loop."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            logging.info("stop requested at step %d: %s", self.trainer.step, reason)
+
+    def request_preemption(self) -> None:
+        """Host (e.g. a signal handler): checkpoint at the next boundary, then Preempted."""
+        self._preempt = True
+
+    def _agree(self) -> tuple[bool, bool]:
+        """(stop, preempt) as every worker sees them: one all-reduce on multi-worker."""
+        local = np.array([self._stop_reason is not None, self._preempt], np.int32)
+        stop, preempt = host_collectives.sum_over_workers(self.trainer.strategy, local) > 0
+        if stop and self._stop_reason is None:
+            self._stop_reason = "requested on another worker"
+        return bool(stop), bool(preempt)
+
+    def _mean_over_workers(self, seconds: float) -> float:
+        """Window seconds averaged over workers, so throughput logs agree everywhere."""
+        workers = host_collectives.num_workers(self.trainer.strategy)
+        if workers == 1:
+            return seconds
+        total = host_collectives.sum_over_workers(self.trainer.strategy,
+                                                  np.array([seconds], np.float32))
+        return float(total[0]) / workers
+
+    # ----------------------------------------------------------------- fit
+    def fit(self, callbacks: CallbackList) -> dict[str, float]:
+        """Trains until ``train.steps`` or an agreed stop; see the module docstring."""
+        t = self.trainer
+        cfg = t.config
+        total, k = cfg.train.steps, cfg.perf.grad_accum_steps
+        iterator = self._train_iterator()
+        loops = self.loops
+        self.history.results = {}
+        self._stop_reason, self._preempt, self.stopped_by = None, False, None
+        reset_metrics(t.train_loss, t.train_metrics)
+        window_steps, window_seconds = 0, 0.0
+        callbacks.on_fit_start(t)
+        try:
+            while t.step < total:
+                next_log = next_boundary(t.step, cfg.train.log_every_steps)
+                num_steps = int(min(cfg.train.steps_per_loop, total - t.step,
+                                    next_log - t.step, callbacks.next_boundary(t.step) - t.step))
+                start = time.perf_counter()
+                try:
+                    outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
+                except tf.errors.OutOfRangeError as error:
+                    raise ValueError(
+                        f"build_train_dataset ran out of data at step {t.step + 1} of {total}; "
+                        f"end it with .repeat() so training can run for train.steps.") from error
+                seconds = time.perf_counter() - start
+                self.last_loop = (num_steps, seconds)
+                t.step += num_steps
+                window_steps += num_steps
+                window_seconds += seconds
+                if t.step in (next_log, total):
+                    logs = self._window_logs(outputs, window_steps, window_seconds)
+                    window_steps, window_seconds = 0, 0.0
+                    callbacks.on_log(t, logs)
+                callbacks.on_loop_end(t)
+                stop, preempt = self._agree()
+                if (stop or preempt) and t.step < total:
+                    if t.step % k:
+                        logging.info("stop at step %d waits for the end of the gradient "
+                                     "accumulation window of %d steps.", t.step, k)
+                        continue
+                    self.stopped_by = "preemption" if preempt else self._stop_reason
+                    break
+            if window_steps and self.stopped_by != "preemption":  # a stop inside a window
+                callbacks.on_log(t, self._window_logs(outputs, window_steps, window_seconds))
+            callbacks.on_train_end(t)
+            if self.stopped_by == "preemption":
+                raise Preempted(t.step)
+            if self.stopped_by:
+                logging.info("training stopped at step %d of %d: %s", t.step, total,
+                             self.stopped_by)
+        except BaseException:
+            self._iterator_at = (t.step, iterator)
+            callbacks.on_fit_end(t, dict(self.history.results))
+            raise
+        self._iterator_at = (t.step, iterator)
+        results = dict(self.history.results)
+        callbacks.on_fit_end(t, results)
+        return results
+
+    def _window_logs(self, outputs: dict, steps: int, seconds: float) -> dict[str, float]:
+        """The ``on_log`` values of a window; resets the train metrics."""
+        t = self.trainer
+        values = {k: float(v) for k, v in outputs.items()}
+        values.update(metric_values(t.train_loss, t.train_metrics))
+        reset_metrics(t.train_loss, t.train_metrics)
+        seconds = self._mean_over_workers(seconds)
+        logs = {f"train/{k}": v for k, v in values.items()}
+        logs["perf/steps_per_s"] = steps / max(seconds, 1e-9)
+        logs["perf/examples_per_s"] = logs["perf/steps_per_s"] * t.config.train.global_batch_size
+        return logs

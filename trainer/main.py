@@ -7,9 +7,10 @@ Builds the Trainer subclass named by ``config.trainer``, writes the resolved con
 ``workdir/config.json`` (chief only) and calls ``fit()``, which resumes from the latest
 checkpoint in ``workdir``.
 
-Exit codes: 0 done; 1 with a one-line message for a configuration or checkpoint error;
-42 (``trainer.checkpoint.EXIT_PREEMPTED``) after SIGTERM, once the current step is
-checkpointed: run the same command again to resume.
+Exit codes: 0 done (also when a callback requested the stop); 1 with a one-line message
+for a configuration or checkpoint error; 143 (``trainer.preemption.EXIT_PREEMPTED``,
+128 + SIGTERM) after SIGTERM, once the current step is checkpointed: run the same
+command again to resume.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from trainer import config as config_lib
+from trainer import distribute, fast_exit
+from trainer.checkpoint_state import CheckpointError
+from trainer.preemption import EXIT_PREEMPTED, Preempted
+from trainer.trainer import resolve_trainer_class
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory the run writes to.")
@@ -30,12 +37,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    from trainer import checkpoint, config as config_lib, distribute
-
     config = _CONFIG.value
     try:
         config_lib.validate(config)
-        trainer_cls = config_lib.resolve_trainer_class(config.trainer)
+        trainer_cls = resolve_trainer_class(config.trainer)
         trainer = trainer_cls(config, _WORKDIR.value)
     except config_lib.ConfigError as error:
         sys.exit(f"Configuration error: {error}")
@@ -47,10 +52,10 @@ def main(argv: list[str]) -> None:
     tf_logger.setLevel(logging.logging.WARNING)  # TF's per-call INFO lines drown progress
     try:
         results = trainer.fit()
-    except checkpoint.Preempted as preempted:
-        logging.warning("%s Exit code %d.", preempted, checkpoint.EXIT_PREEMPTED)
-        sys.exit(checkpoint.EXIT_PREEMPTED)
-    except checkpoint.CheckpointError as error:
+    except Preempted as preempted:
+        logging.warning("%s Exit code %d.", preempted, EXIT_PREEMPTED)
+        sys.exit(EXIT_PREEMPTED)
+    except CheckpointError as error:
         sys.exit(f"Checkpoint error: {error}")
     except config_lib.ConfigError as error:
         sys.exit(f"Configuration error: {error}")
@@ -60,8 +65,6 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """Console-script entry point (``tf-trainer``). The process ends without destroying
     TensorFlow's objects one by one (see :mod:`trainer.fast_exit`)."""
-    from trainer import fast_exit
-
     app.run(fast_exit.then_exit(main))
 
 

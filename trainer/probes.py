@@ -22,17 +22,15 @@ waits ``max(0, t_input - t_compute)``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import tensorflow as tf
 
 from trainer import data, precision
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+from trainer.tracing import no_autograph
 
 
-@tf.autograph.experimental.do_not_convert
+@no_autograph
 def _local_tensors(value) -> list:
     """The tensors of a (possibly distributed) nested value on this worker."""
     out = []
@@ -49,7 +47,7 @@ class InputProbe:
     it costs the memory of one more pipeline (e.g. its shuffle buffer).
     """
 
-    def __init__(self, trainer: "Trainer"):
+    def __init__(self, trainer: Any):
         cfg = trainer.config
         self.global_batch_size = cfg.train.global_batch_size
         self._dataset = data.distribute(
@@ -117,21 +115,19 @@ class ComputeProbe:
     bound of the step's compute time.
     """
 
-    def __init__(self, trainer: "Trainer", batch):
-        from trainer.trainer import Trainer, no_autograph, split_batch, user_hook
-
-        if type(trainer).train_step is not Trainer.train_step:
+    def __init__(self, trainer: Any, batch):
+        if trainer.overrides("train_step"):
             raise ComputeUnavailable(
                 f"{type(trainer).__name__} overrides train_step; the probe cannot know "
                 f"which models it runs.")
         strategy, model = trainer.strategy, trainer.model
         self._state = list(model.non_trainable_variables)
 
-        compute_loss = user_hook(trainer.compute_loss)
+        compute_loss = trainer.steps.compute_loss
 
         @no_autograph
         def replica_step(b):
-            features, _ = split_batch(b)
+            features, _ = data.split_batch(b)
             with tf.GradientTape() as tape:
                 outputs = precision.outputs_to_float32(model(features, training=True))
                 loss = tf.reduce_sum(tf.cast(compute_loss(b, outputs), tf.float32))

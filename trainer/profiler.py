@@ -1,6 +1,6 @@
 """Profiler windows: ``telemetry.profile_steps="200:210"`` (or ``"200:210,500:505"``).
 
-:class:`ProfilerWindows` is a :class:`trainer.loop.Component`. Window ``"a:b"`` covers
+:class:`ProfilerWindows` is a :class:`trainer.Callback`. Window ``"a:b"`` covers
 the steps that take the global step from ``a`` to ``b`` (``b - a`` steps). Through
 ``next_boundary`` it makes train loops END at ``a`` and at ``b`` (so a window that
 crosses a ``steps_per_loop`` boundary just splits that loop in two), starts
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 import ml_collections
 import tensorflow as tf
@@ -30,13 +30,10 @@ from absl import logging
 
 from trainer import config as config_lib
 from trainer import distribute
-from trainer.loop import Component
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+from trainer.callbacks import Callback
 
 
-class ProfilerWindows(Component):
+class ProfilerWindows(Callback):
     """Starts/stops ``tf.profiler`` at exactly the configured step windows."""
 
     def __init__(self, config: ml_collections.ConfigDict):
@@ -54,7 +51,7 @@ class ProfilerWindows(Component):
                 return stop
         return math.inf
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Any) -> None:
         self._enabled = bool(self.windows and trainer.workdir
                              and distribute.is_chief(trainer.strategy))
         if self.windows and not self._enabled:
@@ -91,11 +88,11 @@ class ProfilerWindows(Component):
             logging.info("profiler: trace of steps %d:%d written to %s", *self._active, target)
         self._active = None
 
-    def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
+    def on_loop_end(self, trainer: Any) -> None:
         if self._active and trainer.step >= self._active[1]:
             self._stop()
         self._maybe_start(trainer.step)
 
-    def on_fit_end(self, trainer: "Trainer", results: dict[str, float]) -> None:
+    def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
         if self._active:
             self._stop()

@@ -1,7 +1,7 @@
 """What the run reports while it trains: progress, per-window performance numbers,
 TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 
-:class:`Telemetry` is a :class:`trainer.loop.Component`. It is always on and light:
+:class:`Telemetry` is a :class:`trainer.Callback`. It is always on and light:
 per train loop it only adds up the host wall time of the compiled loop call (no extra
 device sync); per logging window (``train.log_every_steps``) it samples host/device
 memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
@@ -20,12 +20,9 @@ train pipeline kept filling its prefetch buffer, so that window runs partly on s
 
 Outputs (files only on the chief, and only when the Trainer has a workdir):
 
-* console: ``telemetry.progress`` = ``bar`` (one updating line with ETA, for a
-  terminal), ``lines`` (one plain line per window: no control characters), ``off``, or
-  ``auto`` (``bar`` when stderr is a TTY and no launcher set ``TF_CONFIG``, else
-  ``lines``). The environment variable ``TF_TRAINER_PROGRESS`` overrides the config
-  (launchers set it to ``lines``). Only the chief prints progress; alerts print everywhere.
-* TensorBoard: ``workdir/train`` and ``workdir/eval`` (``tf.summary`` file writers);
+* console: :mod:`trainer.progress` (``telemetry.progress``). Only the chief prints
+  progress; alerts print everywhere.
+* TensorBoard (:mod:`trainer.summaries`): ``workdir/train`` and ``workdir/eval``;
   train/eval values as ``loss``, ``accuracy``…, the rest under ``perf/``, ``mem/``,
   ``sys/``, ``precision/``; alerts as the text summary ``alerts`` and the scalar
   ``perf/regression_alert``.
@@ -35,29 +32,24 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, TextIO
+from typing import Any, TextIO
 
 import keras
 import ml_collections
 import psutil
 import tensorflow as tf
 from absl import logging
-from tensorflow.core.framework import summary_pb2
 
-from trainer import config as config_lib
 from trainer import distribute, probes
-from trainer.loop import Component
-
-if TYPE_CHECKING:
-    from trainer.trainer import Trainer
-
-PROGRESS_ENV = "TF_TRAINER_PROGRESS"
+from trainer.callbacks import Callback
+from trainer.progress import Progress, duration, progress_mode
+from trainer.summaries import SummaryWriters
+from trainer.system_stats import SystemSampler
 
 #: Keys of every ``kind == "train"`` record of metrics.jsonl (values may be null where
 #: noted in README.md), plus ``train/NAME`` for each value the step/metrics report.
@@ -75,138 +67,6 @@ TRAIN_KEYS = (
 )
 #: Keys of every ``kind == "eval"`` record, plus ``eval/NAME`` for each eval metric.
 EVAL_KEYS = ("kind", "step", "time", "eval/loss")
-
-_CONTROL = "\r\x1b[K"  # carriage return + erase to end of line
-
-
-def progress_mode(configured: str, stream: TextIO) -> str:
-    """Resolves ``telemetry.progress`` (and ``$TF_TRAINER_PROGRESS``) to bar/lines/off."""
-    mode = os.environ.get(PROGRESS_ENV, "").strip().lower() or configured
-    if mode not in ("auto", "bar", "lines", "off"):
-        raise config_lib.ConfigError(
-            f"{PROGRESS_ENV}={mode!r} is not one of 'auto', 'bar', 'lines', 'off'.")
-    if mode != "auto":
-        return mode
-    tty = getattr(stream, "isatty", lambda: False)()
-    return "bar" if tty and not os.environ.get("TF_CONFIG") else "lines"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-class Progress:
-    """Console progress in one of three modes (see the module docstring)."""
-
-    def __init__(self, mode: str, total_steps: int, stream: TextIO):
-        self.mode, self.total_steps, self.stream = mode, total_steps, stream
-        self._bar_shown = False
-
-    def _write(self, text: str) -> None:
-        self.stream.write(text)
-        self.stream.flush()
-
-    def update(self, step: int, loss: float | None, examples_per_s: float | None,
-               eta_s: float | None) -> None:
-        """Bar mode: redraws the single progress line (after every train loop)."""
-        if self.mode != "bar":
-            return
-        width = 24
-        done = int(width * step / max(self.total_steps, 1))
-        parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{self.total_steps}"]
-        if loss is not None:
-            parts.append(f"loss {loss:.4g}")
-        if examples_per_s:
-            parts.append(f"{examples_per_s:,.0f} ex/s")
-        parts.append(f"ETA {_duration(eta_s)}")
-        self._write(_CONTROL + "  ".join(parts))
-        self._bar_shown = True
-
-    def line(self, text: str) -> None:
-        """A permanent line (window summary, eval result)."""
-        if self.mode == "off":
-            return
-        self.clear()
-        self._write(text + "\n")
-
-    def clear(self) -> None:
-        """Bar mode: erases the progress line so another message can be printed."""
-        if self._bar_shown:
-            self._write(_CONTROL)
-            self._bar_shown = False
-
-
-class SystemSampler:
-    """Host and device memory and utilisation, sampled once per logging window.
-
-    Device memory uses ``tf.config.experimental.get_memory_info`` on this worker's
-    non-CPU devices (max over devices; ``None`` on CPU-only runs, where the host RSS
-    is the memory number). GPU utilisation needs NVML (``pip install nvidia-ml-py``);
-    without it the value is ``None``, silently. CPU percentages are averages since
-    the previous sample (``sys/process_cpu_percent`` can exceed 100 on several cores).
-    """
-
-    def __init__(self, strategy: tf.distribute.Strategy):
-        self._process = psutil.Process()
-        self._process.cpu_percent(None)
-        psutil.cpu_percent(None)
-        self._devices = distribute.accelerator_devices(strategy)
-        self._nvml = self._init_nvml()
-
-    @staticmethod
-    def _init_nvml():
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                       for i in range(pynvml.nvmlDeviceGetCount())]
-            return (pynvml, handles) if handles else None
-        except Exception:  # noqa: BLE001 - NVML is optional: absent, no driver, no GPU
-            return None
-
-    def sample(self) -> dict[str, float | None]:
-        rss = self._process.memory_info().rss
-        out: dict[str, float | None] = {
-            "mem/host_rss_mb": rss / 2**20,
-            "mem/host_memory_fraction": rss / psutil.virtual_memory().total,
-            "mem/device_current_mb": None, "mem/device_peak_mb": None,
-            "mem/gpu_memory_fraction": None,
-            "sys/host_cpu_percent": psutil.cpu_percent(None),
-            "sys/process_cpu_percent": self._process.cpu_percent(None),
-            "sys/gpu_util_percent": None,
-        }
-        infos = []
-        for device in self._devices:
-            try:
-                infos.append(tf.config.experimental.get_memory_info(device))
-            except (ValueError, RuntimeError):  # allocator stats not available here
-                pass
-        if infos:
-            out["mem/device_current_mb"] = max(i["current"] for i in infos) / 2**20
-            out["mem/device_peak_mb"] = max(i["peak"] for i in infos) / 2**20
-        if self._nvml:
-            pynvml, handles = self._nvml
-            try:
-                out["sys/gpu_util_percent"] = statistics.fmean(
-                    pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles)
-                out["mem/gpu_memory_fraction"] = max(
-                    (m.used / m.total) for m in (pynvml.nvmlDeviceGetMemoryInfo(h)
-                                                for h in handles))
-            except Exception:  # noqa: BLE001 - a transient NVML error must not stop training
-                pass
-        return out
-
-    def close(self) -> None:
-        if self._nvml:
-            try:
-                self._nvml[0].nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 class RegressionDetector:
@@ -266,7 +126,7 @@ def likely_cause(current: dict, baseline: dict) -> str:
     return "; ".join(causes)
 
 
-def setup_report(trainer: "Trainer") -> str:
+def setup_report(trainer: Any) -> str:
     """One screen: devices and strategy, precision, XLA, batch, outputs."""
     cfg = trainer.config
     replicas = trainer.strategy.num_replicas_in_sync
@@ -295,69 +155,7 @@ def setup_report(trainer: "Trainer") -> str:
     return "\n".join(lines)
 
 
-def _plugin(name: str) -> summary_pb2.SummaryMetadata:
-    return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=name))
-
-
-# The summary format of TensorBoard's scalar and text plugins, written with the core
-# ``tf.summary.write`` so that writing needs no ``tensorboard`` package (viewing does).
-_SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
-
-
-class _Writers:
-    """TensorBoard writers and the metrics.jsonl file of one run (chief only).
-
-    Kept on the Trainer across ``fit()`` calls. A record's scalars are written by one
-    ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
-    and after the first probe — so a window costs one call instead of an eager op per
-    scalar.
-    """
-
-    def __init__(self, workdir: str):
-        os.makedirs(workdir, exist_ok=True)
-        self.workdir = workdir
-        self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
-                        for kind in ("train", "eval")}
-        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-        self._scalar_fns: dict[tuple, Callable] = {}
-
-    def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
-        key = (kind, tags)
-        if key not in self._scalar_fns:
-            writer = self.summary[kind]
-
-            @tf.function
-            def write(step, values):
-                with writer.as_default(step=step):
-                    for i, tag in enumerate(tags):
-                        tf.summary.write(tag, values[i], metadata=_SCALAR)
-
-            self._scalar_fns[key] = write
-        return self._scalar_fns[key]
-
-    def write(self, record: dict[str, Any]) -> None:
-        kind, step = record["kind"], record["step"]
-        self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
-        self.jsonl.flush()
-        scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
-                   for key, value in record.items()
-                   if key not in ("kind", "step", "time", "alert") and value is not None}
-        tags = tuple(sorted(scalars))
-        self._scalar_fn(kind, tags)(tf.constant(step, tf.int64),
-                                    tf.constant([scalars[t] for t in tags], tf.float32))
-        if record.get("alert"):
-            with self.summary[kind].as_default(step=step):
-                tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)
-        self.summary[kind].flush()
-
-    def flush(self) -> None:
-        for writer in self.summary.values():
-            writer.flush()
-        self.jsonl.flush()
-
-
-class Telemetry(Component):
+class Telemetry(Callback):
     """Per-window throughput, timing, memory, utilisation, input wait, alerts, outputs.
 
     Args:
@@ -369,23 +167,25 @@ class Telemetry(Component):
         self.config = config
         self.stream = stream or sys.stderr
         self.records: list[dict[str, Any]] = []  # this fit()'s train records, in order
-        self._writers: _Writers | None = None
+        self._writers: SummaryWriters | None = None  # kept across fit() calls
+        self._active_writers: SummaryWriters | None = None
         self._sampler: SystemSampler | None = None
+        self._probes: dict[str, Any] = {}  # traced probes, reused by a later fit()
 
     # -------------------------------------------------------------- lifecycle
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Any) -> None:
         cfg = self.config
         self._chief = distribute.is_chief(trainer.strategy)
         mode = progress_mode(cfg.telemetry.progress, self.stream)
         self.progress = Progress(mode if self._chief else "off", cfg.train.steps, self.stream)
         if trainer.workdir and self._chief:
-            writers = trainer.__dict__.get("_telemetry_writers")
-            if writers is None or writers.workdir != trainer.workdir:
-                writers = trainer._telemetry_writers = _Writers(trainer.workdir)
-            self._writers = writers
+            if self._writers is None or self._writers.workdir != trainer.workdir:
+                self._writers = SummaryWriters(trainer.workdir)
+            self._active_writers = self._writers
         self._sampler = SystemSampler(trainer.strategy)
         self._detector = RegressionDetector(cfg.telemetry.alert_drop, cfg.telemetry.alert_windows)
         self._loops: list[tuple[int, float]] = []
+        self._seen_step = trainer.step
         self._windows = 0
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
         self._probe: dict[str, Any] = {}
@@ -399,39 +199,45 @@ class Telemetry(Component):
                          "(perf/input_wait_fraction is null).")
         logging.info("%s", setup_report(trainer))
 
-    def on_train_loop_end(self, trainer: "Trainer", num_steps: int, seconds: float) -> None:
-        self._loops.append((num_steps, seconds))
+    def _take_loop(self, trainer: Any) -> None:
+        """Records the loop that just ended (once, from whichever hook comes first)."""
+        if self._seen_step != trainer.step:
+            self._seen_step = trainer.step
+            self._loops.append(trainer.driver.last_loop)
+
+    def on_loop_end(self, trainer: Any) -> None:
+        self._take_loop(trainer)
         if self.progress.mode == "bar":
             eta = (self.config.train.steps - trainer.step) / self._rate if self._rate else None
             last = self.records[-1] if self.records else {}
             self.progress.update(trainer.step, last.get("train/loss"),
                                  last.get("perf/examples_per_s"), eta)
 
-    def on_log(self, trainer: "Trainer", values: dict[str, float]) -> None:
-        record = self._window_record(trainer, values)
+    def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
+        self._take_loop(trainer)
+        record = self._window_record(trainer, logs)
         self.records.append(record)
-        if self._writers:
-            self._writers.write(record)
+        if self._active_writers:
+            self._active_writers.write(record)
         self.progress.line(self._summary_line(record))
 
-    def on_eval(self, trainer: "Trainer", values: dict[str, float]) -> None:
-        record = {"kind": "eval", "step": trainer.step, "time": time.time(),
-                  **{f"eval/{k}": v for k, v in values.items()}}
-        if self._writers:
-            self._writers.write(record)
+    def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
+        record = {"kind": "eval", "step": trainer.step, "time": time.time(), **logs}
+        if self._active_writers:
+            self._active_writers.write(record)
         self.progress.line(f"eval  step {trainer.step}: " + ", ".join(
-            f"{k}={v:.4g}" for k, v in values.items()))
+            f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
-    def on_fit_end(self, trainer: "Trainer", results: dict[str, float]) -> None:
+    def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
         self.progress.clear()
-        if self._writers:
-            self._writers.flush()
-            self._writers = None
+        if self._active_writers:
+            self._active_writers.flush()
+            self._active_writers = None
         if self._sampler:
             self._sampler.close()
 
     # ---------------------------------------------------------------- windows
-    def _window_record(self, trainer: "Trainer", values: dict[str, float]) -> dict[str, Any]:
+    def _window_record(self, trainer: Any, logs: dict[str, float]) -> dict[str, Any]:
         cfg = self.config
         loops, self._loops = self._loops, []
         self._windows += 1
@@ -446,7 +252,7 @@ class Telemetry(Component):
             self._rate = steps / max(seconds, 1e-9)
         record: dict[str, Any] = {
             "kind": "train", "step": trainer.step, "time": time.time(),
-            **{f"train/{k}": v for k, v in values.items()},
+            **{k: v for k, v in logs.items() if k.startswith("train/")},
             "perf/steps_per_s": steps / max(seconds, 1e-9),
             "perf/examples_per_s": examples_per_s,
             "perf/step_time_mean_s": step_s, "perf/step_time_p90_s": p90,
@@ -496,7 +302,7 @@ class Telemetry(Component):
                 "perf/step_time_mean_s": statistics.median(steps) if steps else None,
                 "precision/skipped_steps": earlier[-1]["precision/skipped_steps"] if earlier else 0}
 
-    def _run_probes(self, trainer: "Trainer", step_s: float) -> None:
+    def _run_probes(self, trainer: Any, step_s: float) -> None:
         """Times the pipeline alone and compute alone (see :mod:`trainer.probes`).
 
         ``step_s``: the window's observed seconds per step. A pipeline that slows the
@@ -504,8 +310,7 @@ class Telemetry(Component):
         comes out faster than half of it (prefetched stock).
         """
         n = self.config.telemetry.probe_batches
-        # Kept on the Trainer, so a later fit() on it reuses the traced probes.
-        cache = trainer.__dict__.setdefault("_telemetry_probes", {})
+        cache = self._probes
         if "input" not in cache:
             cache["input"] = probes.InputProbe(trainer)
         input_s = cache["input"].seconds_per_batch(n, floor_s=0.5 * step_s)
@@ -549,5 +354,5 @@ class Telemetry(Component):
             parts.append(f"device peak {record['mem/device_peak_mb']:,.0f} MB")
         if record["precision/skipped_steps"]:
             parts.append(f"skipped {record['precision/skipped_steps']}")
-        parts.append(f"ETA {_duration(record['perf/eta_s'])}")
+        parts.append(f"ETA {duration(record['perf/eta_s'])}")
         return "  ".join(parts)

@@ -32,11 +32,11 @@ def task_id() -> tuple[str, int]:
 
 
 class WeightsTrainer(DigitsTrainer):
-    def __init__(self, config, workdir=None, strategy=None):
+    def __init__(self, config, workdir=None, strategy=None, callbacks=()):
         if os.environ.get("LAUNCH_TEST_EXIT_AT_START") == "%s:%d" % task_id():
             print("injected exit at start", file=sys.stderr, flush=True)
             sys.exit(2)
-        super().__init__(config, workdir, strategy)
+        super().__init__(config, workdir, strategy, callbacks)
 
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = super().build_train_dataset(ctx)

@@ -1,0 +1,77 @@
+"""The shape of the code: layers, private names, lazy imports and module size.
+
+The layer order itself is import-linter's contract (``.importlinter``, run here and in
+CI); the rules import-linter cannot express are checked on the source with ``ast``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = ("trainer", "launch", "models")
+# Optional or heavy third-party modules that may be imported inside a function, to keep
+# start-up fast or the dependency optional (README: orbax/JAX and tfds cost ~0.4 s each).
+LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
+                "sklearn", "mlflow", "tensorboard_plugin_profile")
+
+
+def sources(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (REPO / package).rglob("*.py"))
+
+
+def test_import_linter_contracts_are_kept():
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.fail("lint-imports is not installed: pip install -e '.[test]'")
+    run = subprocess.run([str(lint)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "0 broken" in run.stdout
+
+
+@pytest.mark.parametrize("path", sources(*PROJECT), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_uses_another_modules_private_names(path):
+    tree = ast.parse(path.read_text())
+    project_aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PROJECT:
+            for alias in node.names:
+                assert not alias.name.startswith("_"), (
+                    f"{path.name}:{node.lineno} imports {node.module}.{alias.name}")
+                project_aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PROJECT:
+                    project_aliases.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__") and isinstance(node.value, ast.Name)
+                and node.value.id in project_aliases):
+            pytest.fail(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")
+
+
+@pytest.mark.parametrize("path", sources("trainer", "launch"),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_function_local_imports_only_for_optional_third_party_modules(path):
+    tree = ast.parse(path.read_text())
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] in LAZY_ALLOWED, (
+                    f"{path.name}:{node.lineno} imports {name} inside {func.name}()")
+
+
+@pytest.mark.parametrize("path", sources("trainer"), ids=lambda p: p.name)
+def test_library_modules_stay_small(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= 400, f"{path.name} has {lines} lines; split it by concern"

@@ -1,0 +1,201 @@
+"""What a checkpoint holds, and how it is matched back to a Trainer's variables.
+
+The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the groups
+
+* ``model``: every model variable, including Keras ``SeedGenerator`` states (the RNG
+  state of dropout and random layers);
+* ``optimizer``: every variable of ``trainer.optimizer`` (slots, ``iterations``,
+  learning rate);
+* one group per other ``keras.Model`` / ``keras.optimizers.Optimizer`` attribute of the
+  Trainer (e.g. a second optimizer; variables already saved are not repeated);
+* ``trainer``: ``step_counter`` and the loss-scale state (``scale``, ``good_steps``,
+  ``skipped_steps``, ``last_skipped_step``).
+
+The manifest (JSON) holds the step (the input position: global batches consumed),
+``global_batch_size``, ``seed``, replica/worker counts, and each group's variable
+NAMES, shapes and dtypes in the stored order.
+
+Matching is by NAME within a group, never by position: a variable's name is its Keras
+path (``sequential/dense/kernel``, ``adam/iteration``) or, for a plain ``tf.Variable``,
+its name. A Trainer builds its model and optimizers under fresh Keras auto-numbering
+(:func:`trainer.keras_compat.fresh_names`), so the same code gives the same names in
+every process and for every Trainer of one process. A name seen twice in a group gets
+``#2``, ``#3``... in creation order. A missing, extra, reshaped or retyped variable is a
+:class:`CheckpointError` naming it. Restore assigns into the variables the current
+strategy created, so a checkpoint written with 4 replicas restores into 1, 2 or another
+strategy.
+
+Contexts: host, eager, cross-replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer import array_files, host_collectives
+
+FORMAT = 2  # 1: variables matched by position (before names); not readable any more
+
+Groups = dict[str, list[tuple[str, Any]]]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be restored; the message names the step, variable and fix."""
+
+
+def _name(variable) -> str:
+    path = getattr(variable, "path", None)
+    return path if isinstance(path, str) else variable.name.split(":")[0]
+
+
+def dtype_name(variable) -> str:
+    return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype).name
+
+
+def state_variables(trainer: Any) -> Groups:
+    """The variables a checkpoint holds, by group: ``{group: [(name, variable), ...]}``.
+
+    Groups, in order: ``model``, ``optimizer``, one per other ``keras.Model`` or Keras
+    optimizer attribute of ``trainer`` (by attribute name, sorted), ``trainer``. A
+    variable appears once (in its first group). The optimizer must be built.
+    """
+    groups: Groups = {}
+    seen: set[int] = set()
+
+    def add(group: str, variables) -> None:
+        entries, used = [], {}
+        for variable in variables:
+            if id(variable) in seen:
+                continue
+            seen.add(id(variable))
+            name = _name(variable)
+            used[name] = used.get(name, 0) + 1
+            entries.append((name if used[name] == 1 else f"{name}#{used[name]}", variable))
+        if entries:
+            groups[group] = entries
+
+    add("model", trainer.model.variables)
+    add("optimizer", trainer.optimizer.variables)
+    for attr, value in sorted(vars(trainer).items()):
+        if attr.startswith("_") or attr in ("model", "optimizer"):
+            continue
+        if isinstance(value, (keras.Model, keras.optimizers.Optimizer)):
+            add(attr, value.variables)
+    p = trainer.precision
+    add("trainer", [trainer.step_counter, p.scale, p.good_steps, p.skipped_steps,
+                    p.last_skipped_step])
+    return groups
+
+
+def manifest(trainer: Any, groups: Groups) -> dict:
+    """The JSON manifest of the current state (see the module docstring)."""
+    return {
+        "format": FORMAT,
+        "step": int(trainer.step),
+        "global_batch_size": int(trainer.config.train.global_batch_size),
+        "seed": int(trainer.config.seed),
+        "replicas": int(trainer.strategy.num_replicas_in_sync),
+        "workers": host_collectives.num_workers(trainer.strategy),
+        "groups": {g: [[name, list(v.shape), dtype_name(v)] for name, v in entries]
+                   for g, entries in groups.items()},
+    }
+
+
+def snapshot(trainer: Any, reuse: dict[str, list[np.ndarray]] | None = None
+             ) -> tuple[dict[str, list[np.ndarray]], dict]:
+    """Host copies of the training state and its manifest.
+
+    Arrays are ``np.ndarray`` (0-d for scalars: orbax rejects numpy scalars), page
+    aligned (:func:`trainer.array_files.aligned_empty`); they are snapshots, safe to
+    write while training continues. ``reuse``: the state of an earlier snapshot whose
+    arrays are overwritten in place where shape and dtype still match (the caller makes
+    sure nothing reads them any more). Copying into warm buffers avoids faulting in
+    fresh pages: 0.06 s instead of 0.3-1.4 s for 577 MB.
+    """
+    groups = state_variables(trainer)
+    reuse = reuse or {}
+    state = {}
+    for group, entries in groups.items():
+        old = reuse.get(group, [])
+        arrays = []
+        for i, (_, variable) in enumerate(entries):
+            # A read of the variable, seen as numpy without a copy (on CPU); the one
+            # copy is the one below. (``Variable.numpy()`` would copy into fresh memory.)
+            value = np.asarray(tf.convert_to_tensor(variable))
+            if i < len(old) and old[i].shape == value.shape and old[i].dtype == value.dtype:
+                np.copyto(old[i], value)
+                arrays.append(old[i])
+            else:
+                copy = array_files.aligned_empty(value.shape, value.dtype)
+                np.copyto(copy, value)
+                arrays.append(copy)
+        state[group] = arrays
+    return state, manifest(trainer, groups)
+
+
+def check_compatible(saved: dict, groups: Groups, where: str) -> None:
+    """Raises CheckpointError naming the first variable that does not match ``saved``
+    (a manifest) by name, shape and dtype."""
+    if saved.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{where} has format {saved.get('format')!r}; this version reads format "
+            f"{FORMAT} (variables matched by name). Train in a fresh --workdir, or restore "
+            f"it with the version that wrote it.")
+    saved_groups = saved["groups"]
+    fix = ("The model or optimizer changed since the checkpoint was written: train in a "
+           "fresh --workdir, or restore the configuration that wrote it.")
+    extra = sorted(set(saved_groups) - set(groups))
+    if extra:
+        raise CheckpointError(f"{where} holds {len(saved_groups[extra[0]])} variables of "
+                              f"'{extra[0]}' (first: '{saved_groups[extra[0]][0][0]}') that "
+                              f"this Trainer does not have. {fix}")
+    for group, entries in groups.items():
+        stored = {name: (shape, dtype) for name, shape, dtype in saved_groups.get(group, [])}
+        for name, variable in entries:
+            if name not in stored:
+                close = [n for n in stored if n.rsplit("/", 1)[-1] == name.rsplit("/", 1)[-1]]
+                hint = f" (it has {', '.join(repr(n) for n in close[:3])})" if close else ""
+                raise CheckpointError(
+                    f"Variable '{name}' ({group}, shape {list(variable.shape)}) is missing "
+                    f"from {where}{hint}. {fix}")
+            shape, dtype = stored[name]
+            if list(variable.shape) != list(shape):
+                raise CheckpointError(
+                    f"Variable '{name}' has shape {list(variable.shape)} but {where} holds "
+                    f"shape {shape} for it ({group}). {fix}")
+            if dtype_name(variable) != dtype:
+                raise CheckpointError(
+                    f"Variable '{name}' has dtype {dtype_name(variable)} but {where} holds "
+                    f"{dtype} for it ({group}). {fix}")
+        unused = sorted(set(stored) - {name for name, _ in entries})
+        if unused:
+            raise CheckpointError(
+                f"{where} holds {len(stored)} {group} variables but the Trainer has "
+                f"{len(entries)}; '{unused[0]}' has no counterpart. {fix}")
+
+
+def in_trainer_order(groups: Groups, saved: dict,
+                     state: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """``state`` (arrays in the manifest ``saved``'s order) rearranged by name into the
+    order of ``groups``. Call :func:`check_compatible` first."""
+    out = {}
+    for group, entries in groups.items():
+        order = {name: i for i, (name, _, _) in enumerate(saved["groups"][group])}
+        out[group] = [state[group][order[name]] for name, _ in entries]
+    return out
+
+
+def assign(groups: Groups, state: dict[str, list[np.ndarray]]) -> None:
+    """Assigns arrays given in ``groups``' own order (:func:`in_trainer_order`)."""
+    for group, entries in groups.items():
+        for (_, variable), value in zip(entries, state[group]):
+            variable.assign(value)
+
+
+def like(groups: Groups) -> list[tuple[list, str]]:
+    """``(shape, dtype name)`` of every variable of ``groups``, flat, in order."""
+    return [(list(v.shape), dtype_name(v)) for entries in groups.values() for _, v in entries]

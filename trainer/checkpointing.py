@@ -1,0 +1,277 @@
+"""Checkpointing as a service: the save policy (a Callback), resume, and the best export.
+
+Saves happen at every multiple of ``checkpoint.every_steps``, at ``train.steps`` and
+when training stops early (``request_stop`` or preemption: then synchronously, and all
+workers pass a barrier before ``fit()`` returns or raises). With gradient accumulation
+only steps that are multiples of ``perf.grad_accum_steps`` are saved (a step inside a
+window holds partial per-replica sums; config validation makes ``every_steps`` and
+``train.steps`` multiples). With ``checkpoint.best_metric`` (``"eval/NAME"`` or
+``"train/NAME"``) a save per evaluation (or logging window) also goes to the best
+directory, and the best step's model is exported to ``workdir/export/best`` at the end
+of ``fit()``. Every save calls ``on_checkpoint`` of every callback.
+
+The loop is held only while the state is copied to host memory; that copy goes into
+buffers kept between the saves of one ``fit()`` (one state-sized host copy per
+directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint_store` for
+files and formats and :mod:`trainer.checkpoint_state` for what is saved and how it is
+matched.
+
+Resume (:func:`restore`): the step is restored BEFORE the train dataset is built, and
+the dataset skips the consumed batches in every input pipeline; exact for a
+deterministic pipeline (``train.deterministic``, seeded shuffles), and a warning says
+when it cannot hold. When resuming (``step=None``) a committed step that cannot be read
+is skipped with a warning and the previous one is tried.
+
+Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
+takes part in a restore, which the chief performs and broadcasts to the others over TF
+collectives (the other workers need no access to the chief's files).
+
+Contexts: host, eager, cross-replica, between ``tf.function`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from trainer import checkpoint_state, host_collectives
+from trainer.callbacks import Callback
+from trainer.checkpoint_state import CheckpointError
+from trainer.checkpoint_store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
+from trainer.checkpoint_store import candidates as _all_candidates
+from trainer.checkpoint_store import read_manifest, read_state
+from trainer.config import ConfigError
+
+BEST_EXPORT_DIR = os.path.join("export", "best")
+_NONE, _FAILED = -1, -2
+_CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the reason."
+
+
+# ------------------------------------------------------------------- restore
+def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
+    """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``."""
+    manifest = read_manifest(path)
+    checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
+    state = read_state(path, manifest)
+    return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
+
+
+def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
+    """The step directories to try, newest first (only ``step``'s when given)."""
+    found = _all_candidates(workdir)
+    if step is None:
+        return found
+    chosen = [c for c in found if c[0] == step]
+    if not chosen:
+        available = sorted({s for s, _ in found})
+        raise CheckpointError(f"There is no checkpoint of step {step} in {workdir} "
+                              f"(available: {available or 'none'}).")
+    return chosen
+
+
+def _load_first_readable(found: list, groups: dict, step: int | None) -> tuple[dict, dict]:
+    """Loads the newest readable candidate; with ``step`` given, only that step."""
+    reasons = []
+    for _, path in found:
+        try:
+            return load(path, groups)
+        except Unreadable as error:
+            reasons.append(f"{path}: {error}")
+            if step is None:
+                logging.warning("Skipping checkpoint %s: %s; trying an earlier one.", path, error)
+    raise CheckpointError(
+        "No readable checkpoint: " + "; ".join(reasons) + ". The files are corrupt or "
+        "incomplete: delete those step directories (training then resumes from an "
+        "earlier one, or from scratch).")
+
+
+def restore(trainer: Any, step: int | None = None) -> int | None:
+    """Restores the latest (or the given) checkpoint in ``trainer.workdir``.
+
+    The model and optimizer variables must exist (``trainer.restore`` builds them).
+    Sets the variables and ``trainer.step``; returns the step, or None when there is no
+    checkpoint (``step=None`` only). Call it on every worker: the chief reads, the
+    others receive the state over collectives. Raises :class:`CheckpointError` (naming
+    the variable) when a checkpoint is missing, unreadable or does not fit the model.
+    """
+    strategy = trainer.strategy
+    multi = host_collectives.num_workers(strategy) > 1
+    chief = host_collectives.is_chief(strategy)
+    if trainer.workdir is None:
+        if step is not None:
+            raise CheckpointError(f"restore(step={step}) needs a workdir; this Trainer has none.")
+        return None
+    found, failure, newest = [], None, _NONE
+    if chief:
+        try:
+            found = _select(trainer.workdir, step)
+            newest = found[0][0] if found else _NONE
+        except CheckpointError as error:
+            failure, newest = error, _FAILED
+    if multi:  # every worker learns the chief's answer before anything else happens
+        newest = host_collectives.from_chief(strategy, newest)
+    if newest == _FAILED:
+        raise failure or CheckpointError(_CHIEF_FAILED)
+    if newest == _NONE:
+        return None
+    trainer.driver.ensure_built()  # the variables a checkpoint fills must exist
+    groups = checkpoint_state.state_variables(trainer)
+    state, manifest, failure = None, None, None
+    if chief:
+        try:
+            state, manifest = _load_first_readable(found, groups, step)
+        except CheckpointError as error:
+            failure = error
+    if multi:
+        status = host_collectives.from_chief(strategy, manifest["step"] if manifest else _FAILED)
+        if status == _FAILED:
+            raise failure or CheckpointError(_CHIEF_FAILED)
+        flat = host_collectives.broadcast_arrays(
+            strategy, [a for g in groups for a in state[g]] if chief else None,
+            checkpoint_state.like(groups))
+        state, i = {}, 0
+        for group, entries in groups.items():
+            state[group], i = flat[i:i + len(entries)], i + len(entries)
+        restored = status
+    else:
+        if failure:
+            raise failure
+        restored = manifest["step"]
+    checkpoint_state.assign(groups, state)
+    trainer.step = restored
+    if chief:
+        _warn_on_input_changes(trainer.config, manifest)
+    logging.info("resumed from step %d (%s)", restored,
+                 trainer.workdir if chief else "the chief's checkpoint, broadcast")
+    return restored
+
+
+def _warn_on_input_changes(cfg, manifest: dict) -> None:
+    if not cfg.train.deterministic:
+        logging.warning("train.deterministic is False: the input resumes after %d batches, "
+                        "but their order may differ from the interrupted run.", manifest["step"])
+    if manifest["global_batch_size"] != cfg.train.global_batch_size:
+        logging.warning("The checkpoint was written with train.global_batch_size=%d, the run "
+                        "uses %d: the input position (%d batches) is no longer exact.",
+                        manifest["global_batch_size"], cfg.train.global_batch_size,
+                        manifest["step"])
+    if manifest["seed"] != cfg.seed:
+        logging.warning("The checkpoint was written with seed=%d, the run uses seed=%d.",
+                        manifest["seed"], cfg.seed)
+
+
+# ------------------------------------------------------------------ service
+class Checkpointer(Callback):
+    """Saves on the ``checkpoint.*`` policy and exports the best (see the module doc).
+
+    Inactive without a workdir. The orbax managers exist on the chief only.
+    """
+
+    def __init__(self, config, workdir: str | None, chief: bool):
+        cfg = config.checkpoint
+        self.enabled = workdir is not None
+        self.k = config.perf.grad_accum_steps
+        self.every = cfg.every_steps
+        self.total = config.train.steps
+        self.chief = chief
+        self.best_metric = cfg.best_metric
+        self.best_source = cfg.best_metric.partition("/")[0]
+        self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
+        self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
+        self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
+
+    def next_boundary(self, step: int) -> float:
+        if not (self.enabled and self.every):
+            return math.inf
+        return (step // self.every + 1) * self.every
+
+    def save(self, trainer: Any, kind: str = LATEST_DIR,
+             metrics: dict[str, float] | None = None, wait: bool = False) -> None:
+        """Saves the current state (chief writes; every worker calls ``on_checkpoint``).
+
+        A step already saved to ``kind`` by this run is not saved again."""
+        if self._saved.get(kind) == trainer.step:
+            return
+        self._saved[kind] = trainer.step
+        if self.chief and not self.store.has(kind, trainer.step):
+            self.store.wait(kind)  # an async write may still read the buffers reused here
+            state, manifest = checkpoint_state.snapshot(trainer, self._host_state.get(kind))
+            self._host_state[kind] = state
+            self.store.save(kind, trainer.step, state, manifest, metrics, wait)
+            logging.info("checkpoint of step %d -> %s%s", trainer.step,
+                         os.path.join(trainer.workdir, kind), "" if wait else " (async)")
+        if kind == LATEST_DIR:
+            trainer.callbacks.on_checkpoint(trainer, trainer.step)
+
+    # --- hooks
+    def on_fit_start(self, trainer: Any) -> None:
+        if self.enabled and self.best_source == "eval" and not trainer.has_eval_dataset():
+            raise ConfigError(f"config.checkpoint.best_metric={self.best_metric!r} needs an "
+                              f"eval dataset; override build_eval_dataset or use a "
+                              f"'train/...' metric.")
+
+    def on_loop_end(self, trainer: Any) -> None:
+        if not self.enabled:
+            return
+        if trainer.step >= self.total or (self.every and trainer.step % self.every == 0):
+            self.save(trainer)  # the last step even inside an accumulation: the run ends
+
+    def on_train_end(self, trainer: Any) -> None:
+        """The final checkpoint when training stopped before ``train.steps``."""
+        if not self.enabled:
+            return
+        if trainer.step < self.total:
+            self.save(trainer, wait=True)
+        host_collectives.barrier(trainer.strategy)  # no worker leaves before the save
+
+    def _save_best(self, trainer: Any, logs: dict[str, float]) -> None:
+        if self.best_metric not in logs:
+            raise ConfigError(
+                f"config.checkpoint.best_metric={self.best_metric!r} is not among the "
+                f"{self.best_source} values ({', '.join(sorted(logs))}).")
+        if trainer.step % self.k == 0:
+            self.save(trainer, BEST_DIR, {self.best_metric: float(logs[self.best_metric])})
+
+    def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
+        if self.enabled and self.best_source == "train":
+            self._save_best(trainer, logs)
+
+    def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
+        if self.enabled and self.best_source == "eval":
+            self._save_best(trainer, logs)
+
+    def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
+        if not self.enabled or not self.chief:
+            return
+        self.store.wait()
+        best = self.store.best_step()
+        if best is not None and trainer.step >= self.total:
+            self._export_best(trainer, best)
+        self.store.close()
+        self._host_state.clear()
+
+    def _export_best(self, trainer: Any, step: int) -> None:
+        """Exports the best step's model to ``workdir/export/best`` (chief)."""
+        groups = checkpoint_state.state_variables(trainer)
+        current, _ = checkpoint_state.snapshot(trainer)
+        state, _ = load(os.path.join(trainer.workdir, BEST_DIR, str(step)), groups)
+        target = os.path.join(trainer.workdir, BEST_EXPORT_DIR)
+        model_only = {"model": groups["model"]}
+        try:
+            checkpoint_state.assign(model_only, state)
+            if tf.io.gfile.exists(target):
+                tf.io.gfile.rmtree(target)
+            trainer.export(target)
+        finally:
+            checkpoint_state.assign(model_only, current)
+        metrics = self.store.metrics(BEST_DIR, step)
+        with tf.io.gfile.GFile(os.path.join(target, "best.json"), "w") as f:
+            f.write(json.dumps({"step": step, **{k.partition("/")[2]: float(v)
+                                                 for k, v in metrics.items()}}))
+        logging.info("exported the best checkpoint (step %d, %s) to %s", step, metrics, target)

@@ -1,0 +1,128 @@
+"""The doctor's diagnosis and its table, from the measured numbers (no TensorFlow).
+
+:func:`verdict` names the bound (``input-bound``, ``compute-bound`` or
+``communication-bound``) with the numbers and what to do; :func:`format_table` prints a
+report for a person. :mod:`trainer.doctor` measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Report = dict[str, Any]
+
+
+def verdict(report: Report) -> Report:
+    """(8) The diagnosis, from the measured numbers."""
+    run = report["baseline"]["examples_per_s"]
+    # The real run proves the pipeline delivers at least its rate (the probe may be
+    # slowed down by other work on a shared machine).
+    feed = max(report["input"]["examples_per_s"], run)
+    step = report["compute"]["examples_per_s"]
+    advice: list[str] = []
+    comm = report.get("communication") or {}
+    jit = report.get("jit") or {}
+    batch = report.get("batch") or {}
+    if feed < step or (run < 0.8 * step and feed < 1.5 * step):
+        kind = "input-bound"
+        narrowly = " (narrowly)" if feed >= 0.85 * step else ""
+        text = (f"input-bound{narrowly}: the pipeline delivers {feed:,.0f} ex/s, the step consumes "
+                f"{step:,.0f} ex/s (the run gets {run:,.0f}) — add .cache() after decoding, "
+                f"raise num_parallel_calls (tf.data.AUTOTUNE) in map/interleave, move heavy "
+                f"Python (py_function) out of the pipeline, batch before cheap per-batch maps, "
+                f"prefetch, or preprocess offline")
+    elif comm.get("applicable") and comm["communication_share"] > 0.3:
+        kind = "communication-bound"
+        text = (f"communication-bound: {comm['replicas']} replicas take "
+                f"{comm['n_replica_step_ms']:.2f} ms per step vs {comm['one_replica_step_ms']:.2f} "
+                f"ms for one ({comm['communication_share']:.0%} of the step) — raise the "
+                f"per-replica batch, accumulate gradients (perf.grad_accum_steps), or pick "
+                f"another distribute.all_reduce")
+    else:
+        kind = "compute-bound"
+        text = (f"compute-bound: the step consumes {step:,.0f} ex/s and the pipeline could "
+                f"deliver {feed:,.0f} ex/s ({feed / step:.1f}x headroom; the run gets "
+                f"{run:,.0f})")
+    if run < 0.8 * min(feed, step):
+        advice.append(f"the run ({run:,.0f} ex/s) is well below both the pipeline and the step: "
+                      f"host overhead — raise train.steps_per_loop")
+    if jit.get("applicable") and jit["speedup"] >= 1.15:
+        advice.append(f"XLA speeds the step up {jit['speedup']:.2f}x: set perf.jit_compile=True")
+    fastest = batch.get("fastest")
+    # Compared with the configured batch timed in the same search (same conditions).
+    configured = next((r for r in batch.get("tried", []) if r.get("examples_per_s")), None)
+    if fastest and configured and fastest is not configured and (
+            fastest["examples_per_s"] >= 1.3 * configured["examples_per_s"]):
+        gain = fastest["examples_per_s"] / configured["examples_per_s"]
+        advice.append(f"global batch {fastest['global_batch_size']} runs at "
+                      f"{fastest['examples_per_s']:,.0f} ex/s ({gain:.1f}x): "
+                      f"raise train.global_batch_size (and scale the learning rate: "
+                      f"optimizer.lr_scaling='linear')")
+    layers = (report.get("layers") or {}).get("top") or []
+    if kind == "compute-bound" and layers:
+        names = ", ".join(f"{r['layer']} ({r['forward_ms'] + r['backward_ms']:.2f} ms)"
+                          for r in layers[:3])
+        advice.append(f"the costliest layers: {names}")
+    return {"kind": kind, "text": text, "advice": advice}
+
+
+def format_table(report: Report) -> str:
+    """The report as a readable table."""
+    c = report["config"]
+    lines = [f"Doctor: {c['trainer']}  global batch {c['global_batch_size']} on {c['replicas']} "
+             f"replica(s) ({c['strategy']}), {c['precision']}, steps_per_loop "
+             f"{c['steps_per_loop']}, {c['steps']} timed steps", ""]
+    row = "  {:<34}{:>14}  {}".format
+    lines.append(row("measurement", "examples/s", "notes"))
+    if "baseline" in report:
+        b = report["baseline"]
+        lines.append(row("(1) real run", f"{b['examples_per_s']:,.0f}", f"{b['step_ms']:.3f} ms/step"))
+    if "input" in report:
+        i = report["input"]
+        lines.append(row("(2) input pipeline alone", f"{i['examples_per_s']:,.0f}",
+                         f"{i['batch_ms']:.3f} ms/batch"))
+    if "compute" in report:
+        k = report["compute"]
+        lines.append(row("(3) compute alone (cached batch)", f"{k['examples_per_s']:,.0f}",
+                         f"{k['step_ms']:.3f} ms/step"))
+    if "batch" in report:
+        s = report["batch"]
+        for r in s["tried"]:
+            rate = f"{r['examples_per_s']:,.0f}" if "examples_per_s" in r else "-"
+            mem = (f"device peak {r['device_peak_mb']:,.0f} MB" if "device_peak_mb" in r
+                   else f"peak RSS {r.get('peak_rss_mb', float('nan')):,.0f} MB")
+            lines.append(row(f"(4) global batch {r['global_batch_size']}", rate,
+                             f"{'fits' if r['fits'] else 'does NOT fit'}, {mem}"))
+        lines.append(row("    largest that fits", str(s["largest_fitting"]), s["stopped"]))
+    if "jit" in report:
+        j = report["jit"]
+        if j["applicable"]:
+            lines.append(row("(5) jit_compile on", f"{j['on_examples_per_s']:,.0f}",
+                             f"{j['speedup']:.2f}x vs off"))
+            lines.append(row("    jit_compile off", f"{j['off_examples_per_s']:,.0f}", ""))
+        else:
+            lines.append(row("(5) jit_compile", "n/a", j["note"]))
+    if "communication" in report:
+        m = report["communication"]
+        if m["applicable"]:
+            lines.append(row(f"(6) 1 vs {m['replicas']} replicas", "",
+                             f"{m['one_replica_step_ms']:.3f} vs {m['n_replica_step_ms']:.3f} ms/step "
+                             f"at per-replica batch {m['per_replica_batch']}: communication "
+                             f"(+contention) {m['communication_share']:.0%} of the step"))
+        else:
+            lines.append(row("(6) communication", "n/a", m["note"]))
+    if "layers" in report:
+        lay = report["layers"]
+        lines += ["", f"  (7) top layers (per-replica batch {lay['per_replica_batch']}, each timed alone)",
+                  "  {:<24}{:<22}{:>10}{:>10}{:>12}{:>10}{:>12}".format(
+                      "layer", "type", "fwd ms", "bwd ms", "params", "param MB", "act MB")]
+        for r in lay["top"]:
+            lines.append("  {:<24}{:<22}{:>10.3f}{:>10.3f}{:>12,}{:>10.2f}{:>12.2f}".format(
+                r["layer"][:23], r["type"][:21], r["forward_ms"], r["backward_ms"], r["params"],
+                r["param_mb"], r["activation_mb"]))
+        if lay["untimed"]:
+            lines.append(f"  not timed: {', '.join(lay['untimed'])}")
+    if "verdict" in report:
+        v = report["verdict"]
+        lines += ["", f"(8) verdict: {v['text']}"] + [f"    - {a}" for a in v["advice"]]
+    return "\n".join(lines)

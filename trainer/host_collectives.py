@@ -1,0 +1,91 @@
+"""Small host-side collectives between the workers of a run (cross-replica context).
+
+Between ``tf.function`` calls the workers sometimes have to agree on a host value: a
+stop flag, the chief's checkpoint step, the chief's restored state. These helpers do
+it with the strategy's own all-reduce (no second communication channel), so they work
+wherever training works. On a single worker they are local and cost nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Number of worker processes taking part in ``strategy`` (1 unless multi-worker)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 1
+    spec = resolver.cluster_spec().as_dict()
+    return len(spec.get("chief", [])) + len(spec.get("worker", []))
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the one process that writes files (checkpoints, summaries, config)."""
+    return bool(strategy.extended.should_checkpoint)
+
+
+def sum_over_workers(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
+    """Sums a numeric vector over workers; each worker contributes it once.
+
+    The worker's first local replica holds ``values``, the others zeros, and one
+    all-reduce sums them (in ``values``' dtype): with zeros everywhere but the chief it
+    is a broadcast. Every worker must call it at the same point.
+    """
+    if num_workers(strategy) == 1:
+        return np.array(values, copy=True)
+    first = [True]
+
+    def value(_):
+        contribution = values if first[0] else np.zeros_like(values)
+        first[0] = False
+        return tf.constant(contribution)
+
+    per_replica = strategy.experimental_distribute_values_from_function(value)
+    return strategy.reduce(_SUM, per_replica, axis=None).numpy()
+
+
+def from_chief(strategy: tf.distribute.Strategy, value: int) -> int:
+    """The chief's ``value`` on every worker (the others' ``value`` is ignored)."""
+    words = np.array([value if is_chief(strategy) else 0], np.int32)
+    return int(sum_over_workers(strategy, words)[0])
+
+
+def barrier(strategy: tf.distribute.Strategy) -> None:
+    """Returns on every worker once all have reached it."""
+    if num_workers(strategy) > 1:
+        sum_over_workers(strategy, np.zeros(1, np.int32))
+
+
+def _pack(arrays: list[np.ndarray]) -> np.ndarray:
+    raw = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
+    raw += b"\0" * (-len(raw) % 4)
+    return np.frombuffer(raw, np.int32).copy()
+
+
+def _unpack(words: np.ndarray, like: list[tuple[list, str]]) -> list[np.ndarray]:
+    raw = words.tobytes()
+    out, offset = [], 0
+    for shape, dtype in like:
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        out.append(np.frombuffer(raw[offset:offset + size], dtype).reshape(shape).copy())
+        offset += size
+    return out
+
+
+def broadcast_arrays(strategy: tf.distribute.Strategy, arrays: list[np.ndarray] | None,
+                     like: list[tuple[list, str]]) -> list[np.ndarray]:
+    """The chief's ``arrays`` on every worker, bit for bit.
+
+    ``like``: ``(shape, dtype name)`` of each array, known on every worker; ``arrays``
+    is ignored (may be None) off the chief. The bytes travel as int32 words summed with
+    zeros, so any dtype arrives unchanged.
+    """
+    if is_chief(strategy):
+        words = _pack(arrays)
+    else:
+        words = np.zeros(_pack([np.zeros(s, d) for s, d in like]).shape, np.int32)
+    return _unpack(sum_over_workers(strategy, words), like)

@@ -1,0 +1,79 @@
+"""The one place that touches Keras-private names.
+
+Checked against Keras 3.10 through 3.15 (TensorFlow backend). Each function says which
+private name it uses and fails with a clear message when a Keras version lacks it.
+
+* :func:`fresh_names`: Keras numbers auto-named layers and optimizers globally
+  (``dense``, ``dense_1``, ...) through ``keras.src.backend.common.global_state``'s
+  ``object_name_uids``. A Trainer builds its model and optimizers under fresh
+  numbering, so its variable paths are the same in every process and for every
+  Trainer built in one process: checkpoints match variables by those paths.
+* :func:`make_reduction_switchable` / :func:`apply_reduced`: a Keras optimizer sums
+  gradients across replicas inside ``apply`` (``_all_reduce_sum_gradients``). The
+  gradient path all-reduces (then unscales, clips and checks) itself, so while it
+  applies, that sum is skipped. A user step that calls ``optimizer.apply`` directly
+  keeps the Keras behaviour.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from typing import Iterator
+
+import keras
+import tensorflow as tf
+from keras.src.backend.common import global_state
+
+_NAME_UIDS = "object_name_uids"
+_PRE_REDUCED = threading.local()  # per replica thread: "gradients are already summed"
+
+
+@contextlib.contextmanager
+def fresh_names() -> Iterator[None]:
+    """Keras auto-names objects created inside as in a fresh process (``dense``, ...).
+
+    Afterwards the global numbering continues above every number used on either side,
+    so objects created later outside still get unique names.
+    """
+    before = global_state.get_global_attribute(_NAME_UIDS, default=None)
+    fresh = collections.defaultdict(int)
+    global_state.set_global_attribute(_NAME_UIDS, fresh)
+    try:
+        yield
+    finally:
+        merged = collections.defaultdict(int, before or {})
+        for name, count in fresh.items():
+            merged[name] = max(merged[name], count)
+        global_state.set_global_attribute(_NAME_UIDS, merged)
+
+
+def make_reduction_switchable(optimizer: keras.optimizers.Optimizer) -> None:
+    """Lets :func:`apply_reduced` skip ``optimizer``'s own cross-replica sum (idempotent)."""
+    if getattr(optimizer, "_trainer_switchable", False):
+        return
+    if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+        raise RuntimeError(
+            f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: this Keras "
+            f"version ({keras.__version__}) changed how optimizers reduce gradients; "
+            f"use a Keras version from 3.10 to 3.15.")
+    keras_reduce = optimizer._all_reduce_sum_gradients
+
+    def reduce(grads_and_vars):
+        if getattr(_PRE_REDUCED, "active", False):
+            return list(grads_and_vars)
+        return keras_reduce(grads_and_vars)
+
+    optimizer._all_reduce_sum_gradients = reduce
+    optimizer._trainer_switchable = True
+
+
+@tf.autograph.experimental.do_not_convert
+def apply_reduced(optimizer: keras.optimizers.Optimizer, grads: list, variables: list) -> None:
+    """Replica context: ``optimizer.apply`` of gradients that are already all-reduced."""
+    _PRE_REDUCED.active = True
+    try:
+        optimizer.apply(grads, variables)
+    finally:
+        _PRE_REDUCED.active = False

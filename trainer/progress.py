@@ -1,0 +1,79 @@
+"""Console progress of a run: an updating bar, plain lines, or nothing.
+
+``telemetry.progress`` = ``bar`` (one updating line with ETA, for a terminal), ``lines``
+(one plain line per window: no control characters), ``off``, or ``auto`` (``bar`` when
+stderr is a TTY and no launcher set ``TF_CONFIG``, else ``lines``). The environment
+variable ``TF_TRAINER_PROGRESS`` overrides the config (launchers set it to ``lines``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TextIO
+
+from trainer.config import ConfigError
+
+PROGRESS_ENV = "TF_TRAINER_PROGRESS"
+_CONTROL = "\r\x1b[K"  # carriage return + erase to end of line
+
+
+def progress_mode(configured: str, stream: TextIO) -> str:
+    """Resolves ``telemetry.progress`` (and ``$TF_TRAINER_PROGRESS``) to bar/lines/off."""
+    mode = os.environ.get(PROGRESS_ENV, "").strip().lower() or configured
+    if mode not in ("auto", "bar", "lines", "off"):
+        raise ConfigError(
+            f"{PROGRESS_ENV}={mode!r} is not one of 'auto', 'bar', 'lines', 'off'.")
+    if mode != "auto":
+        return mode
+    tty = getattr(stream, "isatty", lambda: False)()
+    return "bar" if tty and not os.environ.get("TF_CONFIG") else "lines"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """Console progress in one of three modes (see the module docstring)."""
+
+    def __init__(self, mode: str, total_steps: int, stream: TextIO):
+        self.mode, self.total_steps, self.stream = mode, total_steps, stream
+        self._bar_shown = False
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+    def update(self, step: int, loss: float | None, examples_per_s: float | None,
+               eta_s: float | None) -> None:
+        """Bar mode: redraws the single progress line (after every train loop)."""
+        if self.mode != "bar":
+            return
+        width = 24
+        done = int(width * step / max(self.total_steps, 1))
+        parts = [f"[{'#' * done}{'.' * (width - done)}] {step}/{self.total_steps}"]
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        if examples_per_s:
+            parts.append(f"{examples_per_s:,.0f} ex/s")
+        parts.append(f"ETA {duration(eta_s)}")
+        self._write(_CONTROL + "  ".join(parts))
+        self._bar_shown = True
+
+    def line(self, text: str) -> None:
+        """A permanent line (window summary, eval result)."""
+        if self.mode == "off":
+            return
+        self.clear()
+        self._write(text + "\n")
+
+    def clear(self) -> None:
+        """Bar mode: erases the progress line so another message can be printed."""
+        if self._bar_shown:
+            self._write(_CONTROL)
+            self._bar_shown = False

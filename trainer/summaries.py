@@ -1,0 +1,77 @@
+"""The run's records on disk: TensorBoard event files and ``metrics.jsonl`` (chief only).
+
+``workdir/train`` and ``workdir/eval`` hold ``tf.summary`` event files (scalars under
+their record keys without the ``train/``/``eval/`` prefix; alerts as the text summary
+``alerts``); ``workdir/metrics.jsonl`` holds one JSON object per record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+
+def _plugin(name: str) -> summary_pb2.SummaryMetadata:
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=name))
+
+
+# The summary format of TensorBoard's scalar and text plugins, written with the core
+# ``tf.summary.write`` so that writing needs no ``tensorboard`` package (viewing does).
+_SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
+
+
+class SummaryWriters:
+    """TensorBoard writers and the metrics.jsonl file of one run (chief only).
+
+    Kept by the telemetry service across ``fit()`` calls. A record's scalars are written by one
+    ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
+    and after the first probe — so a window costs one call instead of an eager op per
+    scalar.
+    """
+
+    def __init__(self, workdir: str):
+        os.makedirs(workdir, exist_ok=True)
+        self.workdir = workdir
+        self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
+                        for kind in ("train", "eval")}
+        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        self._scalar_fns: dict[tuple, Callable] = {}
+
+    def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
+        key = (kind, tags)
+        if key not in self._scalar_fns:
+            writer = self.summary[kind]
+
+            @tf.function
+            def write(step, values):
+                with writer.as_default(step=step):
+                    for i, tag in enumerate(tags):
+                        tf.summary.write(tag, values[i], metadata=_SCALAR)
+
+            self._scalar_fns[key] = write
+        return self._scalar_fns[key]
+
+    def write(self, record: dict[str, Any]) -> None:
+        kind, step = record["kind"], record["step"]
+        self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+        self.jsonl.flush()
+        scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
+                   for key, value in record.items()
+                   if key not in ("kind", "step", "time", "alert") and value is not None}
+        tags = tuple(sorted(scalars))
+        self._scalar_fn(kind, tags)(tf.constant(step, tf.int64),
+                                    tf.constant([scalars[t] for t in tags], tf.float32))
+        if record.get("alert"):
+            with self.summary[kind].as_default(step=step):
+                tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)
+        self.summary[kind].flush()
+
+    def flush(self) -> None:
+        for writer in self.summary.values():
+            writer.flush()
+        self.jsonl.flush()
