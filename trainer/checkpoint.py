@@ -85,7 +85,7 @@ from trainer.loop import Component, next_boundary
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
-EXIT_PREEMPTED = 42  # trainer.main's exit code after a preemption save; restart to resume
+EXIT_PREEMPTED = 143  # trainer.main's exit code after a preemption save; restart to resume
 LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
 BEST_EXPORT_DIR = os.path.join("export", "best")
