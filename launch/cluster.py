@@ -251,6 +251,10 @@ def emit_slurm(
 
 
 _SLURM_BODY = r"""set -uo pipefail
+if [ -z "${{SLURM_JOB_ID:-}}" ]; then
+  echo "this is a SLURM batch script: submit it with sbatch (SLURM_JOB_ID is not set)" >&2
+  exit 2
+fi
 # A task that saved a checkpoint after SIGTERM exits with this (trainer.checkpoint.EXIT_PREEMPTED).
 EXIT_PREEMPTED={exit_preempted}
 REQUEUE={requeue}
