@@ -220,6 +220,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
             parser.error(f"--emit {args.emit}: the scheduler picks the hosts; drop --hosts and "
                          f"give --workers N.")
         if args.emit == "slurm":
+            if args.evaluator:
+                parser.error("--emit slurm has no evaluator task; run it as its own job (one "
+                             "task): python -m trainer.main FLAGS --mode=continuous_eval.")
             if args.tasks_per_node < 1:
                 parser.error(f"--tasks_per_node={args.tasks_per_node} must be >= 1.")
             if args.nodes is not None:

@@ -193,6 +193,7 @@ def test_slurm_nodes_alone_gives_the_task_count(capsys):
     (["--workers", "2", "--tasks_per_node", "0"], "--tasks_per_node=0 must be >= 1"),
     (["--workers", "2", "--partition", "gpu; rm -rf /"], "cannot go on an #SBATCH line"),
     (["--workers", "2", "--warning_s", "0"], "--warning_s=0 must be >= 1"),
+    (["--workers", "2", "--evaluator"], "run it as its own job"),
 ])
 def test_slurm_bad_counts_and_values_are_refused(args, message, capsys):
     code, out, err = emit([*args, "--emit", "slurm", *FLAGS], capsys)
