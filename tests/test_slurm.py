@@ -10,8 +10,8 @@ steps, final weights saved by ``WeightsTrainer``), submitted with ``sbatch``. Th
 reference is the same config on ``launch.multiworker --workers 2``.
 
 Measured (printed; run with ``-s`` to see them, never asserted): seconds from the
-warning signal to the checkpoint committed, and from the requeue to the first resumed
-training window.
+warning signal to the checkpoint committed, and from the requeue to the next run's
+start, its restored checkpoint and its first training window (5 steps).
 """
 
 from __future__ import annotations
@@ -141,6 +141,17 @@ class Job:
             time.sleep(0.5)
         self._fail(f"still {self.state()['JobState']} after {timeout} s")
 
+    def watch_for(self, pattern: str, timeout: float = JOB_S) -> float:
+        """Polls the output until a line matches ``pattern``; returns when it was seen
+        (``time.time()``, at most 0.2 s late). Fails if the job ends first."""
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern, re.M)
+        while not regex.search(self.output()):
+            if time.monotonic() > deadline or self.state()["JobState"] in FINAL_STATES:
+                self._fail(f"no output line matching {pattern!r}")
+            time.sleep(0.2)
+        return time.time()
+
     def wait_for_file(self, path, timeout: float = JOB_S) -> None:
         deadline = time.monotonic() + timeout
         while not path.exists():
@@ -189,6 +200,8 @@ def test_warning_signal_checkpoints_requeues_and_resumes(slurm, launcher_weights
     job.wait_for_file(job.workdir / "slow-worker-0")
     # What SLURM sends --warning_s seconds before the time limit (#SBATCH --signal=B:USR1@S).
     subprocess.run(["scancel", "--batch", "--signal=USR1", job.id], check=True, timeout=30)
+    # The first training window of the second run (its lines carry no timestamp).
+    first_window_seen = job.watch_for(rf"\] job {job.id}, run 2,[\s\S]*^step \d+/30: ")
     state = job.wait()
     output = job.output()
     assert state["JobState"] == "COMPLETED", output[-6000:]
@@ -216,8 +229,8 @@ def test_warning_signal_checkpoints_requeues_and_resumes(slurm, launcher_weights
     print(f"\n[measure] warning signal -> checkpoint of step {step} committed: "
           f"{committed - warned:.2f} s; requeue -> second run starts: "
           f"{_script_time(second_run, 'job ') - requeued:.2f} s; requeue -> resumed from the "
-          f"checkpoint: {resumed - requeued:.2f} s (first window of the resumed run: step "
-          f"{first_window.group(1)})")
+          f"checkpoint: {resumed - requeued:.2f} s; requeue -> first window of the resumed run "
+          f"(step {first_window.group(1)}) seen: {first_window_seen - requeued:.2f} s")
 
 
 def test_a_task_failing_for_another_reason_ends_the_job_failed_without_requeue(slurm, tmp_path):
