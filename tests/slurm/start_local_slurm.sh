@@ -84,6 +84,10 @@ NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
 )
+MARK="# Written by tests/slurm/start_local_slurm.sh"
+if [ -f "$CONF" ] && [ "$(head -n1 "$CONF")" != "${MARK}: a one-node test cluster on localhost." ]; then
+  die "$CONF exists and was not written by this script: this machine has its own Slurm setup, which this test helper does not overwrite. Run the tests against it, or move $CONF away first."
+fi
 conf_changed=0
 if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$NEW_CONF" ]; then
   printf '%s\n' "$NEW_CONF" > "$CONF"
