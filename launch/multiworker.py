@@ -30,8 +30,11 @@ when the launcher itself got signal N, 2 for a usage error.
 Cluster mode prints instead of spawning (see :mod:`launch.cluster`)::
 
     python -m launch.multiworker --hosts 10.0.0.1:2222,10.0.0.2:2222 --emit tf_config
-    python -m launch.multiworker --workers 4 --emit slurm [--port 12345] FLAGS > job.sbatch
-    python -m launch.multiworker --workers 4 --chief --emit tfjob --image IMG FLAGS > tfjob.yaml
+    python -m launch.multiworker --workers 4 --emit slurm [--tasks_per_node 2] [--port 12345] \\
+        [--time T] [--partition P] [--account A] [--warning_s S] [--no_requeue] FLAGS > job.sbatch
+    python -m launch.multiworker --workers 4 --chief --evaluator --emit tfjob --image IMG \\
+        --volume CLAIM:/mnt/runs [--gpus_per_worker N] [--cpu C] [--memory M] \\
+        FLAGS --workdir=/mnt/runs/run1 > tfjob.yaml
 
 Public host addresses are refused unless ``--allow_public_bind``: TensorFlow's gRPC has
 no authentication or encryption. Local tasks have 127.0.0.1 addresses, but TensorFlow's
@@ -125,8 +128,10 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--workers", type=int, help="number of training processes")
     group.add_argument("--chief", action="store_true", help="the first task is the chief")
     group.add_argument("--evaluator", action="store_true", help="add an evaluator task")
-    group.add_argument("--max_restarts", type=int, default=0,
-                       help="restart the whole group up to R times after a failure")
+    group.add_argument("--max_restarts", type=int, default=None,
+                       help="restart the whole group up to R times after a failure (default "
+                            "0); --emit tfjob: runPolicy.backoffLimit (default "
+                            f"{cluster_lib.DEFAULT_TFJOB_BACKOFF_LIMIT})")
     group.add_argument("--start_timeout", type=float, default=300.0, metavar="S",
                        help="a task that writes nothing within S s of its start is hung (0: off)")
     group.add_argument("--hang_timeout", type=float, default=0.0, metavar="S",
@@ -145,8 +150,34 @@ def _parser() -> argparse.ArgumentParser:
     emit.add_argument("--emit", choices=("tf_config", "slurm", "tfjob"))
     emit.add_argument("--hosts", help="--emit tf_config: 'h1:port,h2:port,...' in task order")
     emit.add_argument("--port", type=int, default=12345,
-                      help="port for --hosts entries without one and for --emit slurm")
+                      help="port for --hosts entries without one; --emit slurm: base port "
+                           "(local task i of a node listens on port + i)")
+    emit.add_argument("--tasks_per_node", type=int, default=1,
+                      help="--emit slurm: tasks per node (one per GPU is usual); --workers "
+                           "must be a multiple")
+    emit.add_argument("--nodes", type=int, default=None,
+                      help="--emit slurm: number of nodes (default --workers / --tasks_per_node; "
+                           "with --nodes alone, --workers = nodes x tasks_per_node)")
+    emit.add_argument("--time", default=None, help="--emit slurm: #SBATCH --time (time limit)")
+    emit.add_argument("--partition", default=None, help="--emit slurm: #SBATCH --partition")
+    emit.add_argument("--account", default=None, help="--emit slurm: #SBATCH --account")
+    emit.add_argument("--warning_s", type=int, default=cluster_lib.DEFAULT_WARNING_S,
+                      help="--emit slurm: SLURM sends the warning signal (USR1) this many "
+                           "seconds before the time limit; the tasks then checkpoint")
+    emit.add_argument("--requeue", dest="requeue", action="store_true", default=True,
+                      help="--emit slurm: requeue the job after a preemption checkpoint (default)")
+    emit.add_argument("--no_requeue", dest="requeue", action="store_false",
+                      help="--emit slurm: do not requeue; resubmit by hand to resume")
     emit.add_argument("--image", default="", help="--emit tfjob: the container image")
+    emit.add_argument("--volume", default=None, metavar="CLAIM:MOUNT",
+                      help="--emit tfjob: PersistentVolumeClaim mounted at MOUNT in every "
+                           "replica; --workdir must be under MOUNT")
+    emit.add_argument("--gpus_per_worker", type=int, default=0,
+                      help="--emit tfjob: nvidia.com/gpu limit per training replica; "
+                           "--emit slurm: #SBATCH --gpus-per-task")
+    emit.add_argument("--cpu", default=None, help="--emit tfjob: CPU request per replica ('4')")
+    emit.add_argument("--memory", default=None,
+                      help="--emit tfjob: memory request per replica ('16Gi')")
     emit.add_argument("--job_name", default="tf-trainer", help="SLURM job / TFJob name")
     emit.add_argument("--output", default="-", help="file to write the output to ('-': stdout)")
     emit.add_argument("--allow_public_bind", action="store_true",
@@ -165,6 +196,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     args.trainer_flags = trainer_flags + tail
     if any(f == _STRATEGY_FLAG or f.startswith(_STRATEGY_FLAG + "=") for f in args.trainer_flags):
         parser.error(f"{_STRATEGY_FLAG} is set by this launcher (multi_worker); remove it.")
+    max_restarts_given = args.max_restarts is not None
+    if args.max_restarts is None:
+        args.max_restarts = 0
     if args.emit is None:
         if args.hosts:
             parser.error("--hosts describes other machines, which this launcher does not start; "
@@ -185,8 +219,24 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         if args.hosts:
             parser.error(f"--emit {args.emit}: the scheduler picks the hosts; drop --hosts and "
                          f"give --workers N.")
+        if args.emit == "slurm":
+            if args.evaluator:
+                parser.error("--emit slurm has no evaluator task; run it as its own job (one "
+                             "task): python -m trainer.main FLAGS --mode=continuous_eval.")
+            if args.tasks_per_node < 1:
+                parser.error(f"--tasks_per_node={args.tasks_per_node} must be >= 1.")
+            if args.nodes is not None:
+                if args.nodes < 1:
+                    parser.error(f"--nodes={args.nodes} must be >= 1.")
+                if args.workers is None:
+                    args.workers = args.nodes * args.tasks_per_node
+                elif args.workers != args.nodes * args.tasks_per_node:
+                    parser.error(f"--workers={args.workers} but --nodes={args.nodes} x "
+                                 f"--tasks_per_node={args.tasks_per_node} makes "
+                                 f"{args.nodes * args.tasks_per_node} tasks; give two of them.")
         if args.workers is None or args.workers < 1:
             parser.error(f"--emit {args.emit} needs --workers N (N >= 1).")
+    args.backoff_limit = args.max_restarts if max_restarts_given else None
     return args
 
 
@@ -204,11 +254,17 @@ def _emit(args: argparse.Namespace, log) -> str:
         log(f"[launcher] {cluster_lib.SECURITY_NOTE}")
         return cluster_lib.emit_tf_config(cluster)
     if args.emit == "slurm":
-        return cluster_lib.emit_slurm(args.workers, args.trainer_flags, port=args.port,
-                                      chief=args.chief, job_name=args.job_name, module=args.module)
-    return cluster_lib.emit_tfjob(args.workers, args.trainer_flags, image=args.image,
-                                  chief=args.chief, evaluator=args.evaluator, name=args.job_name,
-                                  module=args.module, backoff_limit=args.max_restarts)
+        return cluster_lib.emit_slurm(
+            args.workers, args.trainer_flags, port=args.port, chief=args.chief,
+            job_name=args.job_name, module=args.module, tasks_per_node=args.tasks_per_node,
+            time_limit=args.time, partition=args.partition, account=args.account,
+            warning_s=args.warning_s, requeue=args.requeue, gpus_per_task=args.gpus_per_worker)
+    return cluster_lib.emit_tfjob(
+        args.workers, args.trainer_flags, image=args.image, chief=args.chief,
+        evaluator=args.evaluator, name=args.job_name, module=args.module,
+        backoff_limit=args.backoff_limit, volume=args.volume,
+        gpus_per_worker=args.gpus_per_worker, cpu=args.cpu, memory=args.memory,
+        warn=lambda message: log(f"[launcher] warning: {message}"))
 
 
 class _StopSignals:
@@ -236,9 +292,10 @@ class _StopSignals:
         return self.received
 
 
-# trainer.main's exit status after a preemption save (trainer.preemption.EXIT_PREEMPTED,
-# 128 + SIGTERM; not imported: launch/ does not import TensorFlow).
-EXIT_PREEMPTED = 143
+# trainer.main's exit status after a preemption save (trainer.preemption.EXIT_PREEMPTED;
+# not imported: launch/ does not import TensorFlow): 143 = 128 + SIGTERM, which schedulers
+# retry (see launch.cluster.EXIT_PREEMPTED).
+EXIT_PREEMPTED = cluster_lib.EXIT_PREEMPTED
 
 
 def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:

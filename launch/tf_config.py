@@ -16,8 +16,12 @@ derives one from a SLURM job's environment.
 Command line::
 
     python -m launch.tf_config --check          # what this process will be; do peers answer?
-    python -m launch.tf_config --from_slurm --port 12345 [--chief]   # print TF_CONFIG
-    python -m launch.tf_config --from_slurm --port 12345 -- CMD ARGS... # exec CMD with it
+    python -m launch.tf_config --from_slurm --port 12345 [--tasks_per_node N] [--chief]
+    python -m launch.tf_config --from_slurm --port 12345 [...] -- CMD ARGS...  # exec CMD
+
+``--from_slurm`` derives TF_CONFIG from the SLURM step (local task i of a node listens on
+``port + i``) and, with several tasks per node on a GPU node, gives each task its own
+GPU(s) through ``CUDA_VISIBLE_DEVICES`` (see :func:`slurm_visible_gpus`).
 
 ``--check`` exits 0 when TF_CONFIG is valid and every peer's port answers, 3 when it is
 valid but some peer does not answer (not started yet, wrong address or a firewall), and
@@ -287,15 +291,25 @@ def check(tf_config: dict, timeout_s: float = 1.0, out=sys.stdout) -> int:
 
 def tf_config_from_slurm(
     environ: Mapping[str, str], port: int, chief: bool = False,
-    hostnames: Sequence[str] | None = None,
+    hostnames: Sequence[str] | None = None, tasks_per_node: int = 1,
 ) -> dict:
-    """Builds this SLURM task's TF_CONFIG from the job's environment.
+    """Builds this SLURM task's TF_CONFIG from the job step's environment.
 
-    Expects one task per node (``#SBATCH --ntasks-per-node=1``): task ``SLURM_PROCID``
-    runs on the ``SLURM_PROCID``-th host of ``SLURM_JOB_NODELIST`` and listens on
-    ``port``. With ``chief``, task 0 is ``chief:0`` and the others ``worker:0..``. The
-    node list is expanded with ``scontrol show hostnames`` unless ``hostnames`` is given.
+    The step has ``tasks_per_node`` tasks on each of its nodes, placed in blocks (srun's
+    default ``--distribution=block``): task ``SLURM_PROCID`` = ``node * tasks_per_node +
+    SLURM_LOCALID`` runs on the ``node``-th host of ``SLURM_STEP_NODELIST`` (or
+    ``SLURM_JOB_NODELIST``) and listens on ``port + SLURM_LOCALID``. With ``chief``,
+    task 0 is ``chief:0`` and the others ``worker:0..``; otherwise task i is
+    ``worker:i``. The node list is expanded with ``scontrol show hostnames`` unless
+    ``hostnames`` is given.
+
+    Raises:
+      TFConfigError: outside a job step, when the step's task count or this task's
+        place does not match ``tasks_per_node`` tasks per node in blocks, or when
+        ``scontrol`` is missing.
     """
+    if tasks_per_node < 1:
+        raise TFConfigError(f"--tasks_per_node={tasks_per_node} must be >= 1.")
     missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST") if k not in environ]
     if missing:
         raise TFConfigError(
@@ -303,20 +317,35 @@ def tf_config_from_slurm(
             f"inside an sbatch allocation."
         )
     procid, ntasks = int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"])
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ["SLURM_JOB_NODELIST"]
     if hostnames is None:
         scontrol = shutil.which("scontrol")
         if scontrol is None:
-            raise TFConfigError("`scontrol` is not on PATH; it is needed to expand SLURM_JOB_NODELIST.")
+            raise TFConfigError("`scontrol` is not on PATH; it is needed to expand the SLURM "
+                                "node list. Run this inside the SLURM job (srun).")
         hostnames = subprocess.run(
-            [scontrol, "show", "hostnames", environ["SLURM_JOB_NODELIST"]],
+            [scontrol, "show", "hostnames", nodelist],
             check=True, capture_output=True, text=True, timeout=30,
         ).stdout.split()
-    if len(hostnames) != ntasks:
+    if len(hostnames) * tasks_per_node != ntasks:
         raise TFConfigError(
-            f"SLURM job has {ntasks} task(s) on {len(hostnames)} node(s); this launcher expects "
-            f"exactly one task per node (#SBATCH --ntasks-per-node=1)."
+            f"SLURM step has {ntasks} task(s) on {len(hostnames)} node(s), but "
+            f"{tasks_per_node} task(s) per node were expected ({len(hostnames) * tasks_per_node} "
+            f"in all). Ask for the same count in the script (#SBATCH --ntasks-per-node="
+            f"{tasks_per_node}) and here (--tasks_per_node)."
         )
-    addresses = [f"{host}:{port}" for host in hostnames]
+    local = int(environ.get("SLURM_LOCALID", procid % tasks_per_node))
+    node = int(environ.get("SLURM_NODEID", procid // tasks_per_node))
+    if (node, local) != divmod(procid, tasks_per_node):
+        raise TFConfigError(
+            f"SLURM task {procid} is local task {local} on node {node}, not where a block "
+            f"distribution puts it (node {procid // tasks_per_node}, local task "
+            f"{procid % tasks_per_node}); run srun with --distribution=block."
+        )
+    if port + tasks_per_node - 1 > 65535:
+        raise TFConfigError(f"--port={port} + {tasks_per_node - 1} (one port per local task) "
+                            f"exceeds 65535; use a lower --port.")
+    addresses = [f"{host}:{port + i}" for host in hostnames for i in range(tasks_per_node)]
     if chief:
         cluster = {"chief": addresses[:1]}
         if addresses[1:]:
@@ -327,6 +356,50 @@ def tf_config_from_slurm(
     return build_tf_config(cluster, task_type, index)
 
 
+def _gpu_device_files(dev: str = "/dev") -> list[str]:
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    return sorted((n[len("nvidia"):] for n in names if re.fullmatch(r"nvidia\d+", n)), key=int)
+
+
+def slurm_visible_gpus(
+    environ: Mapping[str, str], tasks_per_node: int, gpu_devices: Sequence[str] | None = None,
+) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` this SLURM task should run with, or None to leave it.
+
+    With one task per node, or when SLURM bound GPUs to tasks itself (``--gpus-per-task``
+    sets ``SLURM_GPUS_PER_TASK`` and implies ``--gpu-bind=per_task``), or on a node
+    without GPUs, nothing changes (None). Otherwise the GPUs the task sees
+    (``CUDA_VISIBLE_DEVICES`` as SLURM set it for ``--gres=gpu:K``, else the node's
+    ``/dev/nvidiaN`` devices, or ``gpu_devices``) are split into ``tasks_per_node`` equal
+    consecutive slices and the task gets slice ``SLURM_LOCALID``: one task per GPU when
+    there are as many GPUs as tasks.
+
+    Raises:
+      TFConfigError: when the GPUs cannot be split evenly among the node's tasks.
+    """
+    if tasks_per_node <= 1 or environ.get("SLURM_GPUS_PER_TASK"):
+        return None
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g for g in visible.split(",") if g.strip()]
+    else:
+        gpus = list(_gpu_device_files() if gpu_devices is None else gpu_devices)
+    if not gpus:
+        return None
+    if len(gpus) % tasks_per_node:
+        raise TFConfigError(
+            f"this node has {len(gpus)} GPU(s) ({','.join(gpus)}) for {tasks_per_node} tasks; "
+            f"they cannot be split evenly. Ask for a multiple of {tasks_per_node} GPUs per node "
+            f"(e.g. #SBATCH --gres=gpu:{tasks_per_node}), or --gpus-per-task."
+        )
+    per_task = len(gpus) // tasks_per_node
+    local = int(environ.get("SLURM_LOCALID", "0"))
+    return ",".join(gpus[local * per_task:(local + 1) * per_task])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m launch.tf_config", description=__doc__,
@@ -335,9 +408,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true",
                       help="validate $TF_CONFIG, print this task and probe the peers' ports")
     mode.add_argument("--from_slurm", action="store_true",
-                      help="print the TF_CONFIG of this SLURM task (one task per node)")
+                      help="print the TF_CONFIG of this SLURM task")
     parser.add_argument("--timeout_s", type=float, default=1.0, help="per-peer connect timeout")
-    parser.add_argument("--port", type=int, default=12345, help="--from_slurm: port on every node")
+    parser.add_argument("--port", type=int, default=12345,
+                        help="--from_slurm: base port; local task i listens on port + i")
+    parser.add_argument("--tasks_per_node", type=int, default=1,
+                        help="--from_slurm: tasks per node in the step (one per GPU is usual)")
     parser.add_argument("--chief", action="store_true", help="--from_slurm: task 0 is the chief")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="--from_slurm: after '--', a command to exec with TF_CONFIG set")
@@ -347,14 +423,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unexpected arguments {command}; only --from_slurm takes a command.")
     if args.from_slurm:
         try:
-            tf_config = json.dumps(tf_config_from_slurm(os.environ, args.port, chief=args.chief))
+            tf_config = json.dumps(tf_config_from_slurm(
+                os.environ, args.port, chief=args.chief, tasks_per_node=args.tasks_per_node))
+            gpus = slurm_visible_gpus(os.environ, args.tasks_per_node)
         except (TFConfigError, subprocess.SubprocessError) as error:
             print(f"launch.tf_config: {error}", file=sys.stderr)
             return 1
         if not command:
             print(tf_config)
             return 0
-        os.execvpe(command[0], command, {**os.environ, "TF_CONFIG": tf_config})
+        env = {**os.environ, "TF_CONFIG": tf_config}
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
+            print(f"launch.tf_config: SLURM task {os.environ.get('SLURM_PROCID')} (local "
+                  f"{os.environ.get('SLURM_LOCALID')}) gets CUDA_VISIBLE_DEVICES={gpus}",
+                  file=sys.stderr, flush=True)
+        os.execvpe(command[0], command, env)
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         print("launch.tf_config: TF_CONFIG is not set; this process would train alone. Set it, "

@@ -1,4 +1,4 @@
-"""trainer.checkpoint in one process: state round trip, keep-N and best-N policy,
+"""Checkpointing (trainer.checkpoint_state / checkpoint_store / checkpointing) in one process: state round trip, keep-N and best-N policy,
 clear errors for missing / incompatible / corrupt checkpoints, export.
 
 Multi-process behaviour (kill, preemption, crash mid-write, replica changes, multiple

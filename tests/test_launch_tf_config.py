@@ -12,6 +12,7 @@ from launch.tf_config import (
     TFConfigError,
     build_tf_config,
     parse_address,
+    slurm_visible_gpus,
     tf_config_from_slurm,
     validate_tf_config,
 )
@@ -232,9 +233,63 @@ def test_from_slurm_with_chief_makes_task_0_the_chief():
     assert worker["task"] == {"type": "worker", "index": 0}
 
 
-def test_from_slurm_needs_one_task_per_node():
-    with pytest.raises(TFConfigError, match="one task per node"):
+def test_from_slurm_checks_the_task_count_against_tasks_per_node():
+    with pytest.raises(TFConfigError, match=r"3 task\(s\) on 1 node\(s\), but 1 task\(s\) per "
+                                            r"node were expected.*--ntasks-per-node=1"):
         tf_config_from_slurm({**SLURM_ENV, "SLURM_PROCID": "0"}, 5000, hostnames=["n1"])
+    with pytest.raises(TFConfigError, match="2 task\\(s\\) per node were expected"):
+        tf_config_from_slurm({**SLURM_ENV, "SLURM_PROCID": "0"}, 5000, hostnames=["n1", "n2"],
+                             tasks_per_node=2)
+
+
+TWO_BY_TWO = {"SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "node[1-2]"}
+
+
+@pytest.mark.parametrize("procid", range(4))
+def test_from_slurm_with_two_tasks_per_node_gives_local_task_i_port_base_plus_i(procid):
+    env = {**TWO_BY_TWO, "SLURM_PROCID": str(procid), "SLURM_NODEID": str(procid // 2),
+           "SLURM_LOCALID": str(procid % 2)}
+    got = tf_config_from_slurm(env, 5000, hostnames=["node1", "node2"], tasks_per_node=2)
+    assert got["cluster"] == {"worker": ["node1:5000", "node1:5001", "node2:5000",
+                                         "node2:5001"]}
+    assert got["task"] == {"type": "worker", "index": procid}
+    address = got["cluster"]["worker"][procid]
+    assert address == f"node{procid // 2 + 1}:{5000 + procid % 2}"
+
+
+def test_from_slurm_with_two_tasks_per_node_and_a_chief():
+    env = {**TWO_BY_TWO, "SLURM_PROCID": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": "1"}
+    got = tf_config_from_slurm(env, 5000, True, ["node1", "node2"], tasks_per_node=2)
+    assert got["cluster"] == {"chief": ["node1:5000"],
+                              "worker": ["node1:5001", "node2:5000", "node2:5001"]}
+    assert got["task"] == {"type": "worker", "index": 0}
+
+
+def test_from_slurm_refuses_a_task_placed_out_of_blocks():
+    env = {**TWO_BY_TWO, "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+    with pytest.raises(TFConfigError, match="--distribution=block"):
+        tf_config_from_slurm(env, 5000, hostnames=["node1", "node2"], tasks_per_node=2)
+
+
+@pytest.mark.parametrize("env, devices, expected", [
+    ({"SLURM_LOCALID": "1"}, ["0", "1"], "1"),                               # one GPU per task
+    ({"SLURM_LOCALID": "0", "CUDA_VISIBLE_DEVICES": "4,5"}, [], "4"),        # --gres=gpu:2
+    ({"SLURM_LOCALID": "1", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, [], "6,7"),  # 2 GPUs per task
+    ({"SLURM_LOCALID": "1", "CUDA_VISIBLE_DEVICES": "3", "SLURM_GPUS_PER_TASK": "1"},
+     ["0", "1"], None),                                                      # bound by SLURM
+    ({"SLURM_LOCALID": "1"}, [], None),                                      # no GPU: CPU tasks
+])
+def test_slurm_visible_gpus_gives_each_local_task_its_own(env, devices, expected):
+    assert slurm_visible_gpus(env, 2, gpu_devices=devices) == expected
+
+
+def test_slurm_visible_gpus_leaves_one_task_per_node_alone():
+    assert slurm_visible_gpus({"SLURM_LOCALID": "0", "CUDA_VISIBLE_DEVICES": "0,1"}, 1) is None
+
+
+def test_slurm_visible_gpus_refuses_an_uneven_split():
+    with pytest.raises(TFConfigError, match="3 GPU.*cannot be split evenly.*--gres=gpu:2"):
+        slurm_visible_gpus({"SLURM_LOCALID": "0", "CUDA_VISIBLE_DEVICES": "0,1,2"}, 2)
 
 
 def test_from_slurm_outside_slurm_says_so():
@@ -254,3 +309,21 @@ def test_from_slurm_command_expands_the_nodelist_with_scontrol(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == build_tf_config(
         {"worker": ["node1:7000", "node2:7000"]}, "worker", 1)
+
+
+def test_from_slurm_command_with_tasks_per_node_sets_the_port_and_the_gpu(tmp_path):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nprintf 'node1\\n'\n")
+    scontrol.chmod(0o755)
+    env = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": "2",
+           "SLURM_JOB_NODELIST": "node1", "CUDA_VISIBLE_DEVICES": "2,3",
+           "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    result = run_module(["--from_slurm", "--port", "7000", "--tasks_per_node", "2", "--",
+                         sys.executable, "-c", "import os; print(os.environ['TF_CONFIG']); "
+                         "print(os.environ['CUDA_VISIBLE_DEVICES'])"], env)
+    assert result.returncode == 0, result.stderr
+    tf_config, gpus = result.stdout.splitlines()
+    assert json.loads(tf_config) == build_tf_config(
+        {"worker": ["node1:7000", "node1:7001"]}, "worker", 1)
+    assert gpus == "3"
+    assert "gets CUDA_VISIBLE_DEVICES=3" in result.stderr

@@ -7,14 +7,18 @@
   crashing again after a restart.
 * ``LAUNCH_TEST_EXIT_AT_START="worker:1"`` makes that task exit with code 2 before it
   creates its strategy, while its peers wait for it in MultiWorkerMirroredStrategy setup.
+* ``LAUNCH_TEST_SLOW_FROM="10:0.5"`` makes every task's input pipeline sleep 0.5 s per
+  batch from batch 10 on, and creates ``workdir/slow-<task>`` when it reaches batch 10,
+  so a test can signal a run that is surely mid-training. Only in a run that finds no
+  such marker at start: a restarted run goes at full speed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -39,7 +43,30 @@ class WeightsTrainer(DigitsTrainer):
         super().__init__(config, workdir, strategy, callbacks)
 
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        ds = super().build_train_dataset(ctx)
+        return self._slowed(self._crashing(super().build_train_dataset(ctx)))
+
+    def _slowed(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
+        task_type, index = task_id()
+        marker = os.path.join(self.workdir, f"slow-{task_type}-{index}")
+        if not spec or os.path.exists(marker):
+            return ds
+        start, seconds = int(spec.split(":")[0]), float(spec.split(":")[1])
+
+        def maybe_sleep(count):
+            if int(count) == start:
+                os.makedirs(self.workdir, exist_ok=True)
+                open(marker, "w").close()
+            if int(count) >= start:
+                time.sleep(seconds)
+            return count
+
+        counted = tf.data.Dataset.zip((ds, tf.data.Dataset.range(1 << 62)))
+        return counted.map(
+            lambda batch, count: (batch, tf.py_function(maybe_sleep, [count], tf.int64))
+        ).map(lambda batch, _: batch)
+
+    def _crashing(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         spec = os.environ.get("LAUNCH_TEST_CRASH", "")
         if not spec:
             return ds
