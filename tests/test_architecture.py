@@ -7,7 +7,6 @@ CI); the rules import-linter cannot express are checked on the source with ``ast
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 from pathlib import Path

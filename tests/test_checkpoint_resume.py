@@ -169,7 +169,10 @@ def test_crash_during_a_checkpoint_commit_restores_the_previous_step(runs):
 
 
 def _corrupt_every_step(workdir) -> None:
-    paths = glob.glob(str(workdir / "checkpoints" / "*" / "state" / "*.npy"))
+    """Overwrites every array file: OCDBT data files (stock) or .npy (checkpoint.fast_io)."""
+    state = workdir / "checkpoints" / "*" / "state"
+    paths = (glob.glob(str(state / "*.npy"))
+             + glob.glob(str(state / "**" / "d" / "*"), recursive=True))
     assert paths
     for path in paths:
         with open(path, "wb") as f:

@@ -7,26 +7,22 @@ import json
 import numpy as np
 import pytest
 
+from tests.helpers import max_abs_diff, saved_run
+
 TOL = 1e-5
-
-
-def max_weight_diff(a: dict, b: dict, run: str) -> float:
-    keys = [k for k in a if k.startswith(run + "/")]
-    assert keys, f"no weights saved for {run}"
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in keys)
 
 
 @pytest.mark.parametrize("run", ["sgd", "adam"])
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_same_weights_as_one_replica_after_20_steps(replica_runs, run, replicas):
-    assert max_weight_diff(replica_runs[1], replica_runs[replicas], run) <= TOL
+    assert max_abs_diff(saved_run(replica_runs[1], run), saved_run(replica_runs[replicas], run)) <= TOL
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_negative_control_per_replica_mean_averaging_diverges(replica_runs, replicas):
     # The same comparison must fail for the classic mistake (mean over the LOCAL batch,
     # gradients summed over replicas): this is what makes the test above able to fail.
-    assert max_weight_diff(replica_runs[1], replica_runs[replicas], "per_replica_mean") > 100 * TOL
+    assert max_abs_diff(saved_run(replica_runs[1], "per_replica_mean"), saved_run(replica_runs[replicas], "per_replica_mean")) > 100 * TOL
 
 
 def test_runs_actually_trained(replica_runs):

@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from tests.launch_helpers.running import REPO, Launch, wait_until_dead
+from tests.helpers import assert_same_weights, load_weights
 
 CONFIG = "--config=tests/launch_helpers/weights_config.py"
 BOUND_S = 60  # the bound: a broken group ends the launcher within 60 s
@@ -28,18 +28,6 @@ LONG = "--config.train.steps=100000"  # a run that is still training when the te
 # keeps the default grace (10 s) to show the defaults meet the bound; the others save time.
 SHORT_GRACE = ["--grace_s", "2"]
 PROGRESS = r"^\[worker:0\] .*step \d+/100000"  # the chief (worker:0) logs progress
-
-
-def load_weights(path):
-    with np.load(path) as f:
-        return [f[f"w{i}"] for i in range(len(f.files))]
-
-
-def assert_same_weights(reference, path, tol=1e-5):
-    weights = load_weights(path)
-    assert len(weights) == len(reference)
-    for got, want in zip(weights, reference):
-        np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=path)
 
 
 @pytest.fixture(scope="module")

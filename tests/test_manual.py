@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, subprocess_env
+from tests.helpers import max_abs_diff, saved_run
 from trainer import config as config_lib
 from trainer.data_parallel import split_sizes
 
@@ -48,12 +49,6 @@ def manual_runs(tmp_path_factory) -> dict:
     return results
 
 
-def max_weight_diff(run: dict, a: str, b: str) -> float:
-    keys = [k for k in run if k.startswith(a + "/")]
-    assert keys, f"no weights saved for {a}"
-    return max(float(np.max(np.abs(run[k] - run[k.replace(a, b, 1)]))) for k in keys)
-
-
 # ------------------------------------------------------------------ the split
 def test_split_is_proportional_and_sums_to_the_batch():
     assert split_sizes(32, [1, 2, 1]) == [8, 16, 8]
@@ -73,7 +68,7 @@ def test_uneven_split_trains_like_one_device_on_the_whole_batch(manual_runs, sce
     # accum: perf.grad_accum_steps=2; custom: a user train_step calling apply_gradients;
     # jit: perf.jit_compile=True (XLA on one device, not applied on three).
     run = manual_runs[3]
-    assert max_weight_diff(run, f"single_{scenario}", f"manual_{scenario}") <= TOL
+    assert max_abs_diff(saved_run(run, f"single_{scenario}"), saved_run(run, f"manual_{scenario}")) <= TOL
     single = json.loads(str(run[f"single_{scenario}_results"]))
     manual = json.loads(str(run[f"manual_{scenario}_results"]))
     assert single.keys() == manual.keys()
@@ -84,38 +79,38 @@ def test_uneven_split_trains_like_one_device_on_the_whole_batch(manual_runs, sce
 def test_mixed_precision_and_clipping_use_one_loss_scale(manual_runs):
     run = manual_runs[3]
     assert run["manual_mixed_clip_loss_scale"] == run["single_mixed_clip_loss_scale"] == 2.0**15
-    assert max_weight_diff(run, "single_mixed_clip", "manual_mixed_clip") <= MIXED_TOL
+    assert max_abs_diff(saved_run(run, "single_mixed_clip"), saved_run(run, "manual_mixed_clip")) <= MIXED_TOL
 
 
 def test_float_weights_split_whole_examples_and_train_the_same(manual_runs):
     run = manual_runs[3]
     assert list(run["float_weights_split"]) == [6, 10, 16]
-    assert max_weight_diff(run, "single_sgd", "manual_float_weights") <= TOL
+    assert max_abs_diff(saved_run(run, "single_sgd"), saved_run(run, "manual_float_weights")) <= TOL
 
 
 def test_negative_control_per_device_mean_gradients_differ(manual_runs):
     # Averaging each device's MEAN gradient with equal weights over-weights the 8-example
     # slices: the same comparison as above must fail, by far more than the tolerances.
-    diff = max_weight_diff(manual_runs[3], "single_sgd", "manual_per_device_mean")
+    diff = max_abs_diff(saved_run(manual_runs[3], "single_sgd"), saved_run(manual_runs[3], "manual_per_device_mean"))
     assert diff > 1000 * TOL and diff > 10 * MIXED_TOL
 
 
 def test_even_split_trains_like_mirrored(manual_runs):
     run = manual_runs[2]
     for scenario in ("sgd", "adam"):
-        assert max_weight_diff(run, f"mirrored_{scenario}", f"manual_{scenario}") <= TOL
+        assert max_abs_diff(saved_run(run, f"mirrored_{scenario}"), saved_run(run, f"manual_{scenario}")) <= TOL
 
 
 def test_runs_actually_trained(manual_runs):
     run = manual_runs[3]
-    assert max_weight_diff(run, "single_sgd", "single_adam") > 1e-3
+    assert max_abs_diff(saved_run(run, "single_sgd"), saved_run(run, "single_adam")) > 1e-3
 
 
 # ------------------------------------------------------ loop features
 def test_checkpoint_resume_continues_exactly(manual_runs):
     run = manual_runs[3]
     assert int(run["resumed_from"]) == 20
-    assert max_weight_diff(run, "manual_sgd", "manual_resumed") <= TOL
+    assert max_abs_diff(saved_run(run, "manual_sgd"), saved_run(run, "manual_resumed")) <= TOL
 
 
 def test_nonfinite_loss_on_one_device_skips_the_step_for_all(manual_runs):

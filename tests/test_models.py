@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import REPO, subprocess_env
 from tests.run_models import MODELS, mock_tfds, tiny_config, train
+from tests.helpers import max_abs_diff, saved_run
 
 SYNC_BN_TOL = 1e-5
 
@@ -190,7 +191,7 @@ def test_sync_batch_norm_on_two_replicas_matches_one_replica(mirrored_runs, cifa
     one = t.model.get_weights()
 
     def max_diff(run):
-        return max(float(np.max(np.abs(w - weights[f"{run}/{i}"]))) for i, w in enumerate(one))
+        return max_abs_diff(one, saved_run(weights, run))
 
     assert max_diff("cifar10_sync_bn") <= SYNC_BN_TOL
     # Negative control: per-replica batch statistics (sync_bn=False) give other weights.

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, subprocess_env
+from tests.helpers import max_abs_diff
 
 TOL = 1e-5  # float32 runs: max |dw|
 FP16_RTOL = 1e-2  # mixed_float16 runs (SGD): max |dw| / max |w|
@@ -52,30 +53,26 @@ def weights(runs: dict, n: int, run: str) -> list[np.ndarray]:
     return [saved[k] for k in keys]
 
 
-def max_diff(a: list, b: list) -> float:
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
-
-
 def relative_diff(a: list, reference: list) -> float:
-    return max_diff(a, reference) / max(float(np.max(np.abs(r))) for r in reference)
+    return max_abs_diff(a, reference) / max(float(np.max(np.abs(r))) for r in reference)
 
 
 # ----------------------------------------------------- fp32 + global-norm clipping
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_global_norm_clipping_same_weights_on_every_replica_count(numerics_runs, replicas):
-    assert max_diff(weights(numerics_runs, 1, "clip"),
+    assert max_abs_diff(weights(numerics_runs, 1, "clip"),
                     weights(numerics_runs, replicas, "clip")) <= TOL
 
 
 def test_global_norm_clipping_matches_keras_on_one_replica(numerics_runs):
     # On one replica there is no per-replica question: our clip equals Keras's.
-    assert max_diff(weights(numerics_runs, 1, "clip"), weights(numerics_runs, 1, "keras_clip")) <= TOL
+    assert max_abs_diff(weights(numerics_runs, 1, "clip"), weights(numerics_runs, 1, "keras_clip")) <= TOL
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_negative_control_keras_global_clipnorm_clips_per_replica(numerics_runs, replicas):
     # NEGATIVE CONTROL: Keras clips each replica's gradients before the cross-replica sum.
-    assert max_diff(weights(numerics_runs, 1, "keras_clip"),
+    assert max_abs_diff(weights(numerics_runs, 1, "keras_clip"),
                     weights(numerics_runs, replicas, "keras_clip")) > 100 * TOL
 
 
@@ -85,14 +82,14 @@ def test_accumulation_x4_equals_one_4x_batch(numerics_runs, replicas):
     # 80 micro-batches of 8 with perf.grad_accum_steps=4 == 20 batches of 32 (Adam, so
     # the optimizer's step count must be the number of updates, not of micro-steps).
     assert numerics_runs[replicas]["facts"]["accum/updates"] == 20
-    assert max_diff(weights(numerics_runs, 1, "big_batch"),
+    assert max_abs_diff(weights(numerics_runs, 1, "big_batch"),
                     weights(numerics_runs, replicas, "accum")) <= TOL
 
 
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_negative_control_no_accumulation_differs_from_4x_batch(numerics_runs, replicas):
     # NEGATIVE CONTROL: the same 80 micro-batches without accumulation (80 updates).
-    assert max_diff(weights(numerics_runs, 1, "big_batch"),
+    assert max_abs_diff(weights(numerics_runs, 1, "big_batch"),
                     weights(numerics_runs, replicas, "no_accum")) > 100 * TOL
 
 
@@ -167,12 +164,12 @@ def test_on_nonfinite_stop_raises_naming_the_step_and_keeps_weights(numerics_run
 def test_uneven_final_batch_same_weights_on_every_replica_count(numerics_runs, replicas):
     # The 20th global batch has 20 examples: 16+4 on 2 replicas, 8+8+4+0 on 4.
     assert numerics_runs[replicas]["facts"]["uneven/updates"] == 20
-    assert max_diff(weights(numerics_runs, 1, "uneven"),
+    assert max_abs_diff(weights(numerics_runs, 1, "uneven"),
                     weights(numerics_runs, replicas, "uneven")) <= TOL
 
 
 def test_local_average_control_is_right_on_one_replica(numerics_runs):
-    assert max_diff(weights(numerics_runs, 1, "uneven"),
+    assert max_abs_diff(weights(numerics_runs, 1, "uneven"),
                     weights(numerics_runs, 1, "local_average_uneven")) <= TOL
 
 
@@ -180,7 +177,7 @@ def test_local_average_control_is_right_on_one_replica(numerics_runs):
 def test_negative_control_local_batch_averaging_wrong_on_short_batch(numerics_runs, replicas):
     # NEGATIVE CONTROL: tf.nn.compute_average_loss without global_batch_size divides by
     # local batch x replicas, which is wrong only on the short final batch.
-    assert max_diff(weights(numerics_runs, 1, "uneven"),
+    assert max_abs_diff(weights(numerics_runs, 1, "uneven"),
                     weights(numerics_runs, replicas, "local_average_uneven")) > 100 * TOL
 
 
@@ -188,8 +185,8 @@ def test_negative_control_local_batch_averaging_wrong_on_short_batch(numerics_ru
 @pytest.mark.parametrize("replicas", REPLICAS)
 def test_jit_compile_and_recompute_do_not_change_the_result(numerics_runs, replicas):
     clip = weights(numerics_runs, replicas, "clip")
-    assert max_diff(clip, weights(numerics_runs, replicas, "clip_jit")) <= TOL
-    assert max_diff(clip, weights(numerics_runs, replicas, "clip_recompute")) <= TOL
+    assert max_abs_diff(clip, weights(numerics_runs, replicas, "clip_jit")) <= TOL
+    assert max_abs_diff(clip, weights(numerics_runs, replicas, "clip_recompute")) <= TOL
 
 
 def test_jit_compile_used_on_one_replica(numerics_runs):

@@ -29,7 +29,7 @@ import pytest
 
 from launch import multiworker
 from tests.launch_helpers.running import REPO, Launch
-from tests.test_launch_multiworker_training import assert_same_weights, load_weights
+from tests.helpers import assert_same_weights, load_weights
 
 CONFIG = f"--config={os.path.join(REPO, 'tests', 'launch_helpers', 'weights_config.py')}"
 START_SCRIPT = "tests/slurm/start_local_slurm.sh"

@@ -1,0 +1,35 @@
+"""Helpers shared by the test modules: comparing weights and saved runs."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+def max_abs_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    """The largest absolute elementwise difference between two lists of arrays."""
+    assert len(a) == len(b), f"{len(a)} arrays against {len(b)}"
+    assert len(a), "nothing to compare"
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+
+
+def saved_run(arrays: Mapping[str, np.ndarray], run: str) -> list[np.ndarray]:
+    """The arrays saved as ``"<run>/<i>"`` (i = 0, 1, ...) in an ``.npz``-like mapping."""
+    count = sum(1 for k in arrays if k.startswith(run + "/"))
+    assert count, f"no weights saved for {run}"
+    return [arrays[f"{run}/{i}"] for i in range(count)]
+
+
+def load_weights(path) -> list[np.ndarray]:
+    """The ``w0, w1, ...`` arrays of an ``.npz`` written by the launcher tests' trainer."""
+    with np.load(path) as f:
+        return [f[f"w{i}"] for i in range(len(f.files))]
+
+
+def assert_same_weights(reference: Sequence[np.ndarray], path, tol: float = 1e-5) -> None:
+    """The weights saved at ``path`` equal ``reference`` within ``tol`` (absolute)."""
+    weights = load_weights(path)
+    assert len(weights) == len(reference)
+    for got, want in zip(weights, reference):
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=str(path))
