@@ -7,17 +7,19 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests import toy
 from tests.conftest import REPO, subprocess_env
-from tests.test_telemetry_trainers import cnn_config
-from trainer import doctor
+from tests.telemetry_trainers import cnn_config
+from trainer import doctor, doctor_report
 
 _CORE = ("baseline", "input", "compute")
 
 
 def test_slow_input_pipeline_is_diagnosed_input_bound():
     config = toy.toy_config()
-    config.trainer = "tests.test_telemetry_trainers:SlowInputTrainer"
+    config.trainer = "tests.telemetry_trainers:SlowInputTrainer"
     report = doctor.diagnose(config, steps=10, sections=_CORE)
     assert report["verdict"]["kind"] == "input-bound", report
     assert report["input"]["examples_per_s"] < report["compute"]["examples_per_s"]
@@ -68,8 +70,45 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     assert comm["one_replica_step_ms"] > 0 and 0 <= comm["communication_share"] <= 1
     assert not report["jit"]["applicable"]  # XLA is not applied with 2 replicas
     assert {r["layer"] for r in report["layers"]["top"]} >= {"dense", "dense_1"}
-    assert report["verdict"]["kind"] in ("input-bound", "compute-bound", "communication-bound")
+    measured = {k: v for k, v in report.items() if k != "verdict"}
+    assert report["verdict"] == doctor_report.verdict(measured)
     table = doctor.format_table(report)
     for label in ("(1) real run", "(2) input pipeline alone", "(3) compute alone",
                   "(6) 1 vs 2 replicas", "(7) top layers", "(8) verdict"):
         assert label in table, label
+
+
+def _report(run, feed, step, comm_share=None, jit_speedup=None):
+    """A doctor report with the given examples/s (and optional sections)."""
+    report = {"baseline": {"examples_per_s": run}, "input": {"examples_per_s": feed},
+              "compute": {"examples_per_s": step}}
+    if comm_share is not None:
+        report["communication"] = {"applicable": True, "communication_share": comm_share,
+                                   "replicas": 2, "n_replica_step_ms": 10.0,
+                                   "one_replica_step_ms": 10.0 * (1 - comm_share)}
+    if jit_speedup is not None:
+        report["jit"] = {"applicable": True, "speedup": jit_speedup}
+    return report
+
+
+@pytest.mark.parametrize("case, report, kind, advice", [
+    ("pipeline slower than the step", _report(500, 500, 1000), "input-bound", None),
+    ("run far below a barely faster pipeline", _report(700, 1100, 1000), "input-bound",
+     "raise train.steps_per_loop"),
+    ("replicas spend half the step talking", _report(1000, 5000, 1000, comm_share=0.5),
+     "communication-bound", None),
+    ("a little communication", _report(1000, 5000, 1000, comm_share=0.1), "compute-bound", None),
+    ("fast pipeline, busy step", _report(950, 5000, 1000), "compute-bound", None),
+    ("host overhead between steps", _report(500, 5000, 1000, comm_share=0.1), "compute-bound",
+     "raise train.steps_per_loop"),
+    ("XLA helps", _report(950, 5000, 1000, jit_speedup=1.5), "compute-bound",
+     "set perf.jit_compile=True"),
+])
+def test_verdict_for_each_constructed_case(case, report, kind, advice):
+    result = doctor_report.verdict(report)
+    assert result["kind"] == kind, case
+    assert result["text"].startswith(kind)
+    if advice:
+        assert any(advice in a for a in result["advice"]), result["advice"]
+    else:
+        assert not any("steps_per_loop" in a or "jit_compile" in a for a in result["advice"])

@@ -19,7 +19,7 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from tests import toy
 from tests.conftest import run_main
-from tests.test_telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDropoutTrainer,
+from tests.telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDropoutTrainer,
                                            HeavyCnnTrainer, SlowInputTrainer, TurnSlow,
                                            TurnsSlowTrainer, cnn_config)
 from trainer import config as config_lib

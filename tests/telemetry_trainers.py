@@ -62,7 +62,7 @@ class TurnSlow(Callback):
 
 def cnn_config(**overrides):
     config = toy.toy_config(**overrides)
-    config.trainer = "tests.test_telemetry_trainers:HeavyCnnTrainer"
+    config.trainer = "tests.telemetry_trainers:HeavyCnnTrainer"
     return config
 
 
