@@ -85,10 +85,24 @@ def state_variables(trainer: Any) -> Groups:
             continue
         if isinstance(value, (keras.Model, keras.optimizers.Optimizer)):
             add(attr, value.variables)
+    if trainer.ema is not None and trainer.ema.built:
+        add("ema", trainer.ema.variables)
     p = trainer.precision
     add("trainer", [trainer.step_counter, p.scale, p.good_steps, p.skipped_steps,
                     p.last_skipped_step])
     return groups
+
+
+def all_finite(trainer: Any) -> bool:
+    """True when every float variable of the model, its EMA and the optimizers is finite.
+
+    Computed where the variables live, on every worker alike (their values are the same
+    everywhere), so every worker takes the same decision without communication.
+    """
+    values = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
+              for group, entries in state_variables(trainer).items() if group != "trainer"
+              for _, v in entries if tf.as_dtype(v.dtype).is_floating]
+    return bool(tf.reduce_all(values).numpy()) if values else True
 
 
 def manifest(trainer: Any, groups: Groups) -> dict:

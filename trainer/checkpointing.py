@@ -47,6 +47,7 @@ from trainer.checkpoint_store import BEST_DIR, LATEST_DIR, CheckpointStore, Unre
 from trainer.checkpoint_store import candidates as _all_candidates
 from trainer.checkpoint_store import read_manifest, read_state
 from trainer.config import ConfigError
+from trainer.precision import NonFiniteError
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
 _NONE, _FAILED = -1, -2
@@ -198,6 +199,14 @@ class Checkpointer(Callback):
         A step already saved to ``kind`` by this run is not saved again."""
         if self._saved.get(kind) == trainer.step:
             return
+        if not checkpoint_state.all_finite(trainer):
+            last = self._saved.get(LATEST_DIR)
+            raise NonFiniteError(
+                f"The weights are NaN/inf at step {trainer.step}; no checkpoint was written "
+                f"(the last good one is step {last if last is not None else 'none'} in "
+                f"{os.path.join(trainer.workdir, LATEST_DIR)}). Set "
+                f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
+                f"or set optimizer.clipnorm.")
         self._saved[kind] = trainer.step
         if self.chief and not self.store.has(kind, trainer.step):
             self.store.wait(kind)  # an async write may still read the buffers reused here
@@ -208,6 +217,11 @@ class Checkpointer(Callback):
                          os.path.join(trainer.workdir, kind), "" if wait else " (async)")
         if kind == LATEST_DIR:
             trainer.callbacks.on_checkpoint(trainer, trainer.step)
+
+    def wait(self) -> None:
+        """Blocks until pending async saves are committed (chief; others return)."""
+        if self.enabled and self.chief:
+            self.store.wait()
 
     # --- hooks
     def on_fit_start(self, trainer: Any) -> None:
@@ -262,7 +276,9 @@ class Checkpointer(Callback):
         current, _ = checkpoint_state.snapshot(trainer)
         state, _ = load(os.path.join(trainer.workdir, BEST_DIR, str(step)), groups)
         target = os.path.join(trainer.workdir, BEST_EXPORT_DIR)
-        model_only = {"model": groups["model"]}
+        model_only = {g: groups[g] for g in ("model", "ema") if g in groups}
+        current = {g: current[g] for g in model_only}
+        state = {g: state[g] for g in model_only}
         try:
             checkpoint_state.assign(model_only, state)
             if tf.io.gfile.exists(target):

@@ -40,10 +40,18 @@ def get_config() -> ml_collections.ConfigDict:
             steps_per_loop=50,  # steps run inside one tf.function call (in-graph loop)
             log_every_steps=100,  # logging window, rounded up to whole loops
             # What a NaN/inf all-reduced gradient does: "skip" the update on every replica,
-            # "stop" with an error, or "auto": skip under mixed_float16 (loss scaling needs
-            # it), otherwise no check (the update is applied, as in keras fit; faster).
+            # "stop" with an error, "rollback" to the last checkpoint (trainer.nonfinite),
+            # or "auto": skip under mixed_float16 (loss scaling needs it), otherwise no
+            # check (the update is applied, as in keras fit; faster).
             on_nonfinite="auto",
+            rollback_after=1,  # "rollback": after this many non-finite steps in a row
+            loss_upper_bound=0.0,  # "rollback" also when a loop's loss exceeds it; 0: off
+            max_rollbacks=3,  # then stop with an error
             deterministic=True,  # tf.data deterministic order (exact resume needs it)
+            # Stop when an eval metric has not improved by more than min_delta for
+            # `patience` evaluations in a row (trainer.early_stopping); metric "": off.
+            early_stopping=ml_collections.ConfigDict(
+                dict(metric="", mode="min", patience=0, min_delta=0.0)),
         )
     )
     config.eval = ml_collections.ConfigDict(
@@ -64,6 +72,9 @@ def get_config() -> ml_collections.ConfigDict:
             momentum=0.9,  # sgd / rmsprop only
             weight_decay=0.0,
             clipnorm=0.0,  # > 0: clip by GLOBAL norm of the all-reduced gradients
+            # > 0: keep an exponential moving average of the weights (trainer.ema), used
+            # by evaluate(), the best-checkpoint metric and export().
+            ema_decay=0.0,
             lr_scaling="none",  # "none" | "linear" (against reference_batch_size)
             reference_batch_size=0,
         )
@@ -138,13 +149,20 @@ def _check_known_keys(config: ml_collections.ConfigDict) -> None:
         section = config[key]
         if not isinstance(section, (ml_collections.ConfigDict, dict)):
             raise ConfigError(f"config.{key} must be a section (ConfigDict), got {section!r}.")
-        for sub in section.keys():
-            if sub not in schema[key]:
-                raise ConfigError(
-                    f"config.{key}.{sub} is not a field of the schema."
-                    f"{_suggest(sub, schema[key].keys())} Known fields of config.{key}: "
-                    f"{', '.join(sorted(schema[key].keys()))}."
-                )
+        _check_section_keys(f"config.{key}", section, schema[key])
+
+
+def _check_section_keys(where: str, section, schema: ml_collections.ConfigDict) -> None:
+    for sub in section.keys():
+        if sub not in schema:
+            raise ConfigError(
+                f"{where}.{sub} is not a field of the schema.{_suggest(sub, schema.keys())} "
+                f"Known fields of {where}: {', '.join(sorted(schema.keys()))}.")
+        if isinstance(schema[sub], ml_collections.ConfigDict):
+            if not isinstance(section[sub], (ml_collections.ConfigDict, dict)):
+                raise ConfigError(f"{where}.{sub} must be a section (ConfigDict), got "
+                                  f"{section[sub]!r}.")
+            _check_section_keys(f"{where}.{sub}", section[sub], schema[sub])
 
 
 def _check_choice(field: str, value: Any, choices) -> None:
@@ -225,7 +243,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_positive("train.steps", config.train.steps)
     _check_positive("train.steps_per_loop", config.train.steps_per_loop)
     _check_positive("train.log_every_steps", config.train.log_every_steps)
-    _check_choice("train.on_nonfinite", config.train.on_nonfinite, ("auto", "skip", "stop"))
+    _check_choice("train.on_nonfinite", config.train.on_nonfinite,
+                  ("auto", "skip", "stop", "rollback"))
+    _check_positive("train.rollback_after", config.train.rollback_after)
+    _check_positive("train.max_rollbacks", config.train.max_rollbacks, allow_zero=True)
+    if not config.train.loss_upper_bound >= 0:
+        raise ConfigError(f"config.train.loss_upper_bound={config.train.loss_upper_bound!r} "
+                          f"must be >= 0 (0: off).")
+    _check_early_stopping(config.train.early_stopping)
     _check_positive("eval.global_batch_size", config.eval.global_batch_size, allow_zero=True)
     _check_positive("eval.every_steps", config.eval.every_steps, allow_zero=True)
     if not (isinstance(config.eval.steps, int) and (config.eval.steps == -1 or config.eval.steps > 0)):
@@ -233,10 +258,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _check_choice("optimizer.schedule", config.optimizer.schedule, SCHEDULES)
     _check_choice("optimizer.lr_scaling", config.optimizer.lr_scaling, ("none", "linear"))
-    if not config.optimizer.learning_rate > 0:
+    if not config.optimizer.learning_rate >= 0:
         raise ConfigError(
-            f"config.optimizer.learning_rate={config.optimizer.learning_rate!r} must be > 0."
+            f"config.optimizer.learning_rate={config.optimizer.learning_rate!r} must be >= 0."
         )
+    if not 0 <= config.optimizer.ema_decay < 1:
+        raise ConfigError(f"config.optimizer.ema_decay={config.optimizer.ema_decay!r} must be "
+                          f"in [0, 1) (0: off; e.g. 0.999).")
     if config.optimizer.clipnorm < 0:
         raise ConfigError(f"config.optimizer.clipnorm={config.optimizer.clipnorm!r} must be >= 0.")
     _check_positive("optimizer.warmup_steps", config.optimizer.warmup_steps, allow_zero=True)
@@ -276,6 +304,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not 0 < config.telemetry.alert_drop < 1:
         raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
                           f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")
+
+
+def _check_early_stopping(es: ml_collections.ConfigDict) -> None:
+    if es.metric and not (isinstance(es.metric, str) and es.metric.startswith("eval/")
+                          and len(es.metric) > 5):
+        raise ConfigError(f"config.train.early_stopping.metric={es.metric!r} must be '' (off) "
+                          f"or an evaluation value 'eval/NAME', e.g. 'eval/loss'.")
+    _check_choice("train.early_stopping.mode", es.mode, ("min", "max"))
+    _check_positive("train.early_stopping.patience", es.patience, allow_zero=True)
+    if not es.min_delta >= 0:
+        raise ConfigError(f"config.train.early_stopping.min_delta={es.min_delta!r} must be "
+                          f">= 0.")
 
 
 def parse_profile_steps(spec: str) -> list[tuple[int, int]]:

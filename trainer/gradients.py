@@ -29,13 +29,9 @@ same on every replica) all-reduces the sums ONCE, then unscales, clips, checks a
 applies as for K = 1, and zeroes the accumulators. Only the loss and the example count
 (2 scalars) are all-reduced per micro-step, for the returned global-mean loss.
 
-Branching. A Keras ``apply`` calls ``merge_call``, which may not sit inside a
-``tf.cond`` in replica context. :meth:`GradientPath._in_update_context` is the one place
-that decides where an update may branch: in replica context under strategies without
-merge_call (default, MultiWorker, TPU), else in cross-replica context (Mirrored,
-OneDevice), re-entering replica context for the apply. The update logic itself
-(:meth:`GradientPath._apply_or_skip`) is written once against :class:`_ReplicaOps` /
-:class:`_CrossReplicaOps`.
+Branching: :func:`trainer.update_context.in_update_context` is the one place that
+decides where an update may branch (replica or cross-replica context); the update logic
+(:meth:`GradientPath._apply_or_skip`) is written once against its operation sets.
 
 Contexts: everything here runs in REPLICA context while a step is traced, except
 :meth:`GradientPath.build_optimizer_variables` (host, cross-replica).
@@ -43,14 +39,16 @@ Contexts: everything here runs in REPLICA context while a step is traced, except
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import keras
 import ml_collections
 import tensorflow as tf
 
 from trainer import keras_compat, precision
+from trainer.ema import ExponentialMovingAverage
 from trainer.tracing import no_autograph
+from trainer.update_context import Accumulators, in_update_context
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -109,70 +107,34 @@ class Reducer:
         return None
 
 
-class Accumulators:
-    """Per-replica gradient sums of one optimizer for ``perf.grad_accum_steps > 1``.
+class GradientNormStats:
+    """Sum and count of the global gradient norm per update, since the last :meth:`take`.
 
-    Created in ``strategy.scope()``. Each replica adds its LOCAL (not yet all-reduced)
-    gradients and example count in replica context (``ON_READ`` variables: a replica
-    reads and writes its own copy, no communication); the apply step all-reduces the
-    sums once. ``ON_READ``/``SUM`` keeps a checkpoint of a partial window sum-exact.
+    The norm is of the all-reduced, unscaled gradients BEFORE clipping (the same value
+    on every replica). Each replica adds to its own copy (``ON_READ`` variables, no
+    communication, no host sync); the host reads the first replica's copy at log time.
+    Create in ``strategy.scope()``.
     """
 
-    def __init__(self, variables: list):
-        on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                       aggregation=tf.VariableAggregation.SUM)
-        self.index = {id(v): i for i, v in enumerate(variables)}
-        self.grads = [tf.Variable(tf.zeros(v.shape, tf.float32), name="grad_accum", **on_read)
-                      for v in variables]
-        self.count = tf.Variable(0.0, name="grad_accum_count", **on_read)
-
-    def slots(self, variables: list) -> list:
-        """The accumulators of ``variables`` (which must have been given at creation)."""
-        missing = [v.name for v in variables if id(v) not in self.index]
-        if missing:
-            raise ValueError(
-                f"No gradient accumulators for {missing}: with perf.grad_accum_steps > 1 "
-                f"pass every variable this optimizer updates to "
-                f"build_optimizer_variables(optimizer, variables).")
-        return [self.grads[self.index[id(v)]] for v in variables]
-
-
-class _ReplicaOps:
-    """Update operations in replica context (strategies without merge_call)."""
-
     def __init__(self):
-        self._ctx = tf.distribute.get_replica_context()
+        on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.total = tf.Variable(0.0, name="grad_norm_sum", **on_read)
+        self.count = tf.Variable(0.0, name="grad_norm_count", **on_read)
 
-    def all_reduce(self, values: list) -> list:
-        return self._ctx.all_reduce(_SUM, values)
+    @no_autograph
+    def record(self, norm: tf.Tensor) -> None:
+        """Replica context: one update's norm."""
+        self.total.assign_add(tf.cast(norm, tf.float32))
+        self.count.assign_add(1.0)
 
-    def each(self, fn: Callable, *args) -> Any:
-        return fn(*args)
-
-    def first(self, value):
-        return value
-
-    def apply(self, optimizer, grads: list, variables: list) -> None:
-        keras_compat.apply_reduced(optimizer, grads, variables)
-
-
-class _CrossReplicaOps:
-    """Update operations in cross-replica context (inside ``merge_call``)."""
-
-    def __init__(self, strategy: tf.distribute.Strategy):
-        self._strategy = strategy
-
-    def all_reduce(self, values: list) -> list:
-        return self._strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in values])
-
-    def each(self, fn: Callable, *args) -> Any:
-        return self._strategy.extended.call_for_each_replica(fn, args=args)
-
-    def first(self, value):
-        return self._strategy.experimental_local_results(value)[0]
-
-    def apply(self, optimizer, grads: list, variables: list) -> None:
-        self.each(lambda g: keras_compat.apply_reduced(optimizer, g, variables), grads)
+    def take(self) -> float | None:
+        """Host: the mean norm since the last call (None: no update), then resets."""
+        count = float(self.count.numpy())
+        mean = float(self.total.numpy()) / count if count else None
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+        return mean
 
 
 def _cast_all(grads: list, dtypes: list) -> list:
@@ -191,11 +153,15 @@ class GradientPath:
       model: the model whose ``losses`` (regularisation) join the objective and whose
         trainable variables are the default ``variables``.
       reducer: how gradients reach the update (default: :class:`Reducer`).
+      ema: the weights' moving average, updated after every applied update (or None).
+
+    Create it in ``strategy.scope()`` (it holds :class:`GradientNormStats`).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy,
                  precision_state: precision.PrecisionState, step_counter: tf.Variable,
-                 model: keras.Model, reducer: Reducer | None = None):
+                 model: keras.Model, reducer: Reducer | None = None,
+                 ema: ExponentialMovingAverage | None = None):
         self.config = config
         self.strategy = strategy
         self.precision = precision_state
@@ -207,6 +173,8 @@ class GradientPath:
         # costs an overhead-bound step ~5-10% (benchmarks/README.md).
         self.checks_finite = (config.train.on_nonfinite != "auto"
                               or precision_state.dynamic)
+        self.ema = ema
+        self.norms = GradientNormStats()
         self._built: set[int] = set()
         self._accumulators: dict[int, Accumulators] = {}
 
@@ -228,6 +196,13 @@ class GradientPath:
                 self._accumulators[id(optimizer)] = Accumulators(list(variables))
         keras_compat.make_reduction_switchable(optimizer)
         self._built.add(id(optimizer))
+
+    def reset_accumulators(self) -> None:
+        """Host: drops partial accumulation sums (after a rollback restored a checkpoint)."""
+        for accumulators in self._accumulators.values():
+            for slot in accumulators.grads:
+                slot.assign(tf.zeros_like(slot))
+            accumulators.count.assign(0.0)
 
     # ---------------------------------------------------------------- replica
     @property
@@ -310,7 +285,10 @@ class GradientPath:
                      for g in grads]
         grads = self.precision.unscale(grads)
         if self.config.optimizer.clipnorm > 0:
-            grads, _ = tf.clip_by_global_norm(grads, self.config.optimizer.clipnorm)
+            grads, norm = tf.clip_by_global_norm(grads, self.config.optimizer.clipnorm)
+        else:
+            norm = tf.linalg.global_norm(grads)
+        self.norms.record(norm)
         return grads, (precision.all_finite(grads) if self.checks_finite
                        else tf.constant(True))
 
@@ -322,21 +300,17 @@ class GradientPath:
         grads, finite = self._finalize(reduced, count)
         if not self.checks_finite:  # no tf.cond: the update need not wait for a check
             keras_compat.apply_reduced(optimizer, grads, variables)
+            self._after_apply(variables)
             return
-        self._in_update_context(
+        in_update_context(
             lambda ops, values: self._apply_or_skip(ops, optimizer, variables, *values),
             (grads, finite))
 
     @no_autograph
-    def _in_update_context(self, body: Callable, values) -> None:
-        """Replica context: runs ``body(ops, values)`` where it may ``tf.cond`` around an
-        optimizer apply (see "Branching" in the module docstring)."""
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
-            body(_ReplicaOps(), values)
-            return
-        tf.distribute.get_replica_context().merge_call(
-            lambda strategy, values_: body(_CrossReplicaOps(strategy), values_),
-            args=(values,))
+    def _after_apply(self, variables: list) -> None:
+        """Where an update was applied (replica or cross-replica context): the EMA."""
+        if self.ema is not None:
+            self.ema.update(variables)
 
     @no_autograph
     def _apply_or_skip(self, ops, optimizer, variables: list, grads: list,
@@ -347,6 +321,7 @@ class GradientPath:
 
         def on_finite():
             ops.apply(optimizer, grads, variables)
+            self._after_apply(variables)
             state.on_finite()
             return tf.constant(True)
 
@@ -385,11 +360,12 @@ class GradientPath:
                     self._apply_or_skip(ops, optimizer, variables, grads_, finite)
                 else:
                     ops.apply(optimizer, grads_, variables)
+                    self._after_apply(variables)
                 ops.each(zero)
                 return tf.constant(True)
 
             tf.cond(tf.equal((self.step_counter + 1) % k, 0), apply_window,
                     lambda: tf.constant(False))
 
-        self._in_update_context(
+        in_update_context(
             body, [s.read_value() for s in slots] + [accumulators.count.read_value()])

@@ -150,7 +150,8 @@ class History(Callback):
         self.results: dict[str, float] = {}
 
     def on_log(self, trainer, logs: dict[str, float]) -> None:
-        self.results.update({k: v for k, v in logs.items() if k.startswith("train/")})
+        self.results.update({k: v for k, v in logs.items() if k.startswith("train/")
+                             and k not in ("train/learning_rate", "train/grad_norm")})
 
     def on_eval_end(self, trainer, logs: dict[str, float]) -> None:
         self.results.update({k: v for k, v in logs.items() if k.startswith("eval/")})
@@ -180,6 +181,7 @@ class LoopDriver:
         self._preempt = False
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
+        self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
 
     # ------------------------------------------------------------ building
     @property
@@ -214,6 +216,8 @@ class LoopDriver:
             with t.strategy.scope():
                 model(dummy, training=False)
         t.gradients.build_optimizer_variables(t.optimizer, model.trainable_variables)
+        if t.ema is not None:
+            t.ema.build(t.strategy, model.trainable_variables)
 
     def _distribute(self, dataset_fn, global_batch_size: int, what: str = "build_train_dataset",
                     skip_batches: int = 0):
@@ -306,6 +310,7 @@ class LoopDriver:
                         f"end it with .repeat() so training can run for train.steps.") from error
                 seconds = time.perf_counter() - start
                 self.last_loop = (num_steps, seconds)
+                self.last_outputs = outputs
                 t.step += num_steps
                 window_steps += num_steps
                 window_seconds += seconds
@@ -347,6 +352,11 @@ class LoopDriver:
         reset_metrics(t.train_loss, t.train_metrics)
         seconds = self._mean_over_workers(seconds)
         logs = {f"train/{k}": v for k, v in values.items()}
+        # The rate the next update uses: the schedule at optimizer.iterations.
+        logs["train/learning_rate"] = float(t.optimizer.learning_rate)
+        grad_norm = t.gradients.norms.take()
+        if grad_norm is not None:
+            logs["train/grad_norm"] = grad_norm
         logs["perf/steps_per_s"] = steps / max(seconds, 1e-9)
         logs["perf/examples_per_s"] = logs["perf/steps_per_s"] * t.config.train.global_batch_size
         return logs

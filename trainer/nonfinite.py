@@ -1,10 +1,24 @@
-"""What a run does about NaN/inf: ``train.on_nonfinite`` on the host side.
+"""What a run does about NaN/inf and loss blow-ups between loops: ``train.on_nonfinite``.
 
 The gradient path decides per update, on the all-reduced gradients and identically on
-every replica, whether to apply or skip (:mod:`trainer.gradients`). This service acts
-between loops: with ``"stop"`` it raises :class:`NonFiniteError` at the first loop that
-skipped a step; whatever the mode, the first logging window whose train loss is NaN/inf
-logs one warning saying what happened to the updates and what to do.
+every replica, whether to apply or skip (:mod:`trainer.gradients`). This service acts at
+loop boundaries:
+
+* ``"stop"``: raises :class:`NonFiniteError` at the first loop that skipped a step.
+* ``"rollback"``: when the all-reduced gradients were non-finite on
+  ``train.rollback_after`` consecutive steps, or the loop's last loss exceeds
+  ``train.loss_upper_bound`` (> 0; Model Garden's recovery condition), every worker
+  restores weights and optimizer state from the last checkpoint (the step goes back to
+  that checkpoint's step) and training goes on. The data iterator does NOT go back: the
+  window that produced the blow-up is skipped, as large-model practice does (so the
+  input position no longer equals the step: a later resume from a checkpoint written
+  after a rollback repeats those batches). A ``{"kind": "rollback", "step": restored,
+  "from_step": ...}`` record goes to ``metrics.jsonl``. At most ``train.max_rollbacks``
+  times; then, or with no checkpoint yet, :class:`NonFiniteError`. Every worker takes
+  the same decision: the streak and the loss are all-reduced values.
+* every mode: the first logging window whose train loss is NaN/inf logs one warning
+  saying what happened to the updates and what to do. (A checkpoint is never written
+  with non-finite weights: :mod:`trainer.checkpointing` checks before it saves.)
 """
 
 from __future__ import annotations
@@ -14,32 +28,87 @@ from typing import Any
 
 from absl import logging
 
+from trainer import checkpointing
 from trainer.callbacks import Callback
+from trainer.checkpointing import Checkpointer
+from trainer.precision import NonFiniteError
+from trainer.telemetry import Telemetry
 
-
-class NonFiniteError(FloatingPointError):
-    """Raised with ``train.on_nonfinite="stop"`` when a step's gradients are NaN/inf."""
+__all__ = ["NonFiniteError", "NonFiniteGuard"]
 
 
 class NonFiniteGuard(Callback):
-    """Stops on skipped steps under ``"stop"``; warns once per fit on a NaN/inf loss."""
+    """Stops or rolls back per ``train.on_nonfinite``; warns once per fit on a NaN loss.
 
-    def __init__(self, config):
-        self.stop = config.train.on_nonfinite == "stop"
+    Args:
+      config: the run's config (``train.*``).
+      checkpointer: the run's checkpoint service (rollback restores what it saved).
+      telemetry: where the rollback record is written.
+    """
+
+    def __init__(self, config, checkpointer: Checkpointer, telemetry: Telemetry):
+        cfg = config.train
+        self.mode = cfg.on_nonfinite
+        self.rollback_after, self.max_rollbacks = cfg.rollback_after, cfg.max_rollbacks
+        self.loss_upper_bound = cfg.loss_upper_bound
+        self.checkpointer, self.telemetry = checkpointer, telemetry
+        self.rollbacks = 0
         self._skipped_before = 0
         self._warned = False
 
     def on_fit_start(self, trainer: Any) -> None:
         self._skipped_before = int(trainer.precision.skipped_steps.numpy())
         self._warned = False
+        trainer.precision.worst_streak.assign(0)
 
     def on_loop_end(self, trainer: Any) -> None:
-        if self.stop and int(trainer.precision.skipped_steps.numpy()) > self._skipped_before:
-            bad = int(trainer.precision.last_skipped_step.numpy())
+        if self.mode == "stop":
+            if int(trainer.precision.skipped_steps.numpy()) > self._skipped_before:
+                bad = int(trainer.precision.last_skipped_step.numpy())
+                raise NonFiniteError(
+                    f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
+                    f"applied (train.on_nonfinite='stop'). Lower the learning rate, enable "
+                    f"optimizer.clipnorm, or check the data and the loss for NaN.")
+        elif self.mode == "rollback":
+            why = self._blow_up(trainer)
+            if why:
+                self._rollback(trainer, why)
+
+    def _blow_up(self, trainer: Any) -> str | None:
+        """Why this loop must be rolled back, or None."""
+        streak = int(trainer.precision.worst_streak.numpy())
+        trainer.precision.worst_streak.assign(0)
+        if streak >= self.rollback_after:
+            return (f"{streak} non-finite step(s) in a row (train.rollback_after="
+                    f"{self.rollback_after})")
+        if self.loss_upper_bound > 0:
+            loss = float(trainer.driver.last_outputs["loss"])
+            if not loss <= self.loss_upper_bound:
+                return f"loss {loss:.4g} > train.loss_upper_bound={self.loss_upper_bound:g}"
+        return None
+
+    def _rollback(self, trainer: Any, why: str) -> None:
+        step = trainer.step
+        if self.rollbacks >= self.max_rollbacks:
             raise NonFiniteError(
-                f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
-                f"applied (train.on_nonfinite='stop'). Lower the learning rate, enable "
-                f"optimizer.clipnorm, or check the data and the loss for NaN.")
+                f"Step {step}: {why}, and the run already rolled back {self.rollbacks} "
+                f"time(s) (train.max_rollbacks={self.max_rollbacks}). Lower "
+                f"optimizer.learning_rate, set optimizer.clipnorm, or check the data.")
+        self.checkpointer.wait()
+        restored = checkpointing.restore(trainer) if self.checkpointer.enabled else None
+        if restored is None:
+            raise NonFiniteError(
+                f"Step {step}: {why}, and there is no checkpoint to roll back to (no "
+                f"workdir, or none saved yet). Set checkpoint.every_steps so one exists "
+                f"before a blow-up, or lower optimizer.learning_rate.")
+        self.rollbacks += 1
+        trainer.gradients.reset_accumulators()
+        trainer.precision.nonfinite_streak.assign(0)
+        logging.warning("step %d: %s; rolled back to the checkpoint of step %d (rollback %d "
+                        "of at most %d); the input goes on from where it was.", step, why,
+                        restored, self.rollbacks, self.max_rollbacks)
+        self.telemetry.write_event(trainer, {"kind": "rollback", "step": restored,
+                                             "from_step": step, "reason": why})
 
     def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
         loss = logs.get("train/loss", 0.0)
@@ -52,8 +121,8 @@ class NonFiniteGuard(Callback):
         else:
             what = ("updates are NOT checked (train.on_nonfinite='auto' without "
                     "mixed_float16), so the weights may now be NaN; set "
-                    "train.on_nonfinite='skip' to skip such updates or 'stop' to stop at the "
-                    "first")
+                    "train.on_nonfinite='skip' to skip such updates, 'rollback' to go back "
+                    "to the last checkpoint, or 'stop' to stop at the first")
         logging.warning("Train loss is %s in the window ending at step %d: %s. Lower "
                         "optimizer.learning_rate, set optimizer.clipnorm, or check the data "
                         "and compute_loss.", loss, trainer.step, what)

@@ -52,7 +52,7 @@ def build_schedule(config: ml_collections.ConfigDict):
         return _WarmupLinear(peak, warmup, decay_steps, end=peak)
     if ocfg.schedule in ("cosine", "warmup_cosine"):
         return keras.optimizers.schedules.CosineDecay(
-            0.0 if warmup else peak, decay_steps, alpha=ocfg.min_learning_rate / peak,
+            0.0 if warmup else peak, decay_steps, alpha=ocfg.min_learning_rate / peak if peak else 0.0,
             warmup_target=peak if warmup else None, warmup_steps=warmup)
     return _WarmupLinear(peak, warmup, decay_steps, ocfg.min_learning_rate)
 
@@ -102,7 +102,8 @@ def describe(config: ml_collections.ConfigDict, optimizer: keras.optimizers.Opti
         current = f"{float(keras.ops.convert_to_numpy(optimizer.learning_rate)):.6g}"
     except (AttributeError, TypeError, ValueError):
         current = "n/a"
-    scaling = (f", linear scaling x{effective_learning_rate(config) / config.optimizer.learning_rate:g}"
+    base = config.optimizer.learning_rate or 1.0
+    scaling = (f", linear scaling x{effective_learning_rate(config) / base:g}"
                f" (reference batch {config.optimizer.reference_batch_size})"
                if config.optimizer.lr_scaling == "linear" else "")
     return (f"optimizer {type(optimizer).__name__}: learning rate now {current}; config "

@@ -77,6 +77,12 @@ class PrecisionState:
         # 1-based global step of the latest skipped step (0: none yet).
         self.last_skipped_step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                              name="last_skipped_step", aggregation=_ONLY_FIRST)
+        # Non-finite updates in a row, and the longest such run since the host last
+        # looked (train.on_nonfinite="rollback"; not checkpointed).
+        self.nonfinite_streak = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                            name="nonfinite_streak", aggregation=_ONLY_FIRST)
+        self.worst_streak = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                        name="worst_nonfinite_streak", aggregation=_ONLY_FIRST)
         self._step_counter = step_counter
 
     @tf.autograph.experimental.do_not_convert
@@ -95,6 +101,7 @@ class PrecisionState:
     @tf.autograph.experimental.do_not_convert
     def on_finite(self) -> None:
         """Cross-replica context: after an applied step; grows the scale when due."""
+        self.nonfinite_streak.assign(0)
         if not self.dynamic:
             return
         grow = self.good_steps + 1 >= self.growth_interval
@@ -106,9 +113,16 @@ class PrecisionState:
         """Cross-replica context: after a skipped step; counts it and halves the scale."""
         self.skipped_steps.assign_add(1)
         self.last_skipped_step.assign(self._step_counter + 1)
+        self.nonfinite_streak.assign_add(1)
+        self.worst_streak.assign(tf.maximum(self.worst_streak, self.nonfinite_streak))
         if self.dynamic:
             self.scale.assign(tf.maximum(self.scale / 2.0, 1.0))
             self.good_steps.assign(0)
+
+
+class NonFiniteError(FloatingPointError):
+    """NaN/inf where training cannot go on: gradients under ``train.on_nonfinite="stop"``,
+    weights at a checkpoint save, or too many rollbacks; the message says what to do."""
 
 
 @tf.autograph.experimental.do_not_convert

@@ -56,10 +56,15 @@ class SummaryWriters:
             self._scalar_fns[key] = write
         return self._scalar_fns[key]
 
-    def write(self, record: dict[str, Any]) -> None:
-        kind, step = record["kind"], record["step"]
+    def write_jsonl(self, record: dict[str, Any]) -> None:
+        """Appends ``record`` to metrics.jsonl only (any JSON values)."""
         self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
         self.jsonl.flush()
+
+    def write(self, record: dict[str, Any]) -> None:
+        """A window or eval record: metrics.jsonl and its numbers to TensorBoard."""
+        kind, step = record["kind"], record["step"]
+        self.write_jsonl(record)
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}

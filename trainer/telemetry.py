@@ -228,6 +228,15 @@ class Telemetry(Callback):
         self.progress.line(f"eval  step {trainer.step}: " + ", ".join(
             f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
+    def write_event(self, trainer: Any, record: dict[str, Any]) -> None:
+        """Writes a non-window record (e.g. ``{"kind": "rollback", ...}``) to
+        ``metrics.jsonl`` (chief with a workdir) and prints it as one line."""
+        record = {"time": time.time(), **record}
+        if self._active_writers:
+            self._active_writers.write_jsonl(record)
+        self.progress.line(f"{record['kind']} at step {trainer.step}: " + ", ".join(
+            f"{k}={v}" for k, v in record.items() if k not in ("kind", "time")))
+
     def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
         self.progress.clear()
         if self._active_writers:

@@ -20,6 +20,7 @@ Contexts:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import keras
@@ -33,6 +34,8 @@ from trainer.callbacks import Callback, CallbackList
 from trainer.checkpointing import Checkpointer
 from trainer.data import split_batch
 from trainer.data_parallel import ManualDataParallel
+from trainer.early_stopping import EarlyStopping
+from trainer.ema import ExponentialMovingAverage
 from trainer.evaluation import PeriodicEvaluation
 from trainer.gradients import GradientPath
 from trainer.loop import LoopDriver
@@ -63,7 +66,8 @@ class Trainer:
       step: global steps done so far (a Python int on the host);
       train_metrics, eval_metrics, train_loss, eval_loss, step_counter, precision;
       gradients (the gradient path), steps (the default steps), driver (the loop),
-      callbacks (a :class:`trainer.callbacks.CallbackList`).
+      callbacks (a :class:`trainer.callbacks.CallbackList`), ema (the weights' moving
+      average, :mod:`trainer.ema`, or None).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None,
@@ -83,6 +87,8 @@ class Trainer:
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
         self.step = 0
+        self.ema = (ExponentialMovingAverage(config.optimizer.ema_decay)
+                    if config.optimizer.ema_decay > 0 else None)  # built with the model
         with self.strategy.scope(), keras_compat.fresh_names():
             self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -91,7 +97,7 @@ class Trainer:
                 config.precision.growth_interval, self.step_counter)
             # Before build_model: it may call build_optimizer_variables (a 2nd optimizer).
             self.gradients = GradientPath(config, self.strategy, self.precision,
-                                          self.step_counter, None, reducer)
+                                          self.step_counter, None, reducer, self.ema)
             self.model = self.build_model()
             if not isinstance(self.model, keras.Model):
                 raise TypeError(f"build_model must return a keras.Model, got "
@@ -114,10 +120,12 @@ class Trainer:
             self.train_metrics, self.eval_metrics)
         self.driver = LoopDriver(self, user_hook(self.train_step, Trainer.train_step),
                                  user_hook(self.eval_step, Trainer.eval_step))
-        services = [self.driver.history, Telemetry(config), ProfilerWindows(config),
-                    NonFiniteGuard(config),
-                    PeriodicEvaluation(config, self.has_eval_dataset()),
-                    Checkpointer(config, workdir, self.is_chief), PreemptionWatcher()]
+        telemetry = Telemetry(config)
+        checkpointer = Checkpointer(config, workdir, self.is_chief)
+        services = [self.driver.history, telemetry, ProfilerWindows(config),
+                    NonFiniteGuard(config, checkpointer, telemetry),
+                    PeriodicEvaluation(config, self.has_eval_dataset()), EarlyStopping(config),
+                    checkpointer, PreemptionWatcher()]
         self.callbacks = CallbackList(services, [*callbacks, *self.build_callbacks()])
 
     # ------------------------------------------------------------------ hooks
@@ -252,8 +260,18 @@ class Trainer:
         return self.driver.fit(self.callbacks)
 
     def evaluate(self) -> dict[str, float]:
-        """One pass over the eval dataset (or ``eval.steps``): ``{"loss", NAME...}``."""
-        return self.driver.evaluate()
+        """One pass over the eval dataset (or ``eval.steps``): ``{"loss", NAME...}``.
+
+        With ``optimizer.ema_decay > 0`` the model holds the EMA weights meanwhile."""
+        with self._averaged_weights():
+            return self.driver.evaluate()
+
+    def _averaged_weights(self):
+        """Inside: the EMA weights when there is an EMA (built), else the weights as they are."""
+        if self.ema is None:
+            return contextlib.nullcontext()
+        self.driver.ensure_built()
+        return self.ema.swapped()
 
     def restore(self, step: int | None = None) -> int | None:
         """Restores the latest (or the given) checkpoint in ``workdir``; returns its step.
@@ -270,10 +288,12 @@ class Trainer:
         """Writes the model's inference function to ``path`` as a SavedModel.
 
         Keras ``model.export`` (``serve`` endpoint and ``serving_default`` signature),
-        loadable by ``tf.saved_model.load`` without this package.
+        loadable by ``tf.saved_model.load`` without this package; the EMA weights with
+        ``optimizer.ema_decay > 0``.
         """
         self.driver.ensure_built()
-        self.model.export(path, format="tf_saved_model", verbose=False)
+        with self._averaged_weights():
+            self.model.export(path, format="tf_saved_model", verbose=False)
 
 
 def resolve_trainer_class(path: str) -> type[Trainer]:

@@ -1,0 +1,95 @@
+"""An exponential moving average (EMA) of the model's weights: ``optimizer.ema_decay``.
+
+The EMA of every trainable variable starts at the variable's value when it is built
+(the initial weights, or the restored ones) and, after every optimizer update that is
+applied, becomes
+
+    ema = d * ema + (1 - d) * w
+
+with ``d = optimizer.ema_decay`` exactly: no bias correction, no warm-up. Steps whose
+update is skipped (non-finite gradients) and the micro-steps of a gradient accumulation
+window (``perf.grad_accum_steps``) do not update it. Training continues on the raw
+weights; ``Trainer.evaluate()``, the best-checkpoint metric and ``Trainer.export()``
+use the EMA weights (:meth:`ExponentialMovingAverage.swapped`), and the model holds the
+raw weights again afterwards.
+
+The EMA variables are created in ``strategy.scope()`` like the weights (mirrored, the
+same on every replica and worker: every replica computes the same update from identical
+values), are saved in checkpoints (group ``ema``) and restored exactly.
+
+Keras's own ``use_ema`` is not used: it starts the average at the first update's
+weights, and its update lives inside ``optimizer.apply`` with the Keras-private
+reduction the gradient path switches off.
+
+Contexts: :meth:`build` and :meth:`swapped` on the host; :meth:`update` wherever the
+gradient path applies an update (replica context, or cross-replica inside its
+``merge_call``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import tensorflow as tf
+
+from trainer.tracing import no_autograph
+
+
+class ExponentialMovingAverage:
+    """The EMA of a set of variables (see the module docstring).
+
+    Args:
+      decay: ``d`` in ``[0, 1)``.
+    """
+
+    def __init__(self, decay: float):
+        self.decay = float(decay)
+        self.pairs: list[tuple[tf.Variable, tf.Variable]] = []  # (weight, average)
+        self._index: dict[int, int] = {}
+
+    @property
+    def built(self) -> bool:
+        return bool(self.pairs)
+
+    @property
+    def variables(self) -> list[tf.Variable]:
+        """The average variables, in the order of the weights given to :meth:`build`."""
+        return [average for _, average in self.pairs]
+
+    def build(self, strategy: tf.distribute.Strategy, weights: list) -> None:
+        """Host: creates one average per weight (once), starting at the weight's value."""
+        if self.pairs:
+            return
+        with strategy.scope():
+            for weight in weights:
+                name = getattr(weight, "path", None) or weight.name.split(":")[0]
+                average = tf.Variable(
+                    tf.convert_to_tensor(weight), trainable=False, name=f"ema/{name}",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                self._index[id(weight)] = len(self.pairs)
+                self.pairs.append((weight, average))
+
+    @no_autograph
+    def update(self, weights: list) -> None:
+        """After an applied update of ``weights``: moves their averages (others ignored)."""
+        d = self.decay
+        for weight in weights:
+            i = self._index.get(id(weight))
+            if i is None:
+                continue
+            average = self.pairs[i][1]
+            value = tf.cast(tf.convert_to_tensor(weight), average.dtype)
+            average.assign(d * average + (1.0 - d) * value)
+
+    @contextlib.contextmanager
+    def swapped(self) -> Iterator[None]:
+        """Host: the weights hold their averages inside the block, the raw values after."""
+        raw = [tf.identity(tf.convert_to_tensor(weight)) for weight, _ in self.pairs]
+        try:
+            for weight, average in self.pairs:
+                weight.assign(tf.cast(tf.convert_to_tensor(average), weight.dtype))
+            yield
+        finally:
+            for (weight, _), value in zip(self.pairs, raw):
+                weight.assign(value)
