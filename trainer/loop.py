@@ -353,7 +353,7 @@ class LoopDriver:
         seconds = self._mean_over_workers(seconds)
         logs = {f"train/{k}": v for k, v in values.items()}
         # The rate the next update uses: the schedule at optimizer.iterations.
-        logs["train/learning_rate"] = float(t.optimizer.learning_rate)
+        logs["train/learning_rate"] = float(tf.convert_to_tensor(t.optimizer.learning_rate))
         grad_norm = t.gradients.norms.take()
         if grad_norm is not None:
             logs["train/grad_norm"] = grad_norm

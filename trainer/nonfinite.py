@@ -103,6 +103,9 @@ class NonFiniteGuard(Callback):
                 f"before a blow-up, or lower optimizer.learning_rate.")
         self.rollbacks += 1
         trainer.gradients.reset_accumulators()
+        trainer.train_loss.reset_state()  # the window's mean held the blown-up steps
+        for metric in trainer.train_metrics.values():
+            metric.reset_state()
         trainer.precision.nonfinite_streak.assign(0)
         logging.warning("step %d: %s; rolled back to the checkpoint of step %d (rollback %d "
                         "of at most %d); the input goes on from where it was.", step, why,

@@ -1,0 +1,173 @@
+"""Training controls on callbacks and the gradient path: EMA of the weights, early
+stopping, rollback after a blow-up, no checkpoint with non-finite weights, and the
+learning rate / gradient norm in the logs. Multi-replica scenarios run in
+tests/run_controls.py, one process per replica count, with the same assertions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import toy
+from tests.conftest import REPO, subprocess_env
+from tests.run_callbacks import CallbackTrainer, get_config
+from trainer import optimizers
+from trainer.config import ConfigError, validate
+
+
+@pytest.fixture(scope="session")
+def control_runs(tmp_path_factory) -> dict:
+    """tests.run_controls on 1 and 2 replicas (in parallel): {replicas: results}."""
+    root = tmp_path_factory.mktemp("controls")
+    procs = {}
+    for n in (1, 2):
+        (root / str(n)).mkdir()
+        procs[n] = subprocess.Popen(
+            [sys.executable, "-m", "tests.run_controls", "--replicas", str(n),
+             "--workdir", str(root / str(n)), "--out", str(root / f"{n}.json")],
+            cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+    results = {}
+    for n, proc in procs.items():
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{n} replica(s):\n{output[-4000:]}"
+        results[n] = json.loads((root / f"{n}.json").read_text())
+    return results
+
+
+# ------------------------------------------------------------------------- EMA
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_evaluate_uses_the_documented_ema_of_the_weights(control_runs, replicas):
+    run = control_runs[replicas]
+    assert run["ema_vars_vs_numpy"] <= 1e-6  # ema = d*ema + (1-d)*w after every update
+    assert abs(run["ema_evaluate"] - run["ema_numpy_loss"]) <= 1e-5
+    assert abs(run["ema_evaluate"] - run["raw_numpy_loss"]) > 1e-3  # not the raw weights
+    assert run["raw_after_evaluate"] == 0.0  # the model holds the raw weights again
+
+
+def ema_config(**overrides):
+    return toy.toy_config(**{"optimizer.ema_decay": 0.9, "optimizer.name": "adam",
+                             "optimizer.learning_rate": 0.05, "checkpoint.every_steps": 10,
+                             **overrides})
+
+
+def test_resume_gives_bit_identical_ema(tmp_path):
+    whole = toy.ToyTrainer(ema_config(), str(tmp_path / "whole"))
+    whole.fit()
+    first = toy.ToyTrainer(ema_config(**{"train.steps": 10}), str(tmp_path / "split"))
+    first.fit()
+    resumed = toy.ToyTrainer(ema_config(), str(tmp_path / "split"))
+    resumed.fit()
+    assert resumed.step == 20
+    for got, want in zip(resumed.ema.variables, whole.ema.variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_export_holds_the_ema_weights(tmp_path):
+    trainer = toy.ToyTrainer(ema_config())
+    trainer.fit()
+    trainer.export(str(tmp_path / "exported"))
+    x = toy.toy_data(4)[0]
+    loaded = tf.saved_model.load(str(tmp_path / "exported"))
+    served = loaded.serve(x).numpy()
+    averaged = trainer.build_model()
+    averaged.set_weights([v.numpy() for v in trainer.ema.variables])
+    np.testing.assert_allclose(served, averaged(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(served, trainer.model(x).numpy(), atol=1e-4)
+
+
+# -------------------------------------------------------------------- rollback
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_rollback_skips_the_poisoned_window_and_finishes_finite(control_runs, replicas):
+    run = control_runs[replicas]
+    assert run["rollback_final_step"] == 30 and run["rollback_finite"]
+    assert [(r["step"], r["from_step"]) for r in run["rollback_records"]] == [(10, 15)]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_nan_weights_are_never_checkpointed(control_runs, replicas):
+    run = control_runs[replicas]
+    assert "NaN/inf at step 15" in run["auto_error"] and "last good one is step 10" in (
+        run["auto_error"])
+    assert run["auto_steps"] == [5, 10] and all(run["auto_restored_finite"])
+
+
+# --------------------------------------------------------------- early stopping
+EARLY = {"optimizer.learning_rate": 0.0, "train.steps": 100, "eval.every_steps": 5,
+         "checkpoint.every_steps": 0, "train.early_stopping.metric": "eval/loss",
+         "train.early_stopping.patience": 2}
+
+
+def test_early_stopping_stops_after_patience_plus_one_evals(tmp_path):
+    config = get_config()
+    config.distribute.strategy = "one_device"
+    for key, value in EARLY.items():
+        *sections, field = key.split(".")
+        node = config
+        for section in sections:
+            node = node[section]
+        node[field] = value
+    trainer = CallbackTrainer(config, str(tmp_path))
+    trainer.fit()
+    calls = json.loads((tmp_path / "hooks-local-0.json").read_text())
+    assert [step for name, step, _ in calls if name == "on_eval_end"] == [5, 10, 15]
+    assert trainer.step == 15 and "best" in trainer.driver.stopped_by
+    assert os.listdir(tmp_path / "checkpoints") == ["15"]
+
+
+def test_early_stopping_on_two_workers_stops_both_at_the_same_step(tmp_path):
+    flags = [f"--config.{k}={v}" for k, v in EARLY.items()]
+    run = subprocess.run(
+        [sys.executable, "-m", "launch.multiworker", "--workers", "2",
+         f"--config={REPO / 'tests' / 'run_callbacks.py'}", f"--workdir={tmp_path}", *flags],
+        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for task in ("worker-0", "worker-1"):
+        calls = json.loads((tmp_path / f"hooks-{task}.json").read_text())
+        assert [step for name, step, _ in calls if name == "on_eval_end"] == [5, 10, 15]
+        assert calls[-1][:2] == ["on_fit_end", 15]
+
+
+def test_early_stopping_metric_that_eval_does_not_produce_names_the_ones_it_does():
+    config = toy.toy_config(**{"eval.every_steps": 10})
+    config.train.early_stopping.metric = "eval/acuracy"
+    with pytest.raises(ConfigError, match=r"eval/acuracy.*eval/accuracy, eval/loss"):
+        toy.ToyEvalTrainer(config).fit()
+
+
+@pytest.mark.parametrize("field, value", [("metric", "accuracy"), ("mode", "up"),
+                                          ("patience", -1), ("min_delta", -0.1)])
+def test_early_stopping_config_is_checked(field, value):
+    config = toy.toy_config()
+    config.train.early_stopping[field] = value
+    with pytest.raises(ConfigError, match=f"train.early_stopping.{field}"):
+        validate(config)
+
+
+def test_unknown_key_inside_a_nested_section_is_named():
+    config = toy.toy_config()
+    config.train.early_stopping.patiense = 3
+    with pytest.raises(ConfigError, match=r"train\.early_stopping\.patiense.*'patience'"):
+        validate(config)
+
+
+# ------------------------------------------------------------------------ logs
+def test_logged_learning_rate_follows_the_schedule_and_grad_norm_is_before_clipping(tmp_path):
+    config = toy.toy_config(**{"train.steps": 40, "train.log_every_steps": 5,
+                               "optimizer.schedule": "warmup_cosine",
+                               "optimizer.warmup_steps": 10, "optimizer.clipnorm": 0.01})
+    toy.ToyTrainer(config, str(tmp_path)).fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    schedule = optimizers.build_schedule(config)
+    for record in train:
+        want = float(schedule(record["step"]))
+        assert record["train/learning_rate"] == pytest.approx(want, rel=1e-5, abs=1e-7)
+    norms = [r["train/grad_norm"] for r in train]
+    assert all(np.isfinite(norms)) and min(norms) > 0.01  # clipping acted on every step
