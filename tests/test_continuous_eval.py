@@ -17,10 +17,11 @@ import pytest
 import tensorflow as tf
 
 from tests import toy
-from tests.conftest import REPO, run_main
+from tests.conftest import run_main
 from tests.launch_helpers.running import Launch, wait_until_dead
 from trainer import continuous_eval
 from trainer.checkpoint_store import LATEST_DIR
+from trainer.config import ConfigError
 
 STEPS = [5, 10, 15, 20]
 
@@ -141,7 +142,7 @@ def test_an_evaluator_task_refuses_to_train(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({
         "cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
         "task": {"type": "evaluator", "index": 0}}))
-    with pytest.raises(continuous_eval.ConfigError, match="--mode=continuous_eval"):
+    with pytest.raises(ConfigError, match="--mode=continuous_eval"):
         continuous_eval.check_mode("train")
     continuous_eval.check_mode("continuous_eval")
 
