@@ -128,7 +128,7 @@ def candidates(workdir: str, warn_incomplete: bool = True) -> list[tuple[int, st
     ocp = orbax()
     found = []
     for rank, directory in existing:
-        for path in ocp.path.step.tmp_checkpoints(directory) if warn_incomplete else ():
+        for path in (ocp.path.step.tmp_checkpoints(directory) if warn_incomplete else []):
             logging.warning("Ignoring the incomplete checkpoint %s/%s (a save that did not "
                             "finish; removed at the next save).", directory, path)
         for step in ocp.path.step.checkpoint_steps(directory):
