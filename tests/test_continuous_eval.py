@@ -138,13 +138,19 @@ def test_superseded_steps_are_skipped_a_timeout_ends_it_and_a_restart_repeats_no
     assert [r["step"] for r in records(workdir)] == [15]
 
 
-def test_an_evaluator_task_refuses_to_train(monkeypatch):
+def test_an_evaluator_task_refuses_to_train_and_evaluates_on_one_device(monkeypatch):
+    config = eval_config(**{"distribute.strategy": "mirrored"})
+    assert continuous_eval.evaluation_config(config) is config  # no cluster: as configured
     monkeypatch.setenv("TF_CONFIG", json.dumps({
         "cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
         "task": {"type": "evaluator", "index": 0}}))
     with pytest.raises(ConfigError, match="--mode=continuous_eval"):
         continuous_eval.check_mode("train")
     continuous_eval.check_mode("continuous_eval")
+    for strategy in ("auto", "multi_worker", "mirrored"):
+        config = eval_config(**{"distribute.strategy": strategy})
+        assert continuous_eval.evaluation_config(config).distribute.strategy == "one_device"
+        assert config.distribute.strategy == strategy  # the caller's config is not changed
 
 
 # ------------------------------------------------------------ a real 2-worker group

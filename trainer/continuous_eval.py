@@ -37,7 +37,8 @@ best checkpoint by ITS OWN results: whenever an evaluated step beats the best so
 
 One device: an evaluator never joins the training group's collectives. A config whose
 strategy resolves to ``multi_worker`` (``auto`` with TF_CONFIG set, as in every task of
-a cluster) is evaluated with ``one_device`` instead. TensorFlow's own
+a cluster) is evaluated with ``one_device`` instead, and so is any config in the
+process TF_CONFIG names the ``evaluator`` task (:func:`evaluation_config`). TensorFlow's own
 MultiWorkerMirroredStrategy counts an ``evaluator`` task as a cluster of its own
 (``multi_worker_util.worker_count``); this module does not create it at all. A process
 whose TF_CONFIG names it the ``evaluator`` task refuses ``--mode=train``
@@ -89,14 +90,19 @@ def check_mode(mode: str, step: int | None = None) -> None:
 
 
 def evaluation_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` as an evaluator uses it: a strategy that would join a multi-worker
-    group (``multi_worker``, or ``auto`` with TF_CONFIG set) becomes ``one_device``."""
-    if distribute.resolve_strategy_name(config.distribute) != "multi_worker":
+    """``config`` as an evaluator uses it, on ``one_device`` when the configured strategy
+    would join a multi-worker group (``multi_worker``, or ``auto`` with TF_CONFIG set)
+    and, in the process TF_CONFIG names the ``evaluator`` task, whatever it is (the
+    evaluator uses one device, leaving the others to the training tasks)."""
+    name = distribute.resolve_strategy_name(config.distribute)
+    evaluator_task = distribute.tf_config_task_type() == EVALUATOR_TASK
+    if name == "one_device" or (name != "multi_worker" and not evaluator_task):
         return config
     config = config.copy_and_resolve_references()
     config.distribute.strategy = "one_device"
-    logging.info("evaluating on one device (the training group's multi_worker strategy is "
-                 "not joined)")
+    config.distribute.device_weights = ()  # a manual-mode setting
+    logging.info("evaluating on one device (the configured strategy is %r%s)", name,
+                 "; this is the evaluator task" if evaluator_task else "")
     return config
 
 
