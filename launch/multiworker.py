@@ -7,10 +7,13 @@ Local group (every task on this machine, loopback only)::
         [--collective_timeout_s S] --config=models/configs/digits.py --workdir=/tmp/run
 
 ``--workers N`` is the number of training processes; with ``--chief`` the first one is
-the ``chief`` task, the others ``worker:0..N-2``. ``--evaluator`` adds an ``evaluator``
-task (a sidecar: the group succeeds without waiting for it). Every task runs
+the ``chief`` task, the others ``worker:0..N-2``. Every training task runs
 ``python -m trainer.main FLAGS --config.distribute.strategy=multi_worker`` with its own
 TF_CONFIG on free 127.0.0.1 ports, and its output lines are prefixed ``[worker:1] ``.
+``--evaluator`` adds an ``evaluator`` task running ``python -m trainer.main FLAGS
+--mode=continuous_eval`` (one device, outside the training collectives): it evaluates
+each checkpoint the chief writes and exits once it evaluated the final one, and the
+group waits for it (``--mode`` in FLAGS is refused: it is set per task).
 Every argument the launcher does not know is passed to the trainer unchanged (after
 ``--`` everything is).
 
@@ -94,17 +97,19 @@ def task_specs(
     cluster: dict, module: str, trainer_flags: Sequence[str], collective_timeout_s: int = 0,
     environ: dict[str, str] | None = None,
 ) -> list[TaskSpec]:
-    """One :class:`TaskSpec` per task of ``cluster``: same command, its own TF_CONFIG."""
+    """One :class:`TaskSpec` per task of ``cluster``, each with its own TF_CONFIG: the
+    training tasks run :func:`launch.cluster.trainer_command`, the evaluator
+    :func:`launch.cluster.evaluator_command` (``--mode=continuous_eval``, one device)."""
     argv = cluster_lib.trainer_command(module, trainer_flags, python=sys.executable)
     if collective_timeout_s:
         argv.append(f"--config.distribute.collective_timeout_s={collective_timeout_s}")
+    evaluator_argv = cluster_lib.evaluator_command(module, trainer_flags, python=sys.executable)
     base_env = dict(os.environ if environ is None else environ, PYTHONUNBUFFERED="1")
     return [
         TaskSpec(
             name=task_name(kind, index),
-            argv=argv,
+            argv=evaluator_argv if kind == "evaluator" else argv,
             env={**base_env, "TF_CONFIG": json.dumps(build_tf_config(cluster, kind, index))},
-            sidecar=kind == "evaluator",
         )
         for kind, index, _ in cluster_tasks(cluster)
     ]
@@ -196,6 +201,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     args.trainer_flags = trainer_flags + tail
     if any(f == _STRATEGY_FLAG or f.startswith(_STRATEGY_FLAG + "=") for f in args.trainer_flags):
         parser.error(f"{_STRATEGY_FLAG} is set by this launcher (multi_worker); remove it.")
+    if args.emit is None and any(f == "--mode" or f.startswith("--mode=")
+                                 for f in args.trainer_flags):
+        parser.error("--mode is set per task by this launcher (training tasks train, the "
+                     "--evaluator task runs --mode=continuous_eval); remove it.")
     max_restarts_given = args.max_restarts is not None
     if args.max_restarts is None:
         args.max_restarts = 0

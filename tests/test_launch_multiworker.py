@@ -56,7 +56,9 @@ def test_tasks_get_distinct_loopback_addresses_and_their_own_task(monkeypatch):
         "m", ["--config=c.py"], collective_timeout_s=30)
     configs = [json.loads(s.env["TF_CONFIG"]) for s in specs]
     assert [s.name for s in specs] == ["chief:0", "worker:0", "worker:1", "evaluator:0"]
-    assert [s.sidecar for s in specs] == [False, False, False, True]
+    assert [s.argv[-1] for s in specs] == ["--config.distribute.collective_timeout_s=30"] * 3 \
+        + ["--mode=continuous_eval"]
+    assert not any(a.startswith("--config.distribute.") for a in specs[3].argv)
     cluster = configs[0]["cluster"]
     addresses = [a for kind in ("chief", "worker", "evaluator") for a in cluster[kind]]
     assert len(set(addresses)) == 4 and all(a.startswith("127.0.0.1:") for a in addresses)
@@ -189,11 +191,31 @@ def test_restarts_are_bounded_by_max_restarts():
     assert len(run.all_task_pids()) == 6
 
 
-def test_evaluator_is_a_sidecar_stopped_when_training_ends():
-    run = launch(["--workers", "2", "--evaluator"], {"evaluator:0": {"seconds": -1}})
+def test_the_evaluator_runs_continuous_eval_alone_and_the_group_waits_for_it():
+    run = launch(["--workers", "2", "--evaluator", "--config=c.py"],
+                 {"evaluator:0": {"seconds": 3}, "*": {"seconds": 0.2}})
     assert run.finish(BOUND_S) == 0, run.output
-    assert "[evaluator:0] started evaluator:0" in run.output
+    argvs = task_argvs(run)
+    assert argvs["evaluator:0"] == ["--config=c.py", "--mode=continuous_eval"]
+    assert argvs["worker:1"] == ["--config=c.py", "--config.distribute.strategy=multi_worker"]
+    # The training tasks finished long before; the group still let the evaluator finish.
+    assert run.output.rindex("[evaluator:0] evaluator:0 done") \
+        > run.output.rindex("[worker:0] worker:0 done"), run.output
     assert wait_until_dead(run.all_task_pids(), 5) == []
+
+
+def test_a_failing_evaluator_fails_the_group():
+    run = launch(["--workers", "2", "--evaluator"], {"evaluator:0": {"code": 1},
+                                                     "*": {"seconds": -1}})
+    assert run.finish(BOUND_S) == 1, run.output
+    assert "evaluator:0 exited with code 1" in run.output
+    assert wait_until_dead(run.all_task_pids(), 5) == []
+
+
+def test_mode_is_refused_in_the_flags():
+    run = launch(["--workers", "2", "--evaluator", "--mode=eval"])
+    assert run.finish(BOUND_S) == 2, run.output
+    assert "--mode is set per task" in run.output
 
 
 def test_a_taken_port_restarts_the_group_on_new_ports(monkeypatch, tmp_path, capfd):

@@ -111,21 +111,41 @@ class _QuietOrbax(pylogging.Filter):
 
 
 # ------------------------------------------------------------------- reading
-def candidates(workdir: str) -> list[tuple[int, str]]:
-    """Committed steps in both directories, newest first (latest dir before best)."""
+def _existing_dirs(workdir: str) -> list[tuple[int, str]]:
     dirs = [os.path.join(workdir, LATEST_DIR), os.path.join(workdir, BEST_DIR)]
-    existing = [(rank, d) for rank, d in enumerate(dirs) if tf.io.gfile.isdir(d)]
+    return [(rank, d) for rank, d in enumerate(dirs) if tf.io.gfile.isdir(d)]
+
+
+def candidates(workdir: str, warn_incomplete: bool = True) -> list[tuple[int, str]]:
+    """Committed steps in both directories, newest first (latest dir before best).
+
+    A step orbax is still writing (or never finished: ``<step>.orbax-checkpoint-tmp-*``)
+    is not among them; ``warn_incomplete`` logs a warning for each such directory.
+    """
+    existing = _existing_dirs(workdir)
     if not existing:
         return []  # a fresh run does not pay for importing orbax
     ocp = orbax()
     found = []
     for rank, directory in existing:
-        for path in ocp.path.step.tmp_checkpoints(directory):
+        for path in (ocp.path.step.tmp_checkpoints(directory) if warn_incomplete else []):
             logging.warning("Ignoring the incomplete checkpoint %s/%s (a save that did not "
                             "finish; removed at the next save).", directory, path)
         for step in ocp.path.step.checkpoint_steps(directory):
             found.append((step, rank, os.path.join(directory, str(step))))
     return [(step, path) for step, _, path in sorted(found, key=lambda f: (-f[0], f[1]))]
+
+
+def incomplete_steps(workdir: str) -> list[int]:
+    """Steps with a directory orbax has not committed yet (being written, or a save that
+    never finished), in both directories, ascending."""
+    existing = _existing_dirs(workdir)
+    if not existing:
+        return []
+    ocp = orbax()
+    return sorted({ocp.path.step.step_from_checkpoint_name(os.path.basename(str(path)))
+                   for _, directory in existing
+                   for path in ocp.path.step.tmp_checkpoints(directory)})
 
 
 def _short(error: Exception) -> str:

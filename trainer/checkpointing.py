@@ -64,8 +64,9 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
 
 
 def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
-    """The step directories to try, newest first (only ``step``'s when given)."""
-    found = _all_candidates(workdir)
+    """The step directories to try, newest first (only ``step``'s when given: then a
+    save in progress of another step is no reason for a warning)."""
+    found = _all_candidates(workdir, warn_incomplete=step is None)
     if step is None:
         return found
     chosen = [c for c in found if c[0] == step]

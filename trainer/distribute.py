@@ -36,7 +36,8 @@ from trainer.config import ConfigError
 from trainer.host_collectives import is_chief, num_workers
 
 __all__ = ["accelerator_devices", "build_strategy", "configure_devices", "describe",
-           "is_chief", "num_workers", "resolve_devices", "resolve_strategy_name"]
+           "is_chief", "num_workers", "resolve_devices", "resolve_strategy_name",
+           "tf_config_task_type"]
 
 
 def _physical(kind: str) -> list:
@@ -220,6 +221,16 @@ def _one_device(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy(device)
 
 
+def tf_config_task_type() -> str | None:
+    """The task type TF_CONFIG gives this process (``"worker"``, ``"evaluator"``...);
+    None when TF_CONFIG is unset or names no task (the strategy reports a broken one)."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return task.get("type") if isinstance(task, dict) else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
 def resolve_strategy_name(dcfg: ml_collections.ConfigDict) -> str:
     """Turns ``auto`` into a concrete strategy name; other names pass through."""
     if dcfg.strategy != "auto":
@@ -251,7 +262,8 @@ def build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
 def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     name = resolve_strategy_name(dcfg)
-    if os.environ.get("TF_CONFIG") and name not in ("multi_worker", "tpu"):
+    if (os.environ.get("TF_CONFIG") and name not in ("multi_worker", "tpu")
+            and tf_config_task_type() != "evaluator"):  # the evaluator runs alone by design
         logging.warning(
             "TF_CONFIG is set but the strategy is %r: this process trains alone. Use "
             "--config.distribute.strategy=multi_worker to join the cluster.", name)

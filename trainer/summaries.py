@@ -2,7 +2,9 @@
 
 ``workdir/train`` and ``workdir/eval`` hold ``tf.summary`` event files (scalars under
 their record keys without the ``train/``/``eval/`` prefix; alerts as the text summary
-``alerts``); ``workdir/metrics.jsonl`` holds one JSON object per record.
+``alerts``); ``workdir/metrics.jsonl`` holds one JSON object per record. Another layout
+(the continuous evaluator's own stream: ``workdir/eval/metrics.jsonl`` and its event
+files in ``workdir/eval``) is given by :class:`SummaryWriters`' arguments.
 """
 
 from __future__ import annotations
@@ -32,14 +34,26 @@ class SummaryWriters:
     ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
     and after the first probe — so a window costs one call instead of an eager op per
     scalar.
+
+    Args:
+      workdir: the run's directory.
+      logdirs: TensorBoard directory by record kind; default ``workdir/train`` and
+        ``workdir/eval``. A record of another kind cannot be written.
+      jsonl: the JSON-lines file (appended to); default ``workdir/metrics.jsonl``.
+      filename_suffix: the suffix of the event files, which tells two writers of one
+        directory apart (e.g. ``".evaluator"``).
     """
 
-    def __init__(self, workdir: str):
-        os.makedirs(workdir, exist_ok=True)
+    def __init__(self, workdir: str, logdirs: dict[str, str] | None = None,
+                 jsonl: str | None = None, filename_suffix: str | None = None):
+        jsonl = jsonl or os.path.join(workdir, "metrics.jsonl")
+        os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)
         self.workdir = workdir
-        self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
-                        for kind in ("train", "eval")}
-        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        logdirs = logdirs or {kind: os.path.join(workdir, kind) for kind in ("train", "eval")}
+        self.summary = {kind: tf.summary.create_file_writer(logdir,
+                                                            filename_suffix=filename_suffix)
+                        for kind, logdir in logdirs.items()}
+        self.jsonl = open(jsonl, "a", encoding="utf-8")
         self._scalar_fns: dict[tuple, Callable] = {}
 
     def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
@@ -80,3 +94,9 @@ class SummaryWriters:
         for writer in self.summary.values():
             writer.flush()
         self.jsonl.flush()
+
+    def close(self) -> None:
+        """Flushes and closes every writer and the JSON-lines file."""
+        for writer in self.summary.values():
+            writer.close()
+        self.jsonl.close()
