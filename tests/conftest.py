@@ -13,14 +13,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = Path(__file__).resolve().parent.parent
-
-
-def subprocess_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return env
+from tests.helpers import REPO, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
 
 
 def run_main(workdir: Path, *flags: str, config: str = "models/configs/digits.py",
@@ -44,16 +37,6 @@ def final_results(proc: subprocess.CompletedProcess) -> dict:
 def replica_runs(tmp_path_factory) -> dict:
     """ToyTrainer runs on 1, 2 and 4 replicas (one process each): {n: npz}."""
     out_dir = tmp_path_factory.mktemp("replicas")
-    procs = {}
-    for n in (1, 2, 4):
-        procs[n] = subprocess.Popen(
-            [sys.executable, "-m", "tests.run_toy", "--replicas", str(n),
-             "--out", str(out_dir / f"{n}.npz")],
-            cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
-    results = {}
-    for n, proc in procs.items():
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{n}-replica run failed:\n{output[-4000:]}"
-        results[n] = dict(np.load(out_dir / f"{n}.npz"))
-    return results
+    run_in_parallel({n: [sys.executable, "-m", "tests.run_toy", "--replicas", str(n),
+                         "--out", str(out_dir / f"{n}.npz")] for n in (1, 2, 4)})
+    return {n: dict(np.load(out_dir / f"{n}.npz")) for n in (1, 2, 4)}

@@ -2,9 +2,43 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env() -> dict:
+    """This environment with the repository on PYTHONPATH (for ``python -m tests...``)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+def run_in_parallel(commands: Mapping[object, Sequence[str]], timeout: float = 600) -> None:
+    """Starts every ``argv`` at once and waits for all; fails naming a command that did
+    not exit 0, with the end of its output (one process per device layout)."""
+    procs = {key: subprocess.Popen(list(argv), cwd=REPO, env=subprocess_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for key, argv in commands.items()}
+    for key, proc in procs.items():
+        output, _ = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"run {key!r} failed:\n{output[-4000:]}"
+
+
+def task_name() -> str:
+    """``type-index`` of this process's TF_CONFIG task, ``local-0`` without TF_CONFIG."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return "local-0"
+    task = json.loads(raw)["task"]
+    return f"{task['type']}-{task['index']}"
 
 
 def max_abs_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:

@@ -15,15 +15,8 @@ import json
 import os
 
 from tests import toy
+from tests.helpers import task_name
 from trainer import Callback
-
-
-def task_name() -> str:
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return "local-0"
-    task = json.loads(raw)["task"]
-    return f"{task['type']}-{task['index']}"
 
 
 class Recorder(Callback):

@@ -21,7 +21,6 @@ checkpoint step N (all files written into orbax's temporary directory, not renam
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -31,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests import toy
+from tests.helpers import task_name
 
 CRASH_EXIT = 86
 
@@ -43,14 +43,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.trainer = "tests.run_checkpoint:CkptTrainer"
     config.model.hidden = 16
     return config
-
-
-def task() -> str:
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return "local-0"
-    spec = json.loads(raw)["task"]
-    return f"{spec['type']}-{spec['index']}"
 
 
 class CkptTrainer(toy.ToyTrainer):
@@ -74,17 +66,17 @@ class CkptTrainer(toy.ToyTrainer):
 
     def _make_action(self, spec: str):
         parts = spec.split(":")
-        target = f"{parts[0]}-{parts[1]}" if len(parts) == 4 else task()
+        target = f"{parts[0]}-{parts[1]}" if len(parts) == 4 else task_name()
         kind, at = parts[-2], int(parts[-1])
-        marker = os.path.join(os.environ["CKPT_TEST_OUT"], f"acted-{kind}-{task()}")
+        marker = os.path.join(os.environ["CKPT_TEST_OUT"], f"acted-{kind}-{task_name()}")
         lock = threading.Lock()
 
         def act(step):
             with lock:
-                if target != task() or int(step) != at or os.path.exists(marker):
+                if target != task_name() or int(step) != at or os.path.exists(marker):
                     return
                 open(marker, "w").close()
-            print(f"injected {kind} of {task()} at step {at}", flush=True)
+            print(f"injected {kind} of {task_name()} at step {at}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGTERM)
 
         return act
@@ -103,7 +95,7 @@ class CkptTrainer(toy.ToyTrainer):
                           self.step_counter):
                     dump[f"trainer/{v.name.split(':')[0]}"] = v.numpy()
                 dump["step"] = np.asarray(self.step)
-                np.savez(os.path.join(out, f"{task()}.npz"), **dump)
+                np.savez(os.path.join(out, f"{task_name()}.npz"), **dump)
 
 
 def _inject_crash_on_commit(step: int) -> None:

@@ -125,11 +125,7 @@ def main() -> None:
     from tests import toy
 
     def config(**overrides):
-        cfg = toy.toy_config(**overrides)
-        if args.replicas > 1:
-            cfg.distribute.strategy = "mirrored"
-            cfg.distribute.virtual_devices = args.replicas
-        return cfg
+        return toy.on_replicas(toy.toy_config(**overrides), args.replicas)
 
     out: dict = {"replicas": args.replicas}
     ema_scenario(config, out)

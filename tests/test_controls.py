@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests import toy
-from tests.conftest import REPO, subprocess_env
+from tests.helpers import REPO, run_in_parallel, subprocess_env
 from tests.run_callbacks import CallbackTrainer, get_config
 from trainer import optimizers
 from trainer.config import ConfigError, validate
@@ -25,20 +25,12 @@ from trainer.config import ConfigError, validate
 def control_runs(tmp_path_factory) -> dict:
     """tests.run_controls on 1 and 2 replicas (in parallel): {replicas: results}."""
     root = tmp_path_factory.mktemp("controls")
-    procs = {}
     for n in (1, 2):
         (root / str(n)).mkdir()
-        procs[n] = subprocess.Popen(
-            [sys.executable, "-m", "tests.run_controls", "--replicas", str(n),
-             "--workdir", str(root / str(n)), "--out", str(root / f"{n}.json")],
-            cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
-    results = {}
-    for n, proc in procs.items():
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"{n} replica(s):\n{output[-4000:]}"
-        results[n] = json.loads((root / f"{n}.json").read_text())
-    return results
+    run_in_parallel({n: [sys.executable, "-m", "tests.run_controls", "--replicas", str(n),
+                         "--workdir", str(root / str(n)), "--out", str(root / f"{n}.json")]
+                     for n in (1, 2)})
+    return {n: json.loads((root / f"{n}.json").read_text()) for n in (1, 2)}
 
 
 # ------------------------------------------------------------------------- EMA

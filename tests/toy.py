@@ -37,6 +37,14 @@ def toy_config(**overrides):
     return config
 
 
+def on_replicas(config, replicas: int):
+    """``config`` on ``replicas`` Mirrored replicas over virtual CPU devices (1: as is)."""
+    if replicas > 1:
+        config.distribute.strategy = "mirrored"
+        config.distribute.virtual_devices = replicas
+    return config
+
+
 class ToyTrainer(trainer.Trainer):
     """Overrides only the three required hooks (plus metrics/eval for coverage)."""
 

@@ -120,6 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
             probe_batches=5,  # batches each input-wait probe times
             alert_drop=0.3,  # regression alert: examples/s this far below the running median
             alert_windows=3,  # ... for this many consecutive logging windows
+            grad_norm=True,  # train/grad_norm: global norm of the reduced gradients
         )
     )
     config.model = ml_collections.ConfigDict()

@@ -284,11 +284,11 @@ class GradientPath:
             grads = [precision.map_values(g, lambda v: v * tf.cast(factor, v.dtype))
                      for g in grads]
         grads = self.precision.unscale(grads)
+        norm = None
         if self.config.optimizer.clipnorm > 0:
             grads, norm = tf.clip_by_global_norm(grads, self.config.optimizer.clipnorm)
-        else:
-            norm = tf.linalg.global_norm(grads)
-        self.norms.record(norm)
+        if self.config.telemetry.grad_norm:
+            self.norms.record(tf.linalg.global_norm(grads) if norm is None else norm)
         return grads, (precision.all_finite(grads) if self.checks_finite
                        else tf.constant(True))
 
