@@ -32,8 +32,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import data, host_collectives
+from trainer import checks, data, host_collectives
 from trainer.callbacks import Callback, CallbackList
+from trainer.errors import InputError
 from trainer.preemption import Preempted
 from trainer.tracing import no_autograph
 
@@ -192,23 +193,30 @@ class LoopDriver:
                 reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss)
         return self._loops
 
-    def ensure_built(self, dist_dataset=None) -> None:
-        """Builds an unbuilt model from the (train) dataset's element spec, then the
-        optimizer's variables."""
+    def ensure_built(self, dist_dataset=None, what: str = "build_train_dataset") -> None:
+        """Checks the dataset's features against the model's inputs (when the model
+        declares them), builds an unbuilt model from the element spec, then the
+        optimizer's variables. ``what`` names the dataset hook in error messages."""
         t = self.trainer
         model = t.model
-        if not model.built or not model.trainable_variables:
-            if dist_dataset is None:
-                dist_dataset = self._distribute(t.build_train_dataset,
-                                                t.config.train.global_batch_size)
+        unbuilt = not model.built or not model.trainable_variables
+        if unbuilt and dist_dataset is None:
+            dist_dataset = self._distribute(t.build_train_dataset,
+                                            t.config.train.global_batch_size)
+        features = None
+        if dist_dataset is not None:
             spec = dist_dataset.element_spec
             spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
             try:
                 features, _ = data.split_batch(spec)
             except ValueError as error:
-                raise ValueError(
-                    "The model has no variables yet and the batch layout is custom; build it "
-                    "in build_model() (e.g. start with keras.Input(shape)).") from error
+                if unbuilt:
+                    raise ValueError(
+                        "The model has no variables yet and the batch layout is custom; build "
+                        "it in build_model() (e.g. start with keras.Input(shape)).") from error
+            if features is not None:
+                checks.check_features(features, model, what)
+        if unbuilt:
             dummy = tf.nest.map_structure(
                 lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), features)
             with t.strategy.scope():
@@ -230,11 +238,23 @@ class LoopDriver:
         """
         t = self.trainer
         if self._iterator_at is not None and self._iterator_at[0] == t.step:
-            return self._iterator_at[1]
+            return self._iterator_at[1], False
         dataset = self._distribute(t.build_train_dataset, t.config.train.global_batch_size,
                                    skip_batches=t.step)
         self.ensure_built(dataset)
-        return iter(dataset)
+        return iter(dataset), True
+
+    def _out_of_data(self, fresh: bool) -> InputError:
+        """The error for an exhausted train iterator (read after the failed loop call)."""
+        t = self.trainer
+        failed_at = int(t.step_counter.numpy()) + 1
+        if fresh and failed_at == t.step + 1:
+            per_replica = t.config.train.global_batch_size // t.strategy.num_replicas_in_sync
+            return InputError(data.empty_dataset_message("build_train_dataset", per_replica))
+        return InputError(
+            f"build_train_dataset ran out of data at step {failed_at} of "
+            f"{t.config.train.steps}; end it with .repeat() so training can run for "
+            f"train.steps.")
 
     # ------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
@@ -246,9 +266,13 @@ class LoopDriver:
         if self._eval_dataset is None:
             self._eval_dataset = self._distribute(
                 t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
-            self.ensure_built(self._eval_dataset)
+            self.ensure_built(self._eval_dataset, "build_eval_dataset")
         reset_metrics(t.eval_loss, t.eval_metrics)
-        self.loops.evaluate(iter(self._eval_dataset), tf.constant(t.config.eval.steps, tf.int64))
+        try:
+            self.loops.evaluate(iter(self._eval_dataset),
+                                tf.constant(t.config.eval.steps, tf.int64))
+        except tf.errors.InvalidArgumentError as error:
+            raise checks.runtime_input_error(error, "build_eval_dataset", t.step) from error
         return metric_values(t.eval_loss, t.eval_metrics)
 
     # ---------------------------------------------------------------- stop
@@ -285,7 +309,7 @@ class LoopDriver:
         t = self.trainer
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
-        iterator = self._train_iterator()
+        iterator, fresh = self._train_iterator()
         loops = self.loops
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
@@ -301,9 +325,10 @@ class LoopDriver:
                 try:
                     outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
                 except tf.errors.OutOfRangeError as error:
-                    raise ValueError(
-                        f"build_train_dataset ran out of data at step {t.step + 1} of {total}; "
-                        f"end it with .repeat() so training can run for train.steps.") from error
+                    raise self._out_of_data(fresh) from error
+                except tf.errors.InvalidArgumentError as error:
+                    raise checks.runtime_input_error(
+                        error, "build_train_dataset", int(t.step_counter.numpy()) + 1) from error
                 seconds = time.perf_counter() - start
                 self.last_loop = (num_steps, seconds)
                 t.step += num_steps
