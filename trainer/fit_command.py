@@ -9,7 +9,8 @@ The result of a run is one plain line on stdout, written by the chief, for scrip
     result: step=1000 eval/accuracy=0.9611 eval/loss=0.1317 train/loss=0.0412 \
         checkpoint=/tmp/digits/checkpoints/1000 time_s=14.2
 
-(``key=value`` pairs separated by spaces; ``checkpoint=none`` when nothing was saved; ``time_s``: the process's wall time).
+(``key=value`` pairs separated by spaces; ``checkpoint=none`` when nothing was saved;
+``time_s``: the process's wall time).
 The ``final: {json}`` log line on stderr carries the same metrics.
 """
 
