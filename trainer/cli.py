@@ -129,6 +129,9 @@ def _translate(chain: list[BaseException], argv: list[str], own: list[str], prog
     text = str(outer)
     if isinstance(outer, flags.UnrecognizedFlagError):
         name = outer.flagname
+        if name.startswith("config.") and "config" in own and config_path is None:
+            return UsageError(f"--config is required (--{name} overrides a field of it): add "
+                              f"--config=FILE, e.g. --config=models/configs/digits.py.")
         close = difflib.get_close_matches(name, own, n=1)
         hint = f" Did you mean --{close[0]}?" if close else ""
         return UsageError(f"unknown flag --{name}.{hint} {program}'s flags: "
