@@ -13,12 +13,13 @@ Both run on the host (cross-replica context).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from trainer.errors import InputError
+from trainer.errors import InputError, UserError, user_error_in
 
 
 def _model_inputs(model: keras.Model) -> list | None:
@@ -86,12 +87,14 @@ def _tf_message(error: tf.errors.OpError) -> str:
     useful = [line for line in lines if line and not line.startswith(skip)
               and not line.startswith("Op:")]
     text = useful[-1] if useful else lines[0] if lines else type(error).__name__
-    return text.split("\t [[")[0].split(" [Op:")[0].strip()
+    text = text.split("\t [[")[0].split(" [Op:")[0].strip()
+    return re.sub(r"\s+Label values:.*", "", text).rstrip(".")
 
 
-def runtime_input_error(error: tf.errors.OpError, what: str, step: int) -> InputError:
-    """An :class:`InputError` for a runtime error of a compiled loop at ``step``.
+def runtime_input_error(error: tf.errors.OpError, what: str, where: str) -> InputError:
+    """An :class:`InputError` for a runtime error of a compiled loop.
 
+    ``where`` says when (``"step 7"``, ``"steps 1-50"``: one loop call runs many).
     ``what`` is the dataset hook that fed the loop. The message keeps TensorFlow's one
     informative line and names the hooks to fix; a label out of range gets the rule.
     """
@@ -102,5 +105,56 @@ def runtime_input_error(error: tf.errors.OpError, what: str, step: int) -> Input
     else:
         hint = (f"the batches of {what} do not fit build_model's model or compute_loss; "
                 f"fix the hook that produces the wrong value")
-    return InputError(f"step {step}: {message}. {hint} (add --traceback for TensorFlow's "
+    return InputError(f"{where}: {message}. {hint} (add --traceback for TensorFlow's "
                       f"trace).")
+
+
+def _is_empty(dataset) -> bool:
+    try:
+        next(iter(dataset))
+    except (tf.errors.OutOfRangeError, StopIteration):
+        return True
+    return False
+
+
+def empty_dataset_message(what: str, per_replica: int) -> str:
+    """The message for a dataset that yields no batch at all (also when repeated)."""
+    return (f"{what} yields no batch at all: the dataset is empty, or has fewer examples "
+            f"than one per-replica batch ({per_replica}) and drops the remainder "
+            f"(.repeat() cannot help an empty dataset). Check the data source (files, "
+            f"filters), or call .repeat() BEFORE .batch(..., drop_remainder=True).")
+
+
+def loop_error(error: Exception, what: str, where: str) -> UserError | None:
+    """The user error behind an exception of a compiled loop fed by ``what``, or None
+    (a bug: keep the traceback). A :class:`UserError` raised while tracing (AutoGraph
+    wraps it) comes back as itself; an ``InvalidArgumentError`` at run time becomes an
+    :class:`InputError` (:func:`runtime_input_error`)."""
+    found = user_error_in(error)
+    if found is None and isinstance(error, tf.errors.InvalidArgumentError):
+        found = runtime_input_error(error, what, where)
+    return found
+
+
+def train_loop_error(error: Exception, trainer: Any, dataset: Any,
+                     num_steps: int) -> UserError | None:
+    """:func:`loop_error` for a train loop call of ``num_steps`` from ``trainer.step``,
+    plus the exhausted dataset (``OutOfRangeError``).
+
+    When no step was done yet (``trainer.step == 0``), a new iterator of ``dataset``
+    (the distributed train dataset) is asked for one batch, at error time only: none
+    means the dataset is empty, whatever ``.repeat()`` it has. (The step counter cannot
+    tell: TensorFlow may run its update before the failing read.)
+    """
+    step = trainer.step
+    steps = f"step {step + 1}" if num_steps == 1 else f"steps {step + 1}-{step + num_steps}"
+    if not isinstance(error, tf.errors.OutOfRangeError):
+        return loop_error(error, "build_train_dataset", steps)
+    if step == 0 and dataset is not None and _is_empty(dataset):
+        per_replica = (trainer.config.train.global_batch_size
+                       // trainer.strategy.num_replicas_in_sync)
+        return InputError(empty_dataset_message("build_train_dataset", per_replica))
+    at = f"at {steps}" if num_steps == 1 else f"during {steps}"
+    return InputError(f"build_train_dataset ran out of data {at} of "
+                      f"{trainer.config.train.steps}; end it with .repeat() so training can "
+                      f"run for train.steps.")

@@ -80,14 +80,6 @@ def _check_batch(ds: tf.data.Dataset, per_replica: int, what: str) -> None:
             f"(the global batch is split over the replicas).")
 
 
-def empty_dataset_message(what: str, per_replica: int) -> str:
-    """The message for a dataset that yields no batch at all (also when repeated)."""
-    return (f"{what} yields no batch at all: the dataset is empty, or has fewer examples "
-            f"than one per-replica batch ({per_replica}) and drops the remainder "
-            f"(.repeat() cannot help an empty dataset). Check the data source (files, "
-            f"filters), or call .repeat() BEFORE .batch(..., drop_remainder=True).")
-
-
 def distribute(
     strategy: tf.distribute.Strategy,
     dataset_fn: DatasetFn,
@@ -117,7 +109,10 @@ def distribute(
             raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
         _check_batch(ds, per_replica, what)
         if tf.executing_eagerly() and int(ds.cardinality()) == 0:
-            raise InputError(empty_dataset_message(what, per_replica))
+            raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
+                             f"fewer examples than one per-replica batch ({per_replica}) and "
+                             f"drops the remainder (.repeat() cannot help an empty dataset). "
+                             f"Check the data source, or call .repeat() BEFORE .batch().")
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
         replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines

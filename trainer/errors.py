@@ -88,6 +88,22 @@ def write_error(error: OSError, what: str) -> WorkdirError | None:
     return WorkdirError(f"cannot write {where}: {reason} [{os.strerror(error.errno)}]; {fix}.")
 
 
+def user_error_in(error: BaseException) -> UserError | None:
+    """A fresh copy of the first :class:`UserError` in ``error``'s cause/context chain,
+    or None. (AutoGraph re-raises an error of a traced function as another type with the
+    trace in its message; the user's error is then in the chain.)"""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        if isinstance(error, UserError):
+            try:
+                return type(error)(*error.args)
+            except TypeError:
+                return error
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def wants_traceback(argv: list[str] | None = None) -> bool:
     """True when the user asked for tracebacks of user errors (flag or environment)."""
     argv = sys.argv if argv is None else argv

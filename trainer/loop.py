@@ -34,7 +34,6 @@ from absl import logging
 
 from trainer import checks, data, host_collectives
 from trainer.callbacks import Callback, CallbackList
-from trainer.errors import InputError
 from trainer.preemption import Preempted
 from trainer.tracing import no_autograph
 
@@ -179,6 +178,7 @@ class LoopDriver:
         self._iterator_at: tuple[int, Any] | None = None
         self._stop_reason: str | None = None
         self._preempt = False
+        self._dataset = None  # the distributed train dataset of the current iterator
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
 
@@ -238,23 +238,12 @@ class LoopDriver:
         """
         t = self.trainer
         if self._iterator_at is not None and self._iterator_at[0] == t.step:
-            return self._iterator_at[1], False
+            return self._iterator_at[1]
         dataset = self._distribute(t.build_train_dataset, t.config.train.global_batch_size,
                                    skip_batches=t.step)
         self.ensure_built(dataset)
-        return iter(dataset), True
-
-    def _out_of_data(self, fresh: bool) -> InputError:
-        """The error for an exhausted train iterator (read after the failed loop call)."""
-        t = self.trainer
-        failed_at = int(t.step_counter.numpy()) + 1
-        if fresh and failed_at == t.step + 1:
-            per_replica = t.config.train.global_batch_size // t.strategy.num_replicas_in_sync
-            return InputError(data.empty_dataset_message("build_train_dataset", per_replica))
-        return InputError(
-            f"build_train_dataset ran out of data at step {failed_at} of "
-            f"{t.config.train.steps}; end it with .repeat() so training can run for "
-            f"train.steps.")
+        self._dataset = dataset
+        return iter(dataset)
 
     # ------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
@@ -271,8 +260,11 @@ class LoopDriver:
         try:
             self.loops.evaluate(iter(self._eval_dataset),
                                 tf.constant(t.config.eval.steps, tf.int64))
-        except tf.errors.InvalidArgumentError as error:
-            raise checks.runtime_input_error(error, "build_eval_dataset", t.step) from error
+        except Exception as error:  # a user's mistake becomes one InputError
+            found = checks.loop_error(error, "build_eval_dataset", f"eval at step {t.step}")
+            if found is None:
+                raise
+            raise found from error
         return metric_values(t.eval_loss, t.eval_metrics)
 
     # ---------------------------------------------------------------- stop
@@ -309,7 +301,7 @@ class LoopDriver:
         t = self.trainer
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
-        iterator, fresh = self._train_iterator()
+        iterator = self._train_iterator()
         loops = self.loops
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
@@ -324,11 +316,11 @@ class LoopDriver:
                 start = time.perf_counter()
                 try:
                     outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
-                except tf.errors.OutOfRangeError as error:
-                    raise self._out_of_data(fresh) from error
-                except tf.errors.InvalidArgumentError as error:
-                    raise checks.runtime_input_error(
-                        error, "build_train_dataset", int(t.step_counter.numpy()) + 1) from error
+                except Exception as error:  # a user's mistake becomes one InputError
+                    found = checks.train_loop_error(error, t, self._dataset, num_steps)
+                    if found is None:
+                        raise
+                    raise found from error
                 seconds = time.perf_counter() - start
                 self.last_loop = (num_steps, seconds)
                 t.step += num_steps

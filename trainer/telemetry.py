@@ -229,7 +229,7 @@ class Telemetry(Callback):
             f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
     def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
-        self.progress.clear()
+        self.progress.close()
         if self._active_writers:
             self._active_writers.flush()
             self._active_writers = None
