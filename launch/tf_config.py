@@ -252,6 +252,19 @@ def _port_free_here(port: int) -> bool:
     return True
 
 
+def _port_bindable(port: int) -> bool:
+    """True when TensorFlow's server could bind ``0.0.0.0:port`` here. SO_REUSEADDR, as
+    gRPC sets it: a port whose old connections are in TIME_WAIT is free, a listening
+    socket is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def port_holder(port: int) -> str | None:
     """``"pid N (name)"`` of the local process listening on TCP ``port``, or None.
 
@@ -266,7 +279,8 @@ def port_holder(port: int) -> str | None:
             if conn.pid is None:
                 return None
             try:
-                return f"pid {conn.pid} ({' '.join(psutil.Process(conn.pid).cmdline()[:3])})"
+                command = " ".join(" ".join(psutil.Process(conn.pid).cmdline()[:3]).split())
+                return f"pid {conn.pid} ({command[:80]})"
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 return f"pid {conn.pid}"
     return None
@@ -284,7 +298,7 @@ def check_own_port(tf_config: dict) -> None:
     task = tf_config["task"]
     address = tf_config["cluster"][task["type"]][task["index"]]
     port = parse_address(address)[1]
-    if _port_free_here(port):
+    if _port_bindable(port):
         return
     holder = port_holder(port)
     held = f", held by {holder}" if holder else ""
