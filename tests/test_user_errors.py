@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -31,7 +32,7 @@ from tests import toy
 from tests.conftest import REPO, run_main, subprocess_env
 from tests.helpers import NO_TENSORFLOW_PRELUDE, last_lines
 import trainer as trainer_package
-from trainer import Callback, Trainer, errors
+from trainer import Callback, Trainer, checks, errors
 from trainer.config import ConfigError
 from trainer.errors import InputError
 from trainer.progress import Progress
@@ -234,7 +235,7 @@ class LossPerClass(toy.ToyTrainer):
 
 @pytest.mark.parametrize("trainer_cls, message", [
     (WrongFeatureShape, r"build_train_dataset yields features of shape \(32, 7\) float32 but "
-                        r"build_model's model input '.*' expects shape \(None, 8\) float32"),
+                        r"build_model's model input #0 expects shape \(None, 8\) float32"),
     (StringFeatures, r"features of shape \(32, 8\) string but .* expects .* float32"),
     (LabelsOutsideClasses, r"step 1: .*label value of \d.*outside the valid range.*labels "
                            r"must lie in \[0, number of classes\): fix the labels in "
@@ -249,6 +250,18 @@ def test_data_and_model_mismatch_names_the_hook(trainer_cls, message):
     with pytest.raises(InputError, match=message):
         trainer.fit()
     assert trainer.step == 0
+
+
+def test_feature_check_accepts_what_keras_accepts():
+    """Negative control of the shape check: Keras adds/drops a trailing 1 itself."""
+    images = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten()])
+    checks.check_features(tf.TensorSpec((None, 28, 28), tf.uint8), images, "build_train_dataset")
+    checks.check_features((tf.TensorSpec((4, 28, 28, 1), tf.float16),), images, "x")
+    with pytest.raises(InputError, match=r"x yields features of shape \(4, 28, 27\)"):
+        checks.check_features(tf.TensorSpec((4, 28, 27), tf.float32), images, "x")
+    with pytest.raises(InputError, match=r"yields 2 feature tensor\(s\) but build_model's "
+                                         r"model has 1 input"):
+        checks.check_features((tf.TensorSpec((4, 784)),) * 2, images, "x")
 
 
 def test_best_metric_that_eval_never_produces_fails_at_fit_start(tmp_path):

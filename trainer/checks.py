@@ -45,12 +45,24 @@ def _dtype_fits(data: tf.DType, wanted: tf.DType) -> bool:
     return (data == tf.string) == (wanted == tf.string)
 
 
+def _shapes_fit(data: tuple, wanted: tuple) -> bool:
+    """Shapes past the batch dimension agree (``None`` matches anything). A trailing
+    dimension of size 1 may be missing on either side: Keras adds or drops it itself
+    (e.g. images ``(b, 28, 28)`` for ``keras.Input((28, 28, 1))``)."""
+    if len(data) == len(wanted) - 1 and wanted[-1] == 1:
+        wanted = wanted[:-1]
+    elif len(data) == len(wanted) + 1 and data[-1] == 1:
+        data = data[:-1]
+    return len(data) == len(wanted) and all(
+        a is None or b is None or a == b for a, b in zip(data[1:], wanted[1:]))
+
+
 def check_features(features: Any, model: keras.Model, what: str) -> None:
     """Raises :class:`InputError` when ``features`` (a structure of ``TensorSpec`` with
     the per-replica batch as first dimension) cannot feed ``model``'s declared inputs.
 
-    Checked: the number of input tensors, each shape past the batch dimension (``None``
-    matches anything) and the dtype kind (see :func:`_dtype_fits`). Nothing is checked
+    Checked: the number of input tensors, each shape past the batch dimension
+    (:func:`_shapes_fit`) and the dtype kind (see :func:`_dtype_fits`). Nothing is checked
     when the model declares no inputs or the features are a dict (matched by name at
     call time). ``what`` names the dataset hook (``build_train_dataset``...).
     """
@@ -66,14 +78,13 @@ def check_features(features: Any, model: keras.Model, what: str) -> None:
     for i, (spec, tensor) in enumerate(zip(specs, inputs)):
         wanted_shape = tuple(tensor.shape)
         data_shape = tuple(spec.shape)
-        name = getattr(tensor, "name", None) or f"input {i}"
-        shape_ok = len(data_shape) == len(wanted_shape) and all(
-            a is None or b is None or a == b
-            for a, b in zip(data_shape[1:], wanted_shape[1:]))
+        name = str(getattr(tensor, "name", "") or "")
+        name = f"'{name}'" if name and not name.startswith("keras_tensor") else f"#{i}"
+        shape_ok = _shapes_fit(data_shape, wanted_shape)
         if not shape_ok or not _dtype_fits(tf.as_dtype(spec.dtype), tf.as_dtype(tensor.dtype)):
             raise InputError(
                 f"{what} yields features of {_describe(data_shape, spec.dtype)} but "
-                f"build_model's model input '{name}' expects "
+                f"build_model's model input {name} expects "
                 f"{_describe(wanted_shape, tensor.dtype)} (first dimension: the batch). "
                 f"Fix the features in {what} (reshape/cast) or the keras.Input in "
                 f"build_model.")

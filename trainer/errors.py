@@ -73,6 +73,11 @@ _WRITE_ERRNOS = {
 }
 
 
+# Errors that can only come from a write, so report() translates them wherever they
+# come from (a checkpoint, a summary...); the others only where a write is known.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
 def write_error(error: OSError, what: str) -> WorkdirError | None:
     """A :class:`WorkdirError` for an ``OSError`` raised while writing, or None.
 
@@ -116,12 +121,12 @@ def wants_traceback(argv: list[str] | None = None) -> bool:
 def report(error: BaseException) -> int:
     """Prints ``error`` the contract's way on stderr and returns the exit status.
 
-    A :class:`UserError` (or an ``OSError`` that :func:`write_error` translates) is one
-    message (its traceback first when :func:`wants_traceback`); anything else is a bug:
+    A :class:`UserError` (or an ``OSError`` of a full or read-only disk) is one message (its traceback first when :func:`wants_traceback`); anything else is a bug:
     its traceback, then a line saying so.
     """
     user = error if isinstance(error, UserError) else (
-        write_error(error, "the workdir") if isinstance(error, OSError) else None)
+        write_error(error, "writing the run's files")
+        if isinstance(error, OSError) and error.errno in _DISK_ERRNOS else None)
     sys.stdout.flush()
     if user is None:
         traceback.print_exception(error)
