@@ -114,15 +114,17 @@ def wants_traceback(argv: list[str] | None = None) -> bool:
     argv = sys.argv if argv is None else argv
     env = os.environ.get(TRACEBACK_ENV, "").strip().lower()
     return env not in ("", "0", "false", "no") or any(
-        a == TRACEBACK_FLAG or a.startswith(TRACEBACK_FLAG + "=") and
-        a.split("=", 1)[1].lower() in ("1", "true") for a in argv)
+        a == TRACEBACK_FLAG or (a.startswith(TRACEBACK_FLAG + "=")
+                                and a.split("=", 1)[1].lower() in ("1", "true"))
+        for a in argv)
 
 
 def report(error: BaseException) -> int:
     """Prints ``error`` the contract's way on stderr and returns the exit status.
 
-    A :class:`UserError` (or an ``OSError`` of a full or read-only disk) is one message (its traceback first when :func:`wants_traceback`); anything else is a bug:
-    its traceback, then a line saying so.
+    A :class:`UserError` (or an ``OSError`` of a full or read-only disk) is one message
+    (its traceback first when :func:`wants_traceback`); anything else is a bug: its
+    traceback, then a line saying so.
     """
     user = error if isinstance(error, UserError) else (
         write_error(error, "writing the run's files")
@@ -131,8 +133,9 @@ def report(error: BaseException) -> int:
     if user is None:
         traceback.print_exception(error)
         print(f"Internal error (a bug in tf-trainer or in the Trainer subclass, not a usage "
-              f"error): {type(error).__name__}: {error}. The traceback above shows where; "
-              f"please report it with that traceback.", file=sys.stderr)
+              f"error): {type(error).__name__}: {error}. The traceback above shows where: "
+              f"fix your hook if it ends in your code, else report it with the traceback.",
+              file=sys.stderr)
         sys.stderr.flush()
         return EXIT_ERROR
     if wants_traceback():
