@@ -202,7 +202,10 @@ def check_workdir(path: str) -> None:
     """Raises :class:`WorkdirError` unless ``path`` is (or can be made) a directory this
     process can write: it is created if missing, and a small probe file is written,
     flushed to disk and removed (a full or read-only disk fails here, not at the first
-    checkpoint)."""
+    checkpoint). A remote URL (``gs://...``) is not checked here: only TensorFlow's
+    file system layer can reach it."""
+    if "://" in path:
+        return
     if os.path.exists(path) and not os.path.isdir(path):
         raise WorkdirError(f"--workdir={path} is a file, not a directory. Give a directory "
                            f"(it is created if missing).")

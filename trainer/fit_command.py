@@ -23,6 +23,7 @@ import time
 
 import ml_collections
 import psutil
+import tensorflow as tf
 from absl import logging
 
 from trainer import distribute, errors
@@ -42,7 +43,8 @@ def summary_line(results: dict[str, float], step: int, checkpoint: str | None,
 def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     path = os.path.join(workdir, "config.json")
     try:
-        with open(path, "w") as f:
+        tf.io.gfile.makedirs(workdir)  # a remote workdir (gs://...) is not made earlier
+        with tf.io.gfile.GFile(path, "w") as f:
             f.write(config.to_json_best_effort(indent=2, sort_keys=True))
     except OSError as error:
         raise (errors.write_error(error, f"--workdir={workdir}") or error) from error
@@ -64,7 +66,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> int:
     if trainer.is_chief:
         checkpoint = os.path.join(workdir, LATEST_DIR, str(trainer.step))
         sys.stdout.write(summary_line(results, trainer.step,
-                                      checkpoint if os.path.isdir(checkpoint) else None,
+                                      checkpoint if tf.io.gfile.isdir(checkpoint) else None,
                                       time.time() - psutil.Process().create_time()) + "\n")
         sys.stdout.flush()
     return 0
