@@ -28,7 +28,9 @@ a second one sends SIGKILL at once.
 
 Exit status: 0 when every training task exited 0; otherwise the failing task's status
 (``128 + N`` if it was killed by signal N), 124 when a task was declared hung, ``128 + N``
-when the launcher itself got signal N, 2 for a usage error.
+when the launcher itself got signal N, 2 for a usage error. Before starting any task the
+launcher runs ``trainer.main``'s TensorFlow-free checks once (``--check_only``: flags,
+config file, workdir) and reports a failure once, with that check's status (2 or 1).
 
 Cluster mode prints instead of spawning (see :mod:`launch.cluster`)::
 
@@ -52,6 +54,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Sequence
@@ -124,10 +127,58 @@ def _flag_value(flags: Sequence[str], name: str) -> str | None:
     return None
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                     argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in ``--help``
+    (not the None/False of options that are off unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+# The trainer module whose flags the launcher checks once before starting any task.
+CHECKED_MODULE = "trainer.main"
+_CHECK_TIMEOUT_S = 120.0
+
+
+def preflight(module: str, trainer_flags: Sequence[str], log,
+              environ: dict[str, str] | None = None) -> int:
+    """Checks the tasks' shared flags once, before any task starts; returns 0 or the
+    check's exit status (2 usage, 1 config/workdir) after logging its message once.
+
+    For ``trainer.main`` (:data:`CHECKED_MODULE`) this runs ``python -m trainer.main
+    FLAGS --config.distribute.strategy=multi_worker --check_only``: the trainer's own
+    TensorFlow-free checks of the flags, config file and workdir (about a second; this
+    package never imports ``trainer``). Other modules are not checked.
+    """
+    if module != CHECKED_MODULE:
+        return 0
+    argv = [*cluster_lib.trainer_command(module, trainer_flags, python=sys.executable),
+            "--check_only"]
+    env = {k: v for k, v in (os.environ if environ is None else environ).items()
+           if k != "TF_CONFIG"}
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log(f"[launcher] warning: the flag check did not finish in {_CHECK_TIMEOUT_S:g} s; "
+            f"starting the tasks anyway.")
+        return 0
+    if proc.returncode == 0:
+        return 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()][-3:]
+    log("[launcher] no task was started: the trainer flags fail " + module + "'s checks.")
+    for line in lines:
+        log(line)
+    return proc.returncode
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m launch.multiworker", description=__doc__, allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
         usage="%(prog)s --workers N [options] TRAINER_FLAGS...")
     group = parser.add_argument_group("local group")
     group.add_argument("--workers", type=int, help="number of training processes")
@@ -312,6 +363,9 @@ def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:
     workdir = _flag_value(args.trainer_flags, "--workdir")
     resume = (f"the trainer resumes from the latest checkpoint in {workdir} if there is one"
               if workdir else "the trainer resumes from its workdir's latest checkpoint if any")
+    checked = preflight(args.module, args.trainer_flags, log)
+    if checked:
+        return checked
     restarts = port_retries = 0
     while True:
         if stop() is not None:

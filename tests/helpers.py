@@ -67,3 +67,24 @@ def assert_same_weights(reference: Sequence[np.ndarray], path, tol: float = 1e-5
     assert len(weights) == len(reference)
     for got, want in zip(weights, reference):
         np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=str(path))
+
+
+# A subprocess prelude that makes `import tensorflow` (and keras) fail loudly, then runs
+# the module named by argv[1] as __main__ with the remaining arguments: proves that a
+# command line reports an error before TensorFlow is imported.
+NO_TENSORFLOW_PRELUDE = """
+import runpy, sys
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('tensorflow', 'keras'):
+            raise ImportError('TENSORFLOW IMPORTED: ' + name)
+        return None
+sys.meta_path.insert(0, _NoTensorFlow())
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name='__main__', alter_sys=True)
+"""
+
+
+def last_lines(text: str, n: int = 3) -> str:
+    """The last ``n`` non-empty lines of ``text`` (where a user error must be told)."""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-n:])

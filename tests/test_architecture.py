@@ -74,3 +74,39 @@ def test_function_local_imports_only_for_optional_third_party_modules(path):
 def test_library_modules_stay_small(path):
     lines = len(path.read_text().splitlines())
     assert lines <= 400, f"{path.name} has {lines} lines; split it by concern"
+
+
+# The documented deferred imports of this package: the TensorFlow-free command lines load
+# their TensorFlow side with importlib.import_module("trainer.<module>") in one function
+# each (trainer.main.load_fit_command, trainer.doctor.load_measure), after the flags and
+# config are checked. trainer/__init__.py loads Trainer/Callback lazily the same way
+# (PEP 562 __getattr__). Nowhere else may a module hide a project import this way.
+DEFERRED_ENTRY_POINTS = {"trainer/main.py": "load_fit_command", "trainer/doctor.py": "load_measure"}
+
+
+@pytest.mark.parametrize("path", sources(*PROJECT), ids=lambda p: str(p.relative_to(REPO)))
+def test_importlib_loads_project_modules_only_in_the_documented_entry_points(path):
+    relative = str(path.relative_to(REPO))
+    tree = ast.parse(path.read_text())
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "import_module" and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and str(node.args[0].value).split(".")[0] in PROJECT):
+                continue
+            assert DEFERRED_ENTRY_POINTS.get(relative) == func.name, (
+                f"{relative}:{node.lineno} imports {node.args[0].value} with importlib in "
+                f"{func.name}(); import it at the top of the module")
+
+
+def test_the_command_lines_check_flags_without_tensorflow():
+    """trainer.main and trainer.doctor import nothing that imports TensorFlow."""
+    code = ("import sys, trainer.main, trainer.doctor, trainer.cli; "
+            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

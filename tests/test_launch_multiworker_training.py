@@ -101,14 +101,19 @@ def test_a_stopped_worker_ends_the_group_within_the_bound(tmp_path):
     assert wait_until_dead(pids.values(), 5) == []
 
 
-def test_a_bad_flag_ends_the_group_within_the_bound_and_is_shown(tmp_path):
+def test_a_bad_flag_is_reported_once_before_any_task_starts(tmp_path):
+    """The launcher runs trainer.main's checks once (--check_only, no TensorFlow)."""
     run = multiworker(["--workers", "2", *SHORT_GRACE], tmp_path, ["--config.train.stepz=5"])
     code = run.finish(BOUND_S)
-    assert code != 0
+    assert code == 2, run.output[-4000:]
     assert run.elapsed < BOUND_S
-    assert any(line.startswith("[worker:") and "stepz" in line for line in run.lines), \
-        run.output[-4000:]
-    assert wait_until_dead(run.task_pids().values(), 5) == []
+    assert "[launcher] no task was started" in run.output
+    assert [line for line in run.lines if "stepz" in line] == [
+        "Usage error: --config.train.stepz=5: config.train has no field 'stepz'. Did you "
+        "mean config.train.steps? Fields of config.train: deterministic, global_batch_size, "
+        "log_every_steps, on_nonfinite, steps, steps_per_loop."], run.output[-4000:]
+    assert not any(line.startswith("[worker:") for line in run.lines), run.output[-4000:]
+    assert run.task_pids() == {}
 
 
 def test_a_worker_exiting_at_start_does_not_leave_its_peers_waiting(tmp_path):

@@ -37,14 +37,17 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import array_files, host_collectives
+from trainer.errors import UserError
 
 FORMAT = 2  # 1: variables matched by position (before names); not readable any more
 
 Groups = dict[str, list[tuple[str, Any]]]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint cannot be restored; the message names the step, variable and fix."""
+
+    prefix = "Checkpoint error"
 
 
 def _name(variable) -> str:

@@ -230,6 +230,15 @@ class Checkpointer(Callback):
             raise ConfigError(f"config.checkpoint.best_metric={self.best_metric!r} needs an "
                               f"eval dataset; override build_eval_dataset or use a "
                               f"'train/...' metric.")
+        if self.enabled and self.best_source == "eval":
+            # eval reports exactly eval/loss and eval/NAME of build_metrics() (train/ also
+            # reports train_step's other outputs, known only once it runs).
+            produced = sorted({"eval/loss", *(f"eval/{n}" for n in trainer.eval_metrics)})
+            if self.best_metric not in produced:
+                raise ConfigError(
+                    f"config.checkpoint.best_metric={self.best_metric!r} is not a value eval "
+                    f"produces ({', '.join(produced)}: eval/loss and build_metrics()'s "
+                    f"names); pick one of them.")
 
     def on_loop_end(self, trainer: Any) -> None:
         if not self.enabled:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 from typing import Any
 
 import ml_collections
+
+from trainer.errors import UserError
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -128,8 +131,10 @@ def get_config() -> ml_collections.ConfigDict:
     return config
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field and the fix."""
+
+    prefix = "Configuration error"
 
 
 def _suggest(name: str, choices) -> str:
@@ -204,18 +209,39 @@ def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
                           f"distribute.devices {tuple(dcfg.devices)!r}; give one per device.")
 
 
-def import_trainer_class(path: str) -> type:
-    """Imports the class named ``"package.module:ClassName"`` (the ``config.trainer`` form).
-
-    Raises ConfigError naming the module or attribute that cannot be found. Whether it
-    is a ``Trainer`` subclass is checked by ``trainer.trainer.resolve_trainer_class``.
-    """
+def _split_trainer_path(path: str) -> tuple[str, str]:
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
         raise ConfigError(
             f"config.trainer={path!r} must name a Trainer subclass as "
             f"'package.module:ClassName', e.g. 'models.digits:DigitsTrainer'."
         )
     module_name, class_name = path.split(":")
+    return module_name, class_name
+
+
+def check_trainer_path(path: str) -> None:
+    """Checks ``config.trainer`` without importing its module (no TensorFlow): the form
+    ``"package.module:ClassName"`` and that the module can be found. Raises ConfigError."""
+    module_name, _ = _split_trainer_path(path)
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as error:
+        found, reason = None, f" ({error})"
+    else:
+        reason = ""
+    if found is None:
+        raise ConfigError(
+            f"config.trainer={path!r}: module '{module_name}' cannot be found{reason}. "
+            f"Check the spelling and that its package is on PYTHONPATH.")
+
+
+def import_trainer_class(path: str) -> type:
+    """Imports the class named ``"package.module:ClassName"`` (the ``config.trainer`` form).
+
+    Raises ConfigError naming the module or attribute that cannot be found. Whether it
+    is a ``Trainer`` subclass is checked by ``trainer.trainer.resolve_trainer_class``.
+    """
+    module_name, class_name = _split_trainer_path(path)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:

@@ -59,17 +59,17 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoint_store, distribute
+from trainer import checkpoint_store, cli, distribute
 from trainer.checkpoint_state import CheckpointError
 from trainer.config import ConfigError
 from trainer.summaries import SummaryWriters
 from trainer.trainer import Trainer, resolve_trainer_class
 
-MODES = ("train", "eval", "continuous_eval")
+MODES = cli.MODES
 EVAL_DIR = "eval"
 BEST_EXPORT_DIR = os.path.join(EVAL_DIR, "export", "best")
 EVALUATOR_TASK = "evaluator"
-DEFAULT_TIMEOUT_S = 3600.0
+DEFAULT_TIMEOUT_S = cli.DEFAULT_EVAL_TIMEOUT_S
 POLL_S = 1.0
 
 

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
+from trainer.errors import InputError
+
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
 
@@ -68,11 +70,11 @@ def _check_batch(ds: tf.data.Dataset, per_replica: int, what: str) -> None:
     dims = _leading_dims(ds.element_spec)
     static = {d for d in dims if d is not None}
     if not dims:
-        raise ValueError(
+        raise InputError(
             f"{what} yields unbatched elements ({ds.element_spec}); batch them with "
             f"ds.batch(ctx.get_per_replica_batch_size(global_batch_size)).")
     if static and static != {per_replica}:
-        raise ValueError(
+        raise InputError(
             f"{what} yields batches of {sorted(static)} examples but the per-replica batch "
             f"is {per_replica}; batch with ctx.get_per_replica_batch_size(global_batch_size) "
             f"(the global batch is split over the replicas).")
@@ -104,8 +106,13 @@ def distribute(
         tracked = _TrackedInputContext(ctx)
         ds = dataset_fn(tracked)
         if not isinstance(ds, tf.data.Dataset):
-            raise TypeError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
+            raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
         _check_batch(ds, per_replica, what)
+        if tf.executing_eagerly() and int(ds.cardinality()) == 0:
+            raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
+                             f"fewer examples than one per-replica batch ({per_replica}) and "
+                             f"drops the remainder (.repeat() cannot help an empty dataset). "
+                             f"Check the data source, or call .repeat() BEFORE .batch().")
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
         replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines

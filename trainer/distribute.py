@@ -30,8 +30,8 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from launch.tf_config import validate_tf_config
-from launch.tpu import connect_tpu, tpu_attached
+from launch.tf_config import TFConfigError, check_own_port, validate_tf_config
+from launch.tpu import TPUConnectError, TPUNotFoundError, connect_tpu, tpu_attached
 from trainer.config import ConfigError
 from trainer.host_collectives import is_chief, num_workers
 
@@ -136,7 +136,7 @@ def resolve_devices(dcfg: ml_collections.ConfigDict) -> list[str]:
         if canonical is None or spec.job not in (None, "localhost"):
             raise ConfigError(
                 f"config.distribute.devices: {name!r} is not a device of this process, which "
-                f"has {', '.join(available.values())}. Manual mode uses local devices; for "
+                f"has {', '.join(available.values())}. Name local devices only; for "
                 f"several CPU devices set distribute.virtual_devices=N.")
         if canonical in names:
             raise ConfigError(f"config.distribute.devices lists {canonical} twice; give "
@@ -161,7 +161,7 @@ def _cross_device_ops(name: str):
 
 
 def _mirrored(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
-    devices = list(dcfg.devices)
+    devices = resolve_devices(dcfg) if dcfg.devices else []
     if not devices:
         gpus = tf.config.list_logical_devices("GPU")
         devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
@@ -183,9 +183,13 @@ def _multi_worker(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
             "`python -m launch.multiworker --workers N ...`, or set TF_CONFIG yourself."
         )
     try:
-        validate_tf_config(json.loads(raw))
+        tf_config = json.loads(raw)
+        validate_tf_config(tf_config)
+        check_own_port(tf_config)
     except json.JSONDecodeError as error:
         raise ConfigError(f"TF_CONFIG is not valid JSON: {error}") from error
+    except TFConfigError as error:
+        raise ConfigError(str(error)) from error
     implementation = {
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
         "ring": tf.distribute.experimental.CommunicationImplementation.RING,
@@ -210,12 +214,16 @@ def _multi_worker(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
 
 def _tpu(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
-    return tf.distribute.TPUStrategy(connect_tpu(dcfg.tpu))
+    try:
+        resolver = connect_tpu(dcfg.tpu)
+    except (TPUNotFoundError, TPUConnectError, ValueError) as error:
+        raise ConfigError(f"config.distribute.strategy='tpu': {error}") from error
+    return tf.distribute.TPUStrategy(resolver)
 
 
 def _one_device(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     if dcfg.devices:
-        device = dcfg.devices[0]
+        device = resolve_devices(dcfg)[0]
     else:
         device = "/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0"
     return tf.distribute.OneDeviceStrategy(device)

@@ -1,314 +1,100 @@
 """The performance doctor: why is this run as fast as it is, in one command.
 
     python -m trainer.doctor --config=models/configs/digits.py [--steps 100] [--json] \
-        [--memory_budget_mb 4096] [--config.train.global_batch_size=256 ...]
+        [--memory_budget_mb 4096] [--sections=baseline,input,compute] \
+        [--config.train.global_batch_size=256 ...]
 
-Builds the configured Trainer (no workdir: nothing is written) and measures, each as
-examples/s after one untimed warm-up loop call (tracing): the median over chunks of
-``--steps`` steps, repeated for at least one second (the machine may be shared):
+This module is the command line, free of TensorFlow: flags, ``--sections`` and the
+config are checked first (:mod:`trainer.cli`; a mistake is one message, exit 2 for a
+usage error, 1 for a config error), then the measurements run
+(:mod:`trainer.doctor_measure`, which describes each section). Output: a table, or with
+``--json`` one JSON object.
 
-1. ``baseline``: the real run: real input pipeline, real train step, the configured
-   ``steps_per_loop`` in-graph loop.
-2. ``input``: the input pipeline alone (the distributed dataset pulled in an in-graph
-   loop, no model; :class:`trainer.probes.InputProbe`).
-3. ``compute``: the same train step on one cached batch (``take(1).cache().repeat()``
-   of the same pipeline), so no input cost.
-4. ``batch``: the largest global batch that fits, doubling from the configured one up
-   to ``--max_batch_doublings`` times; each candidate is a fresh Trainer timed like (3).
-   On GPU a candidate that raises ``ResourceExhaustedError`` stops the search; on CPU
-   the process's peak RSS must stay under ``--memory_budget_mb`` (default: half the RAM).
-5. ``jit``: (3) with ``perf.jit_compile`` flipped (not applied with several replicas).
-6. ``communication``: with N > 1 replicas, (3) on ONE replica with the same
-   per-replica batch, in a subprocess (a process hosts one Mirrored group size); the
-   extra step time of N replicas is the communication share. On virtual CPU devices
-   the replicas also share the same cores, so the share includes that contention.
-7. ``layers``: the top layers by forward + backward time, each timed alone on random
-   inputs of its real input shape (per-replica batch) in an in-graph loop, with
-   parameter and activation (output) memory. Needs layers with a known input
-   (Sequential / functional models); others are listed as not timed.
-8. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
-   numbers and what to do.
-
-Output: a table, or with ``--json`` one JSON object with the keys above.
+``trainer.doctor.diagnose`` and the other measurement functions are those of
+:mod:`trainer.doctor_measure`, loaded on first use (PEP 562 module ``__getattr__``).
+That module is loaded only through :func:`load_measure`, the deferred import of this
+command (``tests/test_architecture.py`` accepts ``importlib.import_module`` of a
+project module only in the documented entry points).
 """
 
 from __future__ import annotations
 
-import copy
+import importlib
 import json
 import os
-import resource
-import statistics
-import subprocess
 import sys
-import time
-from typing import Any, Callable, Sequence
+from types import ModuleType
 
-import ml_collections
-import psutil
-import tensorflow as tf
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from trainer import cli, errors, fast_exit
 from trainer import config as config_lib
-from trainer import data, distribute, fast_exit, probes
-from trainer.doctor_report import Report, format_table, verdict
-from trainer.layer_profile import profile_layers
-from trainer.trainer import resolve_trainer_class
+from trainer.doctor_report import SECTIONS, format_table
 
-MIN_SECONDS = 1.0  # each measurement repeats its chunk of steps at least this long
-SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers")
+PROGRAM = "python -m trainer.doctor"
+OWN_FLAGS = ("config", "steps", "json", "memory_budget_mb", "max_batch_doublings",
+             "top_layers", "sections", "traceback")
 
 
-# --------------------------------------------------------------------------- helpers
-def _with(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections.ConfigDict:
-    """A copy of ``config`` with ``section__field=value`` overrides."""
-    config = copy.deepcopy(config)
-    with config.unlocked():
-        for key, value in overrides.items():
-            section, field = key.split("__")
-            config[section][field] = value
-    return config
+def load_measure() -> ModuleType:
+    """The measurements (:mod:`trainer.doctor_measure`, TensorFlow), imported here only."""
+    return importlib.import_module("trainer.doctor_measure")
 
 
-def build_trainer(config: ml_collections.ConfigDict):
-    cls = resolve_trainer_class(config.trainer)
-    return cls(config, None)
+def __getattr__(name: str):
+    """``trainer.doctor.diagnose`` etc.: the measurement API, loaded on first use."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(load_measure(), name)
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def check_sections(sections: list[str]) -> list[str]:
+    """Returns ``sections`` or raises a UsageError naming the unknown ones."""
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or not sections:
+        raise errors.UsageError(
+            f"--sections={','.join(sections)}: unknown section(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose a comma-separated list from {', '.join(SECTIONS)}.")
+    return sections
 
 
-def _median_seconds(chunk: Callable[[], float], min_seconds: float) -> float:
-    """Median of repeated ``chunk()`` timings (at least 3, until ``min_seconds`` total).
-
-    The machine may be shared: the median of several chunks resists other processes'
-    bursts better than one long timing.
-    """
-    times: list[float] = []
-    while len(times) < 3 or sum(times) < min_seconds:
-        times.append(chunk())
-        if len(times) >= 50:
-            break
-    return statistics.median(times)
-
-
-def _loop_rate(trainer, dataset_fn: Callable, steps: int,
-               min_seconds: float = MIN_SECONDS) -> dict[str, float]:
-    """examples/s of the train loop on ``dataset_fn``'s data: median over chunks of
-    ``steps`` steps (run as ``steps_per_loop`` calls) after one warm-up call."""
-    cfg = trainer.config
-    dist = data.distribute(trainer.strategy, dataset_fn, cfg.train.global_batch_size,
-                           deterministic=cfg.train.deterministic)
-    trainer.driver.ensure_built(dist)
-    loops = trainer.driver.loops
-    iterator = iter(dist)
-    per_call = max(1, min(cfg.train.steps_per_loop, steps))
-    float(loops.train(iterator, tf.constant(per_call, tf.int64))["loss"])  # trace + warm up
-
-    def chunk() -> float:
-        done, start = 0, time.perf_counter()
-        while done < steps:
-            n = min(per_call, steps - done)
-            outputs = loops.train(iterator, tf.constant(n, tf.int64))
-            done += n
-        float(outputs["loss"])  # wait for the device
-        return time.perf_counter() - start
-
-    seconds = _median_seconds(chunk, min_seconds)
-    return {"examples_per_s": steps * cfg.train.global_batch_size / seconds,
-            "step_ms": 1e3 * seconds / steps, "steps": steps}
-
-
-def _cached(trainer) -> Callable:
-    """``build_train_dataset`` reduced to one cached batch, repeated."""
-    return lambda ctx: trainer.build_train_dataset(ctx).take(1).cache().repeat()
-
-
-# --------------------------------------------------------------------------- sections
-def measure_baseline(trainer, steps: int) -> Report:
-    """(1) The real pipeline and the real step."""
-    return _loop_rate(trainer, trainer.build_train_dataset, steps)
-
-
-def measure_input(trainer, steps: int) -> Report:
-    """(2) The distributed input pipeline alone."""
-    probe = probes.InputProbe(trainer)
-    seconds = _median_seconds(lambda: steps * probe.seconds_per_batch(steps), MIN_SECONDS) / steps
-    return {"examples_per_s": trainer.config.train.global_batch_size / seconds,
-            "batch_ms": 1e3 * seconds, "batches": steps}
-
-
-def measure_compute(trainer, steps: int) -> Report:
-    """(3) The same train step on one cached batch."""
-    return _loop_rate(trainer, _cached(trainer), steps)
-
-
-def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
-                 memory_budget_mb: float) -> Report:
-    """(4) Doubles the global batch while it fits; times each candidate like (3)."""
-    tried: list[dict[str, Any]] = []
-    stop_reason = f"reached the search bound ({doublings} doublings)"
-    batch = config.train.global_batch_size
-    for _ in range(doublings + 1):
-        candidate = _with(config, train__global_batch_size=batch)
-        row: dict[str, Any] = {"global_batch_size": batch}
-        try:
-            trainer = build_trainer(candidate)
-            devices = distribute.accelerator_devices(trainer.strategy)
-            for device in devices:
-                tf.config.experimental.reset_memory_stats(device)
-            row.update(_loop_rate(trainer, _cached(trainer),
-                                  max(3, steps * config.train.global_batch_size // batch),
-                                  min_seconds=MIN_SECONDS / 2))
-            if devices:
-                row["device_peak_mb"] = max(
-                    tf.config.experimental.get_memory_info(d)["peak"] for d in devices) / 2**20
-            row["peak_rss_mb"] = _peak_rss_mb()
-        except tf.errors.ResourceExhaustedError:
-            row["fits"] = False
-            tried.append(row)
-            stop_reason = f"global batch {batch} ran out of device memory"
-            break
-        over_budget = not devices and row["peak_rss_mb"] > memory_budget_mb
-        row["fits"] = not over_budget
-        tried.append(row)
-        if over_budget:
-            stop_reason = (f"global batch {batch} took the process to {row['peak_rss_mb']:,.0f} MB "
-                           f"RSS, over the {memory_budget_mb:,.0f} MB budget")
-            break
-        batch *= 2
-    fits = [r for r in tried if r["fits"]]
-    best = max(fits, key=lambda r: r["examples_per_s"]) if fits else None
-    return {"tried": tried, "largest_fitting": fits[-1]["global_batch_size"] if fits else None,
-            "fastest": best, "stopped": stop_reason, "memory_budget_mb": memory_budget_mb}
-
-
-def measure_jit(config: ml_collections.ConfigDict, compute: Report, steps: int) -> Report:
-    """(5) Compute alone with ``perf.jit_compile`` flipped."""
-    flipped = not config.perf.jit_compile
-    trainer = build_trainer(_with(config, perf__jit_compile=flipped))
-    if flipped and trainer.strategy.num_replicas_in_sync > 1:
-        return {"applicable": False,
-                "note": "XLA is not applied with several replicas in one process"}
-    try:
-        other = _loop_rate(trainer, _cached(trainer), steps)
-    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-        return {"applicable": False, "note": f"XLA could not compile the step: "
-                                             f"{str(error).splitlines()[0]}"}
-    on, off = (other, compute) if flipped else (compute, other)
-    return {"applicable": True, "on_examples_per_s": on["examples_per_s"],
-            "off_examples_per_s": off["examples_per_s"],
-            "speedup": on["examples_per_s"] / off["examples_per_s"]}
-
-
-def measure_communication(trainer, compute: Report, steps: int, config_path: str | None,
-                          overrides: Sequence[str]) -> Report:
-    """(6) One replica vs N with the per-replica batch fixed (one-replica run in a subprocess)."""
-    replicas = trainer.strategy.num_replicas_in_sync
-    if replicas == 1:
-        return {"applicable": False, "replicas": 1,
-                "note": "one replica: no gradient all-reduce to measure (rerun with "
-                        "--config.distribute.strategy=mirrored to compare)"}
-    if not config_path:
-        return {"applicable": False, "replicas": replicas,
-                "note": "needs the config file path to run the 1-replica comparison"}
-    per_replica = trainer.config.train.global_batch_size // replicas
-    cmd = [sys.executable, "-m", "trainer.doctor", f"--config={config_path}", *overrides,
-           "--config.distribute.strategy=one_device", "--config.distribute.virtual_devices=0",
-           "--config.distribute.devices=()",
-           f"--config.train.global_batch_size={per_replica}", f"--steps={steps}",
-           "--sections=compute", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode:
-        return {"applicable": False, "replicas": replicas,
-                "note": f"the 1-replica run failed: {proc.stderr.strip().splitlines()[-1:]}"}
-    single = json.loads(proc.stdout.strip().splitlines()[-1])["compute"]
-    share = max(0.0, 1 - single["step_ms"] / compute["step_ms"])
-    return {"applicable": True, "replicas": replicas, "per_replica_batch": per_replica,
-            "one_replica_step_ms": single["step_ms"], "n_replica_step_ms": compute["step_ms"],
-            "communication_share": share,
-            "scaling_efficiency": single["step_ms"] / compute["step_ms"]}
-
-
-def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
-             sections: Sequence[str] = SECTIONS, memory_budget_mb: float = 0,
-             max_batch_doublings: int = 3, top_layers: int = 8,
-             config_path: str | None = None, overrides: Sequence[str] = ()) -> Report:
-    """Runs the requested sections (see the module docstring) and returns the report.
-
-    ``baseline``, ``input`` and ``compute`` are always measured when a verdict is
-    wanted (all of SECTIONS); ``memory_budget_mb`` 0 means half the machine's RAM.
-    """
-    config_lib.validate(config)
-    resolve_trainer_class(config.trainer)
-    unknown = set(sections) - set(SECTIONS)
-    if unknown:
-        raise ValueError(f"Unknown doctor sections {sorted(unknown)}; choose from {SECTIONS}.")
-    if config.distribute.strategy == "multi_worker" or os.environ.get("TF_CONFIG"):
-        raise ValueError("Run the doctor in one process (not as a multi-worker task): unset "
-                         "TF_CONFIG and use a mirrored/one_device strategy.")
-    budget = memory_budget_mb or psutil.virtual_memory().total / 2**20 / 2
-    trainer = build_trainer(config)
-    report: Report = {"config": {
-        "trainer": config.trainer, "global_batch_size": config.train.global_batch_size,
-        "replicas": trainer.strategy.num_replicas_in_sync,
-        "strategy": type(trainer.strategy).__name__,
-        "steps_per_loop": config.train.steps_per_loop, "jit_compile": config.perf.jit_compile,
-        "precision": config.precision.policy, "steps": steps}}
-    if "baseline" in sections:
-        report["baseline"] = measure_baseline(trainer, steps)
-    if "input" in sections:
-        report["input"] = measure_input(trainer, steps)
-    if "compute" in sections:
-        report["compute"] = measure_compute(trainer, steps)
-    if "layers" in sections:
-        report["layers"] = profile_layers(trainer, top_layers)
-    if "communication" in sections:
-        report["communication"] = measure_communication(
-            trainer, report["compute"], steps, config_path, overrides)
-    if "jit" in sections:
-        report["jit"] = measure_jit(config, report["compute"], steps)
-    if "batch" in sections:
-        report["batch"] = search_batch(config, steps, max_batch_doublings, budget)
-    if {"baseline", "input", "compute"} <= set(sections):
-        report["verdict"] = verdict(report)
-    return report
-
-
-# --------------------------------------------------------------------------- output
-def main(argv: list[str]) -> None:
-    flag_values = flags.FLAGS
+def main(argv: list[str]) -> int:
+    """Checks, then measures and prints the report; returns the exit status."""
+    values = flags.FLAGS
     if len(argv) > 1:
-        raise SystemExit(f"Unexpected arguments: {' '.join(argv[1:])}")
+        raise errors.UsageError(f"unexpected arguments: {' '.join(argv[1:])}; flags take the "
+                                f"form --name=value ({PROGRAM} --help lists them).")
+    sections = check_sections(list(values.sections))
+    config = cli.loaded_config(values["config"], sys.argv, OWN_FLAGS, PROGRAM)
+    config_lib.validate(config)
+    config_lib.check_trainer_path(config.trainer)
     logging.set_verbosity(logging.WARNING)
-    config = flag_values.config
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-    try:
-        report = diagnose(
-            config, steps=flag_values.steps, sections=flag_values.sections,
-            memory_budget_mb=flag_values.memory_budget_mb,
-            max_batch_doublings=flag_values.max_batch_doublings,
-            top_layers=flag_values.top_layers,
-            config_path=config_flags.get_config_filename(flag_values["config"]), overrides=overrides)
-    except config_lib.ConfigError as error:
-        raise SystemExit(f"Configuration error: {error}") from None
-    print(json.dumps(report) if flag_values.json else format_table(report), flush=True)
+    report = load_measure().diagnose(
+        config, steps=values.steps, sections=sections,
+        memory_budget_mb=values.memory_budget_mb,
+        max_batch_doublings=values.max_batch_doublings, top_layers=values.top_layers,
+        config_path=config_flags.get_config_filename(values["config"]), overrides=overrides)
+    print(json.dumps(report) if values.json else format_table(report), flush=True)
+    return 0
 
 
 def run() -> None:
     """Console-script entry point (``tf-trainer-doctor``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+    config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
     flags.DEFINE_integer("steps", 100, "Timed steps per measurement.")
     flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")
     flags.DEFINE_float("memory_budget_mb", 0, "CPU batch search: peak RSS bound (0: half the RAM).")
     flags.DEFINE_integer("max_batch_doublings", 3, "Batch search: doublings of the global batch.")
     flags.DEFINE_integer("top_layers", 8, "Layers listed in the per-layer table.")
     flags.DEFINE_list("sections", list(SECTIONS), f"Which measurements: {', '.join(SECTIONS)}.")
+    flags.DEFINE_bool("traceback", False, "Also print the Python traceback of a user error "
+                                          "(or set TF_TRAINER_TRACEBACK=1).")
     flags.mark_flag_as_required("config")
-    app.run(fast_exit.then_exit(main))
+    app.run(fast_exit.then_exit(lambda argv: errors.call(main, argv)),
+            flags_parser=lambda argv: cli.parse_flags(argv, OWN_FLAGS, PROGRAM))
 
 
 if __name__ == "__main__":

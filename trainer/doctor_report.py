@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The doctor's measurements, in report order (see trainer.doctor).
+SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers")
+
 Report = dict[str, Any]
 
 

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from trainer import keras_compat, precision
 from trainer.ema import ExponentialMovingAverage
+from trainer.errors import InputError
 from trainer.tracing import no_autograph
 from trainer.update_context import Accumulators, in_update_context
 
@@ -62,13 +63,13 @@ def check_per_example_loss(per_example_loss: tf.Tensor, batch=None) -> tf.Tensor
     per_example_loss = tf.convert_to_tensor(per_example_loss)
     rank = per_example_loss.shape.rank
     if rank == 0:
-        raise ValueError(
+        raise InputError(
             "compute_loss returned a scalar; it must return the PER-EXAMPLE loss, shape "
             "[batch_size] (e.g. keras.losses.sparse_categorical_crossentropy(labels, "
             "logits, from_logits=True) without reducing). The framework averages by the "
             "GLOBAL batch so every replica count trains the same.")
     if rank != 1:
-        raise ValueError(
+        raise InputError(
             f"compute_loss returned shape {per_example_loss.shape}; it must return the "
             f"per-example loss, shape [batch_size]. Reduce the other axes yourself "
             f"(e.g. tf.reduce_mean(loss, axis=-1) over timesteps).")
@@ -76,7 +77,7 @@ def check_per_example_loss(per_example_loss: tf.Tensor, batch=None) -> tf.Tensor
         return per_example_loss
     expected = tf.nest.flatten(batch)[0].shape[:1]
     if not per_example_loss.shape[:1].is_compatible_with(expected):
-        raise ValueError(
+        raise InputError(
             f"compute_loss returned {per_example_loss.shape[0]} losses for a batch of "
             f"{expected[0]} examples; return one loss per example.")
     return per_example_loss

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import data, host_collectives
+from trainer import checks, data, host_collectives
 from trainer.callbacks import Callback, CallbackList
 from trainer.preemption import Preempted
 from trainer.tracing import no_autograph
@@ -179,6 +179,7 @@ class LoopDriver:
         self._iterator_at: tuple[int, Any] | None = None
         self._stop_reason: str | None = None
         self._preempt = False
+        self._dataset = None  # the distributed train dataset of the current iterator
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
@@ -194,23 +195,30 @@ class LoopDriver:
                 reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss)
         return self._loops
 
-    def ensure_built(self, dist_dataset=None) -> None:
-        """Builds an unbuilt model from the (train) dataset's element spec, then the
-        optimizer's variables."""
+    def ensure_built(self, dist_dataset=None, what: str = "build_train_dataset") -> None:
+        """Checks the dataset's features against the model's inputs (when the model
+        declares them), builds an unbuilt model from the element spec, then the
+        optimizer's variables. ``what`` names the dataset hook in error messages."""
         t = self.trainer
         model = t.model
-        if not model.built or not model.trainable_variables:
-            if dist_dataset is None:
-                dist_dataset = self._distribute(t.build_train_dataset,
-                                                t.config.train.global_batch_size)
+        unbuilt = not model.built or not model.trainable_variables
+        if unbuilt and dist_dataset is None:
+            dist_dataset = self._distribute(t.build_train_dataset,
+                                            t.config.train.global_batch_size)
+        features = None
+        if dist_dataset is not None:
             spec = dist_dataset.element_spec
             spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
             try:
                 features, _ = data.split_batch(spec)
             except ValueError as error:
-                raise ValueError(
-                    "The model has no variables yet and the batch layout is custom; build it "
-                    "in build_model() (e.g. start with keras.Input(shape)).") from error
+                if unbuilt:
+                    raise ValueError(
+                        "The model has no variables yet and the batch layout is custom; build "
+                        "it in build_model() (e.g. start with keras.Input(shape)).") from error
+            if features is not None:
+                checks.check_features(features, model, what)
+        if unbuilt:
             dummy = tf.nest.map_structure(
                 lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), features)
             with t.strategy.scope():
@@ -238,6 +246,7 @@ class LoopDriver:
         dataset = self._distribute(t.build_train_dataset, t.config.train.global_batch_size,
                                    skip_batches=t.step)
         self.ensure_built(dataset)
+        self._dataset = dataset
         return iter(dataset)
 
     # ------------------------------------------------------------ evaluate
@@ -250,9 +259,16 @@ class LoopDriver:
         if self._eval_dataset is None:
             self._eval_dataset = self._distribute(
                 t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
-            self.ensure_built(self._eval_dataset)
+            self.ensure_built(self._eval_dataset, "build_eval_dataset")
         reset_metrics(t.eval_loss, t.eval_metrics)
-        self.loops.evaluate(iter(self._eval_dataset), tf.constant(t.config.eval.steps, tf.int64))
+        try:
+            self.loops.evaluate(iter(self._eval_dataset),
+                                tf.constant(t.config.eval.steps, tf.int64))
+        except Exception as error:  # a user's mistake becomes one InputError
+            found = checks.loop_error(error, "build_eval_dataset", f"eval at step {t.step}")
+            if found is None:
+                raise
+            raise found from error
         return metric_values(t.eval_loss, t.eval_metrics)
 
     # ---------------------------------------------------------------- stop
@@ -304,10 +320,11 @@ class LoopDriver:
                 start = time.perf_counter()
                 try:
                     outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
-                except tf.errors.OutOfRangeError as error:
-                    raise ValueError(
-                        f"build_train_dataset ran out of data at step {t.step + 1} of {total}; "
-                        f"end it with .repeat() so training can run for train.steps.") from error
+                except Exception as error:  # a user's mistake becomes one InputError
+                    found = checks.train_loop_error(error, t, self._dataset, num_steps)
+                    if found is None:
+                        raise
+                    raise found from error
                 seconds = time.perf_counter() - start
                 self.last_loop = (num_steps, seconds)
                 self.last_outputs = outputs

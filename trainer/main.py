@@ -1,99 +1,105 @@
-"""Command-line entry point, intentionally kept short.
+"""Command-line entry point, intentionally kept short and free of TensorFlow.
 
     python -m trainer.main --config=models/configs/digits.py --workdir=/tmp/digits \
-        [--config.train.steps=500 ...]
+        [--config.train.steps=500 ...] [--check_only] [--traceback]
 
-Builds the Trainer subclass named by ``config.trainer``, writes the resolved config to
+First, without importing TensorFlow (about a second): the flags and ``--config.``
+overrides are parsed, the config file is loaded and validated, ``config.trainer``'s
+module is found and the workdir is checked (created, and writable). A mistake there
+ends in one message (:mod:`trainer.cli`). ``--check_only`` stops after these checks
+(the launchers run it once before starting their tasks). Then :mod:`trainer.fit_command`
+(TensorFlow) builds the Trainer subclass named by ``config.trainer``, writes
 ``workdir/config.json`` (chief only) and calls ``fit()``, which resumes from the latest
-checkpoint in ``workdir``.
+checkpoint in ``workdir``; the run ends with one plain ``result:`` line on stdout.
 
 ``--mode=eval [--step=S]`` evaluates the latest (or step S's) checkpoint of ``workdir``
 once; ``--mode=continuous_eval [--eval_timeout_s=T]`` evaluates each new checkpoint as
 the trainer writes it, until the final step (see :mod:`trainer.continuous_eval`). The
 process TF_CONFIG names the ``evaluator`` task refuses ``--mode=train``.
 
-Exit codes: 0 done (also when a callback requested the stop); 1 with a one-line message
-for a configuration or checkpoint error; 143 (``trainer.preemption.EXIT_PREEMPTED``,
-128 + SIGTERM) after SIGTERM, once the current step is checkpointed: run the same
-command again to resume.
+Exit codes: 0 done (also when a callback requested the stop); 2 for a usage error (a
+flag, an override key, a missing config file); 1 with a message for any other user
+error (config value, config file, workdir, checkpoint, data vs model, port, device)
+and, with a traceback, for an internal error; 143
+(``trainer.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM, once the current
+step is checkpointed: run the same command again to resume. ``--traceback`` (or
+``TF_TRAINER_TRACEBACK=1``) shows the Python traceback of a user error too.
+
+The one deferred import of this package: :func:`load_fit_command` loads the TensorFlow
+side with ``importlib`` once the checks passed (``tests/test_architecture.py`` accepts
+``importlib.import_module`` of a project module only here and in ``trainer.doctor``).
 """
 
 from __future__ import annotations
 
-import json
-import os
+import importlib
 import sys
+from types import ModuleType
 
-from absl import app, flags, logging
+import ml_collections
+from absl import app, flags
 from ml_collections import config_flags
 
+from trainer import cli, errors, fast_exit
 from trainer import config as config_lib
-from trainer import continuous_eval, distribute, fast_exit
-from trainer.checkpoint_state import CheckpointError
-from trainer.preemption import EXIT_PREEMPTED, Preempted
-from trainer.trainer import resolve_trainer_class
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory the run writes to.")
-_MODE = flags.DEFINE_enum("mode", "train", continuous_eval.MODES,
+PROGRAM = "python -m trainer.main"
+_CONFIG = config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory the run writes to (created if missing); a run resumes from "
+                     "its latest checkpoint.")
+_MODE = flags.DEFINE_enum("mode", "train", cli.MODES,
                           "train; eval: evaluate one checkpoint; continuous_eval: evaluate "
                           "each new checkpoint of --workdir until the final step.")
 _STEP = flags.DEFINE_integer("step", None, "--mode=eval: the checkpoint's step (default: "
                              "the latest).")
 _EVAL_TIMEOUT_S = flags.DEFINE_float(
-    "eval_timeout_s", continuous_eval.DEFAULT_TIMEOUT_S,
+    "eval_timeout_s", cli.DEFAULT_EVAL_TIMEOUT_S,
     "--mode=continuous_eval: stop when no new checkpoint appeared for this many seconds.")
+_CHECK_ONLY = flags.DEFINE_bool(
+    "check_only", False, "Check the flags, config file and workdir without importing "
+                         "TensorFlow, print 'ok' and exit 0 (or the error).")
+flags.DEFINE_bool("traceback", False, "Also print the Python traceback of a user error "
+                                      "(or set TF_TRAINER_TRACEBACK=1).")
 flags.mark_flags_as_required(["config", "workdir"])
+OWN_FLAGS = ("config", "workdir", "mode", "step", "eval_timeout_s", "check_only", "traceback")
 
 
-def evaluate(config) -> None:
-    """--mode=eval / continuous_eval: never trains, never writes checkpoints."""
-    try:
-        results = continuous_eval.run(config, _WORKDIR.value, _MODE.value, _STEP.value,
-                                      _EVAL_TIMEOUT_S.value)
-    except config_lib.ConfigError as error:
-        sys.exit(f"Configuration error: {error}")
-    except CheckpointError as error:
-        sys.exit(f"Checkpoint error: {error}")
-    logging.info("final: %s", json.dumps(results, sort_keys=True))
+def load_fit_command() -> ModuleType:
+    """The TensorFlow side of this command (:mod:`trainer.fit_command`), imported only
+    here, after every check that does not need TensorFlow has passed."""
+    return importlib.import_module("trainer.fit_command")
 
 
-def main(argv: list[str]) -> None:
+def check(argv: list[str]) -> ml_collections.ConfigDict:
+    """The TensorFlow-free checks; returns the validated config or raises a UserError."""
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    config = _CONFIG.value
-    if _MODE.value != "train":
-        return evaluate(config)
-    try:
-        continuous_eval.check_mode(_MODE.value, _STEP.value)
-        config_lib.validate(config)
-        trainer_cls = resolve_trainer_class(config.trainer)
-        trainer = trainer_cls(config, _WORKDIR.value)
-    except config_lib.ConfigError as error:
-        sys.exit(f"Configuration error: {error}")
-    if distribute.is_chief(trainer.strategy):
-        os.makedirs(_WORKDIR.value, exist_ok=True)
-        with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-    tf_logger = logging.logging.getLogger("tensorflow")
-    tf_logger.setLevel(logging.logging.WARNING)  # TF's per-call INFO lines drown progress
-    try:
-        results = trainer.fit()
-    except Preempted as preempted:
-        logging.warning("%s Exit code %d.", preempted, EXIT_PREEMPTED)
-        sys.exit(EXIT_PREEMPTED)
-    except CheckpointError as error:
-        sys.exit(f"Checkpoint error: {error}")
-    except config_lib.ConfigError as error:
-        sys.exit(f"Configuration error: {error}")
-    logging.info("final: %s", json.dumps(results, sort_keys=True))
+        raise errors.UsageError(f"unexpected arguments: {' '.join(argv[1:])}; flags take the "
+                                f"form --name=value ({PROGRAM} --help lists them).")
+    config = cli.loaded_config(_CONFIG, sys.argv, OWN_FLAGS, PROGRAM)
+    config_lib.validate(config)
+    config_lib.check_trainer_path(config.trainer)
+    cli.check_workdir(_WORKDIR.value)
+    return config
+
+
+def main(argv: list[str]) -> int:
+    """Checks, then fits (see the module docstring); returns the exit status."""
+    config = check(argv)
+    if _CHECK_ONLY.value:
+        print(f"ok: --config={config_flags.get_config_filename(flags.FLAGS['config'])} and "
+              f"--workdir={_WORKDIR.value} pass the checks.")
+        return 0
+    return load_fit_command().run(config, _WORKDIR.value, _MODE.value, _STEP.value,
+                                  _EVAL_TIMEOUT_S.value)
 
 
 def run() -> None:
-    """Console-script entry point (``tf-trainer``). The process ends without destroying
-    TensorFlow's objects one by one (see :mod:`trainer.fast_exit`)."""
-    app.run(fast_exit.then_exit(main))
+    """Console-script entry point (``tf-trainer``). Errors end as the module docstring
+    says (:mod:`trainer.errors`); the process ends without destroying TensorFlow's
+    objects one by one (see :mod:`trainer.fast_exit`)."""
+    app.run(fast_exit.then_exit(lambda argv: errors.call(main, argv)),
+            flags_parser=lambda argv: cli.parse_flags(argv, OWN_FLAGS, PROGRAM))
 
 
 if __name__ == "__main__":

@@ -11,15 +11,18 @@ split the config gives.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import tensorflow as tf
 from absl import app, flags
 from ml_collections import config_flags
 
+from trainer import cli, errors
 from trainer import config as config_lib
 from trainer import data
 from trainer.config import ConfigError
+from trainer.errors import UsageError
 from trainer.data_parallel import ManualDataParallel
 from trainer.trainer import Trainer, resolve_trainer_class
 
@@ -65,18 +68,20 @@ def measure(trainer: Trainer, repeats: int = 20) -> list[dict[str, float]]:
     return results
 
 
+PROGRAM = "python -m trainer.manual"
+OWN_FLAGS = ("config", "measure", "repeats", "traceback")
+
+
 def _main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise SystemExit(f"Unexpected arguments: {' '.join(argv[1:])}")
-    config = flags.FLAGS["config"].value
-    try:
-        config_lib.validate(config)
-        if config.distribute.strategy != "manual":
-            raise ConfigError("trainer.manual needs --config.distribute.strategy=manual "
-                              "(and distribute.devices / distribute.virtual_devices).")
-        trainer = resolve_trainer_class(config.trainer)(config)
-    except ConfigError as error:
-        raise SystemExit(f"Configuration error: {error}") from error
+        raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}; flags take the form "
+                         f"--name=value ({PROGRAM} --help lists them).")
+    config = cli.loaded_config(flags.FLAGS["config"], sys.argv, OWN_FLAGS, PROGRAM)
+    config_lib.validate(config)
+    if config.distribute.strategy != "manual":
+        raise ConfigError("trainer.manual needs --config.distribute.strategy=manual "
+                          "(and distribute.devices / distribute.virtual_devices).")
+    trainer = resolve_trainer_class(config.trainer)(config)
     print(trainer.gradients.reducer.describe())
     if not flags.FLAGS["measure"].value:
         return
@@ -93,5 +98,7 @@ if __name__ == "__main__":
     config_flags.DEFINE_config_file("config", None, "Experiment config file.")
     flags.DEFINE_bool("measure", False, "Time each device and suggest device_weights.")
     flags.DEFINE_integer("repeats", 20, "Timed forward/backward passes per device.")
+    flags.DEFINE_bool("traceback", False, "Also print the Python traceback of a user error.")
     flags.mark_flags_as_required(["config"])
-    app.run(_main)
+    app.run(lambda argv: errors.call(_main, argv),
+            flags_parser=lambda argv: cli.parse_flags(argv, OWN_FLAGS, PROGRAM))

@@ -4,10 +4,15 @@
 (one plain line per window: no control characters), ``off``, or ``auto`` (``bar`` when
 stderr is a TTY and no launcher set ``TF_CONFIG``, else ``lines``). The environment
 variable ``TF_TRAINER_PROGRESS`` overrides the config (launchers set it to ``lines``).
+
+The bar and log lines never share a line: while a bar is shown, every handler of the
+root logger (absl's among them) erases it before writing a record (:meth:`Progress.close`
+removes that filter).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import TextIO
@@ -38,12 +43,35 @@ def duration(seconds: float | None) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
+class _EraseBar(logging.Filter):
+    """A handler filter that erases the progress bar before a log record is written."""
+
+    def __init__(self, progress: "Progress"):
+        super().__init__()
+        self.progress = progress
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.progress.clear()
+        return True
+
+
 class Progress:
     """Console progress in one of three modes (see the module docstring)."""
 
     def __init__(self, mode: str, total_steps: int, stream: TextIO):
         self.mode, self.total_steps, self.stream = mode, total_steps, stream
         self._bar_shown = False
+        self._filter = _EraseBar(self) if mode == "bar" else None
+        self._handlers = list(logging.getLogger().handlers) if self._filter else []
+        for handler in self._handlers:
+            handler.addFilter(self._filter)
+
+    def close(self) -> None:
+        """Erases the bar and stops watching the log handlers."""
+        self.clear()
+        for handler in self._handlers:
+            handler.removeFilter(self._filter)
+        self._handlers = []
 
     def _write(self, text: str) -> None:
         self.stream.write(text)

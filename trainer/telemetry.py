@@ -238,7 +238,7 @@ class Telemetry(Callback):
             f"{k}={v}" for k, v in record.items() if k not in ("kind", "time")))
 
     def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
-        self.progress.clear()
+        self.progress.close()
         if self._active_writers:
             self._active_writers.flush()
             self._active_writers = None

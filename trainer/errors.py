@@ -1,0 +1,154 @@
+"""User errors and bugs: how a command line of this package ends when something fails.
+
+A *user error* is something the user can fix (a flag, the config file, the workdir, the
+data their hooks return, a port, a device): it subclasses :class:`UserError` and its
+message says what is wrong, where (file, field, path, step, hook) and what to do. The
+command lines (``trainer.main``, ``trainer.doctor``) run through :func:`call`, which
+prints a user error as the LAST lines of the output, without a Python traceback, and
+returns its exit status (:data:`EXIT_USAGE` = 2 for a command-line misuse, else
+:data:`EXIT_ERROR` = 1). Anything else is a bug (here or in a Trainer subclass): its
+traceback is printed, followed by one line saying it is an internal error.
+
+``--traceback`` on the command line, or ``TF_TRAINER_TRACEBACK=1`` in the environment,
+prints the traceback of a user error too.
+
+This module imports neither TensorFlow nor anything of this package: it is the bottom
+layer, so every module can raise these errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+from typing import Callable
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+TRACEBACK_ENV = "TF_TRAINER_TRACEBACK"
+TRACEBACK_FLAG = "--traceback"
+
+
+class UserError(Exception):
+    """An error the user can fix; ``str(error)`` says what, where and what to do.
+
+    ``prefix`` starts the printed line (e.g. ``"Configuration error"``); ``exit_code``
+    is the process status :func:`call` returns for it.
+    """
+
+    prefix = "Error"
+    exit_code = EXIT_ERROR
+
+
+class UsageError(UserError):
+    """The command line itself is wrong (a flag, a missing argument): exit status 2."""
+
+    prefix = "Usage error"
+    exit_code = EXIT_USAGE
+
+
+class InputError(UserError, ValueError):
+    """The data a hook returns does not fit the model or the loss; names the hook."""
+
+    prefix = "Input error"
+
+
+class WorkdirError(UserError):
+    """The workdir cannot be created or written (a file, permissions, disk)."""
+
+    prefix = "Workdir error"
+
+
+# OSError numbers that mean "the place you asked me to write to cannot take it":
+# errno -> (what it means, what to do).
+_WRITABLE = "choose a directory this user can write (--workdir)"
+_WRITE_ERRNOS = {
+    errno.ENOSPC: ("the disk is full", "free space or choose another disk (--workdir)"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space or choose another disk (--workdir)"),
+    errno.EROFS: ("the file system is read-only", _WRITABLE),
+    errno.EACCES: ("permission denied", _WRITABLE),
+    errno.EPERM: ("operation not permitted", _WRITABLE),
+    errno.ENOTDIR: ("a part of the path is a file, not a directory", _WRITABLE),
+}
+
+
+# Errors that can only come from a write, so report() translates them wherever they
+# come from (a checkpoint, a summary...); the others only where a write is known.
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def write_error(error: OSError, what: str) -> WorkdirError | None:
+    """A :class:`WorkdirError` for an ``OSError`` raised while writing, or None.
+
+    ``what`` names what was being written (e.g. ``"--workdir=/tmp/run"``). Only the
+    errors a user fixes (full or read-only disk, permissions, a file in the path) are
+    translated; None means the error is something else (keep its traceback).
+    """
+    known = _WRITE_ERRNOS.get(getattr(error, "errno", None))
+    if known is None:
+        return None
+    reason, fix = known
+    where = f"{error.filename} ({what})" if error.filename else what
+    return WorkdirError(f"cannot write {where}: {reason} [{os.strerror(error.errno)}]; {fix}.")
+
+
+def user_error_in(error: BaseException) -> UserError | None:
+    """A fresh copy of the first :class:`UserError` in ``error``'s cause/context chain,
+    or None. (AutoGraph re-raises an error of a traced function as another type with the
+    trace in its message; the user's error is then in the chain.)"""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        if isinstance(error, UserError):
+            try:
+                return type(error)(*error.args)
+            except TypeError:
+                return error
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def wants_traceback(argv: list[str] | None = None) -> bool:
+    """True when the user asked for tracebacks of user errors (flag or environment)."""
+    argv = sys.argv if argv is None else argv
+    env = os.environ.get(TRACEBACK_ENV, "").strip().lower()
+    return env not in ("", "0", "false", "no") or any(
+        a == TRACEBACK_FLAG or (a.startswith(TRACEBACK_FLAG + "=")
+                                and a.split("=", 1)[1].lower() in ("1", "true"))
+        for a in argv)
+
+
+def report(error: BaseException) -> int:
+    """Prints ``error`` the contract's way on stderr and returns the exit status.
+
+    A :class:`UserError` (or an ``OSError`` of a full or read-only disk) is one message
+    (its traceback first when :func:`wants_traceback`); anything else is a bug: its
+    traceback, then a line saying so.
+    """
+    user = error if isinstance(error, UserError) else (
+        write_error(error, "writing the run's files")
+        if isinstance(error, OSError) and error.errno in _DISK_ERRNOS else None)
+    sys.stdout.flush()
+    if user is None:
+        traceback.print_exception(error)
+        print(f"Internal error (a bug in tf-trainer or in the Trainer subclass, not a usage "
+              f"error): {type(error).__name__}: {error}. The traceback above shows where: "
+              f"fix your hook if it ends in your code, else report it with the traceback.",
+              file=sys.stderr)
+        sys.stderr.flush()
+        return EXIT_ERROR
+    if wants_traceback():
+        traceback.print_exception(error)
+    print(f"{user.prefix}: {user}", file=sys.stderr)
+    sys.stderr.flush()
+    return user.exit_code
+
+
+def call(fn: Callable[..., object], *args: object) -> object:
+    """Runs ``fn(*args)``; an exception is reported (:func:`report`) and its exit status
+    returned instead. ``SystemExit`` and ``KeyboardInterrupt`` pass through."""
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 - every failure ends in report()
+        return report(error)

@@ -1,0 +1,80 @@
+"""The TensorFlow side of ``python -m trainer.main``: build the Trainer, fit, report.
+
+Loaded by :func:`trainer.main.load_fit_command` once the flags, config and workdir
+passed their checks. User errors raised here (configuration, checkpoint, input,
+workdir) end in one message through :func:`trainer.errors.call`.
+
+The result of a run is one plain line on stdout, written by the chief, for scripts::
+
+    result: step=1000 eval/accuracy=0.9611 eval/loss=0.1317 train/loss=0.0412 \
+        checkpoint=/tmp/digits/checkpoints/1000 time_s=14.2
+
+(``key=value`` pairs separated by spaces; ``checkpoint=none`` when nothing was saved;
+``time_s``: the process's wall time).
+The ``final: {json}`` log line on stderr carries the same metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import ml_collections
+import psutil
+import tensorflow as tf
+from absl import logging
+
+from trainer import continuous_eval, distribute, errors
+from trainer.checkpoint_store import LATEST_DIR
+from trainer.preemption import EXIT_PREEMPTED, Preempted
+from trainer.trainer import resolve_trainer_class
+
+
+def summary_line(results: dict[str, float], step: int, checkpoint: str | None,
+                 seconds: float) -> str:
+    """The ``result:`` line (see the module docstring); metrics sorted by name."""
+    metrics = " ".join(f"{k}={v:.6g}" for k, v in sorted(results.items()))
+    return (f"result: step={step} {metrics} checkpoint={checkpoint or 'none'} "
+            f"time_s={seconds:.1f}").replace("  ", " ")
+
+
+def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+    path = os.path.join(workdir, "config.json")
+    try:
+        tf.io.gfile.makedirs(workdir)  # a remote workdir (gs://...) is not made earlier
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+    except OSError as error:
+        raise (errors.write_error(error, f"--workdir={workdir}") or error) from error
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
+        step: int | None = None,
+        eval_timeout_s: float = continuous_eval.DEFAULT_TIMEOUT_S) -> int:
+    """Builds ``config.trainer`` and fits it in ``workdir`` (``mode="train"``) or evaluates
+    its checkpoints (:mod:`trainer.continuous_eval`); returns the exit status."""
+    continuous_eval.check_mode(mode, step)
+    if mode != "train":  # never trains, never writes checkpoints
+        results = continuous_eval.run(config, workdir, mode, step, eval_timeout_s)
+        logging.info("final: %s", json.dumps(results, sort_keys=True))
+        return 0
+    trainer = resolve_trainer_class(config.trainer)(config, workdir)
+    if distribute.is_chief(trainer.strategy):
+        _write_config(config, workdir)
+    tf_logger = logging.logging.getLogger("tensorflow")
+    tf_logger.setLevel(logging.logging.WARNING)  # TF's per-call INFO lines drown progress
+    try:
+        results = trainer.fit()
+    except Preempted as preempted:
+        logging.warning("%s Exit code %d.", preempted, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
+    logging.info("final: %s", json.dumps(results, sort_keys=True))
+    if trainer.is_chief:
+        checkpoint = os.path.join(workdir, LATEST_DIR, str(trainer.step))
+        sys.stdout.write(summary_line(results, trainer.step,
+                                      checkpoint if tf.io.gfile.isdir(checkpoint) else None,
+                                      time.time() - psutil.Process().create_time()) + "\n")
+        sys.stdout.flush()
+    return 0
