@@ -3,10 +3,13 @@ configured before TensorFlow starts, and one process hosts one Mirrored group si
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,12 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parent.parent
+# TFDS data (the digits dataset the tests prepare) lives in a per-session directory, never
+# in the user's ~/tensorflow_datasets; subprocesses inherit it through the environment.
+# Set before anything imports tensorflow_datasets (which reads it at import).
+TFDS_DATA_DIR = tempfile.mkdtemp(prefix="tfds-tests-")
+os.environ["TFDS_DATA_DIR"] = TFDS_DATA_DIR
+atexit.register(shutil.rmtree, TFDS_DATA_DIR, ignore_errors=True)
 
 
 def subprocess_env() -> dict:

@@ -139,10 +139,14 @@ def restore(trainer: Any, step: int | None = None) -> int | None:
         for group, entries in groups.items():
             state[group], i = flat[i:i + len(entries)], i + len(entries)
         restored = status
+        workers = host_collectives.from_chief(strategy, manifest.get("workers", 0) if chief else 0)
     else:
         if failure:
             raise failure
         restored = manifest["step"]
+        workers = manifest.get("workers", 0)
+    # A dataset that shards itself by pipeline resumes exactly only over as many pipelines.
+    trainer.driver.resumed_pipelines = workers or None
     checkpoint_state.assign(groups, state)
     trainer.step = restored
     if chief:

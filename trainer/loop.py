@@ -176,6 +176,8 @@ class LoopDriver:
         self._loops: CompiledLoops | None = None
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
+        # Input pipelines of the run that wrote the restored checkpoint (set by restore).
+        self.resumed_pipelines: int | None = None
         self._stop_reason: str | None = None
         self._preempt = False
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
@@ -217,9 +219,12 @@ class LoopDriver:
 
     def _distribute(self, dataset_fn, global_batch_size: int, what: str = "build_train_dataset",
                     skip_batches: int = 0):
+        config = self.trainer.config
+        service = config.data.get("service", "") if what == "build_train_dataset" else ""
         return data.distribute(self.trainer.strategy, dataset_fn, global_batch_size,
-                               deterministic=self.trainer.config.train.deterministic,
-                               what=what, skip_batches=skip_batches)
+                               deterministic=config.train.deterministic, what=what,
+                               skip_batches=skip_batches,
+                               resume_pipelines=self.resumed_pipelines, service=service)
 
     def _train_iterator(self):
         """The distributed train iterator, positioned at ``trainer.step``.
