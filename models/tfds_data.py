@@ -79,6 +79,8 @@ def read_split(builder, split: str, ctx: tf.distribute.InputContext | None = Non
     num_files = builder.info.splits[split].num_shards
     context = (trainer.data.file_shard_context(ctx, num_files, f"{builder.name}/{split}",
                                                sharding) if ctx is not None else None)
+    # No cardinality assertion: under the tf.data service ("distributed_epoch") a service
+    # worker reads only the splits the dispatcher hands it, fewer than the split's size.
     read_config = tfds.ReadConfig(input_context=context, add_tfds_id=add_tfds_id,
-                                  try_autocache=False)
+                                  try_autocache=False, assert_cardinality=False)
     return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)

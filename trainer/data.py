@@ -213,6 +213,8 @@ def distribute(
                 f"--config.train.deterministic=False to accept that (model, optimizer and "
                 f"step still resume exactly), or --config.data.service='' for exact order.")
         check_dispatcher(service)
+        logging.info("%s: through the tf.data service at %s (processing mode %s, job %r)",
+                     what, service, SERVICE_PROCESSING_MODE, SERVICE_JOB_NAME)
         if skip_batches:
             logging.warning(
                 "resuming at step %d with the tf.data service: the model, optimizer and step "
