@@ -46,6 +46,7 @@ deterministic order with the service is refused.
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -54,7 +55,7 @@ from absl import logging
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 SERVICE_PROCESSING_MODE = "distributed_epoch"
 SERVICE_JOB_NAME = "train"
-_DISPATCHER_TIMEOUT_S = 5.0
+_DISPATCHER_TIMEOUT_S = 20.0
 _fallbacks_logged: set[tuple[str, int, int]] = set()
 
 
@@ -100,22 +101,30 @@ def file_shard_context(ctx: tf.distribute.InputContext, num_files: int, what: st
 
 def check_dispatcher(address: str, timeout_s: float = _DISPATCHER_TIMEOUT_S) -> str:
     """Returns ``address`` ("host:port" or "grpc://host:port") once a TCP connection to it
-    succeeds; raises ConnectionError within ``timeout_s`` otherwise (tf.data's own client
-    retries an absent dispatcher for a long time instead of failing)."""
+    succeeds; raises ConnectionError after ``timeout_s`` of refused connections (a
+    dispatcher started with the run gets that long to bind; tf.data's own client would
+    retry an absent dispatcher for many minutes instead of failing)."""
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"config.data.service={address!r} must be 'host:port' (or "
                          f"'grpc://host:port') of a tf.data service dispatcher.")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as error:
-        raise ConnectionError(
-            f"No tf.data service dispatcher answers at {address} ({error}). Start one with "
-            f"`python -m launch.data_service --port {port} --workers K`, or launch the run "
-            f"with `python -m launch.multiworker ... --data_service_workers K`, or set "
-            f"config.data.service='' to build the input in the training process.") from error
-    return address
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            return address
+        except OSError as error:
+            if time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            raise ConnectionError(
+                f"No tf.data service dispatcher answers at {address} after {timeout_s:g} s "
+                f"({error}). Start one with "
+                f"`python -m launch.data_service --port {port} --workers K`, or launch the "
+                f"run with `python -m launch.multiworker ... --data_service_workers K`, or set "
+                f"config.data.service='' to build the input in the training process."
+            ) from error
 
 
 @tf.autograph.experimental.do_not_convert
@@ -181,7 +190,9 @@ def distribute(
     what: str = "build_train_dataset",
     skip_batches: int = 0,
     resume_pipelines: int | None = None,
+    resume_sharded: bool = False,
     service: str = "",
+    report: dict | None = None,
 ) -> tf.distribute.DistributedDataset:
     """Returns the distributed dataset for ``dataset_fn``.
 
@@ -194,9 +205,12 @@ def distribute(
       skip_batches: global steps already consumed (resume): each pipeline skips its
         share of per-replica batches, so a deterministic dataset continues exactly.
       resume_pipelines: the number of input pipelines of the run that consumed
-        ``skip_batches`` (None: unknown). A dataset that shards itself by pipeline
-        (file sharding) cannot resume exactly with another number: refused.
+        ``skip_batches`` (None: unknown), and ``resume_sharded`` whether that run's
+        dataset sharded itself by pipeline. A dataset that shards itself by pipeline
+        (file sharding), now or then, cannot resume exactly with another number: refused.
       service: a tf.data service dispatcher address, or "" (see the module docstring).
+      report: if given, gets ``report["pipeline_sharded"]``: whether ``dataset_fn`` read
+        ``ctx.input_pipeline_id`` (sharded itself, e.g. by file); the checkpoint records it.
 
     Raises:
       ValueError: ``service`` with ``deterministic=True``, or a user-sharded resume
@@ -229,14 +243,17 @@ def distribute(
         if not isinstance(ds, tf.data.Dataset):
             raise TypeError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
         _check_batch(ds, per_replica, what)
+        if report is not None:
+            report["pipeline_sharded"] = tracked.read_pipeline_id
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
         replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if skip_batches:
-            if (tracked.read_pipeline_id and resume_pipelines is not None
+            if ((tracked.read_pipeline_id or resume_sharded) and resume_pipelines is not None
                     and resume_pipelines != ctx.num_input_pipelines):
                 raise ValueError(
-                    f"{what} shards its input by pipeline (e.g. by file) and the checkpoint "
+                    f"{what} shards (or sharded) its input by pipeline (e.g. by file) and the "
+                    f"checkpoint "
                     f"at step {skip_batches} was written by a run with {resume_pipelines} "
                     f"input pipeline(s); this run has {ctx.num_input_pipelines}, so each "
                     f"pipeline's stream differs and the input cannot resume exactly. Resume "
