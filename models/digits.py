@@ -56,7 +56,7 @@ class DigitsTrainer(trainer.Trainer):
         self.builder = digits_tfds.prepare(data.get("data_dir", ""), data.split_seed)
         super().__init__(config, workdir, strategy, callbacks)
 
-    def read_train(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+    def build_read_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         """The ``train`` split's examples (dicts) this input pipeline reads, in file order."""
         return tfds_data.read_split(self.builder, "train", ctx,
                                     sharding=self.config.data.get("sharding", "auto"))
@@ -73,7 +73,7 @@ class DigitsTrainer(trainer.Trainer):
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         """Per-replica batches: this pipeline's files, decoded, shuffled, repeated."""
         batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-        ds = self.read_train(ctx).map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = self.build_read_dataset(ctx).map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
         if self.config.data.get("cache", True):
             ds = ds.cache()
         return (ds.shuffle(self.builder.info.splits["train"].num_examples, seed=self.config.seed)

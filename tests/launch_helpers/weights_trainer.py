@@ -49,9 +49,9 @@ class WeightsTrainer(DigitsTrainer):
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return self._slowed(self._crashing(super().build_train_dataset(ctx)))
 
-    def read_train(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+    def build_read_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         if not os.environ.get("LAUNCH_TEST_RECORD_FILES"):
-            return super().read_train(ctx)
+            return super().build_read_dataset(ctx)
         self.files_read: set[str] = set()
 
         def record(tfds_id):
