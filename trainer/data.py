@@ -253,13 +253,12 @@ def distribute(
                     and resume_pipelines != ctx.num_input_pipelines):
                 raise ValueError(
                     f"{what} shards (or sharded) its input by pipeline (e.g. by file) and the "
-                    f"checkpoint "
-                    f"at step {skip_batches} was written by a run with {resume_pipelines} "
-                    f"input pipeline(s); this run has {ctx.num_input_pipelines}, so each "
-                    f"pipeline's stream differs and the input cannot resume exactly. Resume "
-                    f"with {resume_pipelines} worker(s), or shard by data "
-                    f"(config.data.sharding='data'), whose batches do not depend on the "
-                    f"number of workers.")
+                    f"checkpoint at step {skip_batches} was written by a run with "
+                    f"{resume_pipelines} input pipeline(s); this run has "
+                    f"{ctx.num_input_pipelines}, so each pipeline's stream differs and the "
+                    f"input cannot resume exactly. Resume with {resume_pipelines} worker(s), "
+                    f"or start in a fresh --workdir; runs that shard by data "
+                    f"(config.data.sharding='data') resume exactly on any number of workers.")
             ds = ds.skip(skip_batches * replicas_per_pipeline)
         return _finish(ds, deterministic)
 
