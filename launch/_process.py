@@ -336,3 +336,28 @@ class ProcessGroup:
         except BaseException:
             self.stop(grace_s=1.0)
             raise
+
+
+class StopSignals:
+    """Records the first SIGINT/SIGTERM/SIGHUP; a second one raises KeyboardInterrupt."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.received: int | None = None
+
+    def __enter__(self) -> "StopSignals":
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __call__(self) -> int | None:
+        return self.received

@@ -6,6 +6,11 @@ Local group (every task on this machine, loopback only)::
         [--start_timeout S] [--hang_timeout S] [--frozen_timeout S] [--grace_s G] \\
         [--collective_timeout_s S] --config=models/configs/digits.py --workdir=/tmp/run
 
+``--data_service_workers K`` adds a tf.data service to the group: a dispatcher and K
+service workers (:mod:`launch.data_service`), stopped with it; the training tasks get
+``--config.data.service=127.0.0.1:PORT`` (they need ``--config.train.deterministic=False``,
+see :mod:`trainer.data`). A service process that dies stops the group like a task.
+
 ``--workers N`` is the number of training processes; with ``--chief`` the first one is
 the ``chief`` task, the others ``worker:0..N-2``. Every training task runs
 ``python -m trainer.main FLAGS --config.distribute.strategy=multi_worker`` with its own
@@ -60,7 +65,8 @@ import time
 from typing import Sequence
 
 from launch import cluster as cluster_lib
-from launch._process import Bounds, GroupResult, ProcessGroup, TaskSpec
+from launch import data_service
+from launch._process import Bounds, GroupResult, ProcessGroup, StopSignals, TaskSpec
 from launch.tf_config import build_tf_config, cluster_tasks, task_name
 
 EXIT_USAGE = 2
@@ -199,6 +205,10 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--collective_timeout_s", type=int, default=0,
                        help="pass --config.distribute.collective_timeout_s=S to the tasks "
                             "(0: leave the config's value)")
+    group.add_argument("--data_service_workers", type=int, default=0, metavar="K",
+                       help="also start a tf.data service (a dispatcher and K workers, "
+                            "owned by the group) and pass --config.data.service=ADDRESS "
+                            "to the training tasks (0: no service)")
     group.add_argument("--module", default="trainer.main",
                        help="the entry point each task runs with `python -m` (it must accept "
                             "trainer.main's flags)")
@@ -259,6 +269,16 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     max_restarts_given = args.max_restarts is not None
     if args.max_restarts is None:
         args.max_restarts = 0
+    if args.data_service_workers < 0:
+        parser.error(f"--data_service_workers={args.data_service_workers} must be >= 0.")
+    if args.data_service_workers:
+        if args.emit is not None:
+            parser.error("--data_service_workers starts local processes; with --emit, start "
+                         "the service on its machines with `python -m launch.data_service` "
+                         "and pass --config.data.service=HOST:PORT.")
+        if _flag_value(args.trainer_flags, data_service.SERVICE_FLAG) is not None:
+            parser.error(f"{data_service.SERVICE_FLAG} is set by this launcher with "
+                         f"--data_service_workers; remove one of them.")
     if args.emit is None:
         if args.hosts:
             parser.error("--hosts describes other machines, which this launcher does not start; "
@@ -327,38 +347,13 @@ def _emit(args: argparse.Namespace, log) -> str:
         warn=lambda message: log(f"[launcher] warning: {message}"))
 
 
-class _StopSignals:
-    """Records the first SIGINT/SIGTERM/SIGHUP; a second one raises KeyboardInterrupt."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self):
-        self.received: int | None = None
-
-    def __enter__(self) -> "_StopSignals":
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signum
-
-    def __call__(self) -> int | None:
-        return self.received
-
-
 # trainer.main's exit status after a preemption save (trainer.preemption.EXIT_PREEMPTED;
 # not imported: launch/ does not import TensorFlow): 143 = 128 + SIGTERM, which schedulers
 # retry (see launch.cluster.EXIT_PREEMPTED).
 EXIT_PREEMPTED = cluster_lib.EXIT_PREEMPTED
 
 
-def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:
+def run_group(args: argparse.Namespace, stop: StopSignals, log) -> int:
     """Runs the local group with restarts; returns the launcher's exit status."""
     workdir = _flag_value(args.trainer_flags, "--workdir")
     resume = (f"the trainer resumes from the latest checkpoint in {workdir} if there is one"
@@ -370,11 +365,19 @@ def run_group(args: argparse.Namespace, stop: _StopSignals, log) -> int:
     while True:
         if stop() is not None:
             return 128 + stop()
-        ports = pick_free_ports(args.workers + int(args.evaluator))
-        cluster = local_cluster(args.workers, args.chief, args.evaluator, ports)
-        specs = task_specs(cluster, args.module, args.trainer_flags, args.collective_timeout_s)
+        service = int(args.data_service_workers > 0)
+        ports = pick_free_ports(args.workers + int(args.evaluator) + service)
+        cluster = local_cluster(args.workers, args.chief, args.evaluator, ports[service:])
+        flags = list(args.trainer_flags)
+        if service:
+            flags.append(f"{data_service.SERVICE_FLAG}={data_service.address(ports[0])}")
+        specs = task_specs(cluster, args.module, flags, args.collective_timeout_s)
         log(f"[launcher] starting {len(specs)} task(s) on 127.0.0.1: " + ", ".join(
             f"{task_name(k, i)}={a.rsplit(':', 1)[1]}" for k, i, a in cluster_tasks(cluster)))
+        if service:
+            specs += data_service.service_specs(ports[0], args.data_service_workers, True)
+            log(f"[launcher] tf.data service: dispatcher at {data_service.address(ports[0])}, "
+                f"{args.data_service_workers} worker(s), stopped with the group")
         result: GroupResult = ProcessGroup(specs, args.bounds, stop_requested=stop, log=log).run()
         if result.exit_code == 0:
             log(f"[launcher] done: {result.reason}.")
@@ -428,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f.write(text)
             log(f"[launcher] wrote {args.output}")
         return 0
-    with _StopSignals() as stop:
+    with StopSignals() as stop:
         try:
             return run_group(args, stop, log)
         except KeyboardInterrupt:

@@ -59,6 +59,10 @@ class TFDSImageClassifier(trainer.Trainer):
                 .map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
                 .batch(batch, drop_remainder=True))
 
+    def build_read_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        """The ``train`` split as read and decoded by TFDS (for the doctor)."""
+        return tfds_data.load_split(self.dataset, "train", self.config.data)
+
     def build_eval_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         """One pass over the ``test`` split in per-replica batches (last one may be short)."""
         batch = ctx.get_per_replica_batch_size(self.eval_global_batch_size)

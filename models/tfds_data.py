@@ -19,6 +19,8 @@ from __future__ import annotations
 import ml_collections
 import tensorflow as tf
 
+import trainer.data
+
 
 class DataNotPreparedError(FileNotFoundError):
     """A TFDS dataset is not prepared in the data directory and downloading is off."""
@@ -58,3 +60,27 @@ def load_split(name: str, split: str, data_config: ml_collections.ConfigDict) ->
         if download or "could not find data" not in str(error):
             raise
         raise DataNotPreparedError(not_prepared_message(name, data_dir or "")) from error
+
+
+def read_split(builder, split: str, ctx: tf.distribute.InputContext | None = None, *,
+               sharding: str = "auto", add_tfds_id: bool = False) -> tf.data.Dataset:
+    """``builder.as_dataset(split)`` (dicts of features), file-sharded when it can be.
+
+    Host side, inside ``build_*_dataset(ctx)``. With ``ctx`` of several input pipelines
+    and at least as many files in ``split`` as pipelines (``sharding`` "auto" or
+    "file", see :func:`trainer.data.file_shard_context`), each pipeline reads only its
+    own files (TFDS ``ReadConfig(input_context=ctx)``); otherwise every pipeline reads
+    all files and the framework shards by batch. Files are read in a fixed order
+    (no file shuffling), so the stream is deterministic: shuffle after this call.
+    ``add_tfds_id``: each example also carries TFDS's ``tfds_id`` (its file and index).
+    """
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    num_files = builder.info.splits[split].num_shards
+    context = (trainer.data.file_shard_context(ctx, num_files, f"{builder.name}/{split}",
+                                               sharding) if ctx is not None else None)
+    # No cardinality assertion: under the tf.data service ("distributed_epoch") a service
+    # worker reads only the splits the dispatcher hands it, fewer than the split's size.
+    read_config = tfds.ReadConfig(input_context=context, add_tfds_id=add_tfds_id,
+                                  try_autocache=False, assert_cardinality=False)
+    return builder.as_dataset(split=split, shuffle_files=False, read_config=read_config)

@@ -3,10 +3,13 @@ configured before TensorFlow starts, and one process hosts one Mirrored group si
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,13 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tests.helpers import REPO, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
+
+# TFDS data (the digits dataset the tests prepare) lives in a per-session directory, never
+# in the user's ~/tensorflow_datasets; subprocesses inherit it through the environment.
+# Set before anything imports tensorflow_datasets (which reads it at import).
+TFDS_DATA_DIR = tempfile.mkdtemp(prefix="tfds-tests-")
+os.environ["TFDS_DATA_DIR"] = TFDS_DATA_DIR
+atexit.register(shutil.rmtree, TFDS_DATA_DIR, ignore_errors=True)
 
 
 def run_main(workdir: Path, *flags: str, config: str = "models/configs/digits.py",

@@ -43,6 +43,14 @@ class SlowInputTrainer(toy.ToyTrainer):
         return super().build_train_dataset(ctx).map(maybe_sleep)
 
 
+class SlowPreprocessingTrainer(SlowInputTrainer):
+    """SlowInputTrainer whose reading (the in-memory toy examples) is fast: its input
+    time is preprocessing (the sleep)."""
+
+    def build_read_dataset(self, ctx):
+        return tf.data.Dataset.from_tensor_slices(toy.toy_data())
+
+
 class TurnsSlowTrainer(SlowInputTrainer):
     """Fast (no py_function runs) until :class:`TurnSlow` flips ``slow`` at SLOW_FROM_STEP."""
 

@@ -26,6 +26,21 @@ def test_slow_input_pipeline_is_diagnosed_input_bound():
     assert report["verdict"]["text"].startswith("input-bound: the pipeline delivers")  # not narrowly
 
 
+def test_input_bound_advice_splits_reading_from_preprocessing_and_orders_the_remedies():
+    config = toy.toy_config()
+    config.trainer = "tests.test_telemetry_trainers:SlowPreprocessingTrainer"
+    report = doctor.diagnose(config, steps=10, sections=_CORE)
+    assert report["verdict"]["kind"] == "input-bound", report
+    assert report["input"]["read_examples_per_s"] > 10 * report["input"]["examples_per_s"]
+    assert report["input"]["read_share"] < 0.1
+    advice = report["verdict"]["advice"]
+    assert "preprocessing dominates" in advice[0]
+    remedies = [a.split(":", 1)[0] for a in advice[1:5]]
+    assert remedies == ["1. parallelism", "2. cache", "3. file sharding", "4. tf.data service"]
+    assert "python -m launch.data_service --port" in advice[4]
+    assert "reading alone" in doctor.format_table(report)
+
+
 def test_cached_pipeline_with_a_heavy_model_is_diagnosed_compute_bound():
     """Negative control for the test above: same verdict code, the other answer."""
     report = doctor.diagnose(cnn_config(), steps=5, sections=_CORE + ("layers",))

@@ -117,6 +117,9 @@ def manifest(trainer: Any, groups: Groups) -> dict:
         "seed": int(trainer.config.seed),
         "replicas": int(trainer.strategy.num_replicas_in_sync),
         "workers": host_collectives.num_workers(trainer.strategy),
+        # Whether the train dataset sharded itself by input pipeline (by file): its stream
+        # then depends on the number of workers (trainer.data refuses to resume otherwise).
+        "input_pipeline_sharded": bool(trainer.driver.input_report.get("pipeline_sharded")),
         "groups": {g: [[name, list(v.shape), dtype_name(v)] for name, v in entries]
                    for g, entries in groups.items()},
     }

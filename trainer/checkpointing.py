@@ -141,10 +141,15 @@ def restore(trainer: Any, step: int | None = None) -> int | None:
         for group, entries in groups.items():
             state[group], i = flat[i:i + len(entries)], i + len(entries)
         restored = status
+        input_word = host_collectives.from_chief(strategy, _input_word(manifest) if chief else 0)
     else:
         if failure:
             raise failure
         restored = manifest["step"]
+        input_word = _input_word(manifest)
+    # A dataset that shards itself by pipeline resumes exactly only over as many pipelines.
+    trainer.driver.resumed_pipelines = (input_word // 2) or None
+    trainer.driver.resumed_sharded = bool(input_word % 2)
     checkpoint_state.assign(groups, state)
     trainer.step = restored
     if chief:
@@ -152,6 +157,11 @@ def restore(trainer: Any, step: int | None = None) -> int | None:
     logging.info("resumed from step %d (%s)", restored,
                  trainer.workdir if chief else "the chief's checkpoint, broadcast")
     return restored
+
+
+def _input_word(manifest: dict) -> int:
+    """The checkpoint's input pipelines and whether they sharded themselves, in one int."""
+    return 2 * int(manifest.get("workers", 0)) + int(bool(manifest.get("input_pipeline_sharded")))
 
 
 def _warn_on_input_changes(cfg, manifest: dict) -> None:

@@ -127,7 +127,9 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
     config.model = ml_collections.ConfigDict()
-    config.data = ml_collections.ConfigDict()
+    # Free-form, plus "service": a tf.data service dispatcher "host:port" ("" = off) that
+    # the training input goes through (trainer.data; needs train.deterministic=False).
+    config.data = ml_collections.ConfigDict(dict(service=""))
     return config
 
 

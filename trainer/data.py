@@ -12,18 +12,121 @@ The framework then
 * sets tf.data options: deterministic order (``train.deterministic``), autotune on;
 * ends the pipeline with ``prefetch(AUTOTUNE)``.
 
+File-level sharding: a user function whose source is files asks
+:func:`file_shard_context` whether each pipeline can read only its own files (at least
+as many files as pipelines); it then hands ``ctx`` to the reader (TFDS
+``ReadConfig(input_context=ctx)``), which reads ``ctx.input_pipeline_id`` and so turns
+off the framework's batch sharding. Shuffle and augmentation run after that, on the
+pipeline's own files. Exact resume holds as long as every pipeline's stream is
+deterministic, and ONLY with the same number of pipelines as the interrupted run:
+a user-sharded pipeline's stream depends on it, so :func:`distribute` refuses a resume
+with another count (``resume_pipelines``). Batch sharding has no such limit (the global
+batch sequence is the same for any number of workers). Global batches under file
+sharding differ from a 1-process run's: each pipeline shuffles its own files.
+
+tf.data service (``config.data.service = "host:port"`` of a dispatcher; see
+``python -m launch.data_service``): the training input is built once, with a
+single-pipeline ``InputContext`` (the service, not the worker, splits the work), and
+read through ``tf.data.experimental.service.distribute`` in ``"distributed_epoch"``
+mode: the dispatcher hands the source's splits (files, slices) to whichever service
+worker asks next, so each example is preprocessed once per epoch by one service
+worker and no worker idles (``"parallel_epochs"`` would make every service worker
+produce the whole dataset: duplicates). Every training worker joins the same job
+(``job_name``) and receives disjoint batches. The price: the order of batches depends
+on the service workers' timing, so a run with the service is neither reproducible nor
+resumable at the exact batch. On resume the model, optimizer and step are restored
+exactly, and the input restarts at a fresh position of the service's stream (no batch
+skipping: skipping a nondeterministic stream would cost time and buy nothing).
+Hence the service REQUIRES ``train.deterministic=False``; a config asking for
+deterministic order with the service is refused.
+
 :func:`split_batch` is the one definition of the default batch layout.
 """
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any, Callable
 
 import tensorflow as tf
+from absl import logging
 
 from trainer.errors import InputError
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+SERVICE_PROCESSING_MODE = "distributed_epoch"
+SERVICE_JOB_NAME = "train"
+_DISPATCHER_TIMEOUT_S = 20.0
+_fallbacks_logged: set[tuple[str, int, int]] = set()
+
+
+def file_shard_context(ctx: tf.distribute.InputContext, num_files: int, what: str = "input",
+                       sharding: str = "auto") -> tf.distribute.InputContext | None:
+    """``ctx`` when each input pipeline can read only its own files, else None.
+
+    Host side, inside a ``build_*_dataset(ctx)``. ``num_files``: files of the source
+    (e.g. ``builder.info.splits[split].num_shards``). ``sharding``: ``"auto"`` (by file
+    when there are at least as many files as pipelines, else by data), ``"file"`` (by
+    file; fewer files than pipelines is an error), ``"data"`` (always by data: the
+    framework keeps one per-replica batch in N of the full stream).
+
+    With one pipeline there is nothing to shard: returns None. When it falls back to
+    data sharding it logs, once per (what, files, pipelines), what that costs.
+
+    Raises:
+      ValueError: ``sharding="file"`` with fewer files than pipelines, or an unknown mode.
+    """
+    if sharding not in ("auto", "file", "data"):
+        raise ValueError(f"sharding={sharding!r} must be 'auto', 'file' or 'data' "
+                         f"(config.data.sharding).")
+    pipelines = ctx.num_input_pipelines
+    if pipelines <= 1 or sharding == "data":
+        return None
+    if num_files >= pipelines:
+        return ctx
+    if sharding == "file":
+        raise ValueError(
+            f"{what}: sharding='file' but the source has {num_files} file(s) for {pipelines} "
+            f"input pipelines; write at least {pipelines} files (TFDS: "
+            f"DownloadConfig(num_shards={pipelines})) or use sharding='auto' or 'data'.")
+    key = (what, num_files, pipelines)
+    if key not in _fallbacks_logged:
+        _fallbacks_logged.add(key)
+        logging.warning(
+            "%s: %d file(s) for %d input pipelines: sharding by data, not by file. Every "
+            "worker reads and decodes the whole source and keeps 1 batch in %d (%dx the "
+            "reading and decoding it needs). Write at least %d files to shard by file.",
+            what, num_files, pipelines, pipelines, pipelines, pipelines)
+    return None
+
+
+def check_dispatcher(address: str, timeout_s: float = _DISPATCHER_TIMEOUT_S) -> str:
+    """Returns ``address`` ("host:port" or "grpc://host:port") once a TCP connection to it
+    succeeds; raises ConnectionError after ``timeout_s`` of refused connections (a
+    dispatcher started with the run gets that long to bind; tf.data's own client would
+    retry an absent dispatcher for many minutes instead of failing)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"config.data.service={address!r} must be 'host:port' (or "
+                         f"'grpc://host:port') of a tf.data service dispatcher.")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            return address
+        except OSError as error:
+            if time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            raise ConnectionError(
+                f"No tf.data service dispatcher answers at {address} after {timeout_s:g} s "
+                f"({error}). Start one with "
+                f"`python -m launch.data_service --port {port} --workers K`, or launch the "
+                f"run with `python -m launch.multiworker ... --data_service_workers K`, or set "
+                f"config.data.service='' to build the input in the training process."
+            ) from error
 
 
 @tf.autograph.experimental.do_not_convert
@@ -88,6 +191,10 @@ def distribute(
     deterministic: bool = True,
     what: str = "build_train_dataset",
     skip_batches: int = 0,
+    resume_pipelines: int | None = None,
+    resume_sharded: bool = False,
+    service: str = "",
+    report: dict | None = None,
 ) -> tf.distribute.DistributedDataset:
     """Returns the distributed dataset for ``dataset_fn``.
 
@@ -99,10 +206,40 @@ def distribute(
       what: the hook's name, for error messages.
       skip_batches: global steps already consumed (resume): each pipeline skips its
         share of per-replica batches, so a deterministic dataset continues exactly.
+      resume_pipelines: the number of input pipelines of the run that consumed
+        ``skip_batches`` (None: unknown), and ``resume_sharded`` whether that run's
+        dataset sharded itself by pipeline. A dataset that shards itself by pipeline
+        (file sharding), now or then, cannot resume exactly with another number: refused.
+      service: a tf.data service dispatcher address, or "" (see the module docstring).
+      report: if given, gets ``report["pipeline_sharded"]``: whether ``dataset_fn`` read
+        ``ctx.input_pipeline_id`` (sharded itself, e.g. by file); the checkpoint records it.
+
+    Raises:
+      ValueError: ``service`` with ``deterministic=True``, or a user-sharded resume
+        over another number of pipelines (both would silently lose exactness).
+      ConnectionError: no dispatcher answers at ``service`` (within seconds).
     """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
+    if service:
+        if deterministic:
+            raise ValueError(
+                f"config.data.service={service!r} with train.deterministic=True: the tf.data "
+                f"service delivers batches in an order that depends on its workers' timing, "
+                f"so the run can be neither reproduced nor resumed at the exact batch. Set "
+                f"--config.train.deterministic=False to accept that (model, optimizer and "
+                f"step still resume exactly), or --config.data.service='' for exact order.")
+        check_dispatcher(service)
+        logging.info("%s: through the tf.data service at %s (processing mode %s, job %r)",
+                     what, service, SERVICE_PROCESSING_MODE, SERVICE_JOB_NAME)
+        if skip_batches:
+            logging.warning(
+                "resuming at step %d with the tf.data service: the model, optimizer and step "
+                "are restored exactly; the input continues from the service's stream, not "
+                "from batch %d of the interrupted run.", skip_batches, skip_batches)
 
     def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if service:
+            return _through_service(ctx)
         tracked = _TrackedInputContext(ctx)
         ds = dataset_fn(tracked)
         if not isinstance(ds, tf.data.Dataset):
@@ -113,14 +250,43 @@ def distribute(
                              f"fewer examples than one per-replica batch ({per_replica}) and "
                              f"drops the remainder (.repeat() cannot help an empty dataset). "
                              f"Check the data source, or call .repeat() BEFORE .batch().")
+        if report is not None:
+            report["pipeline_sharded"] = tracked.read_pipeline_id
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
         replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if skip_batches:
+            if ((tracked.read_pipeline_id or resume_sharded) and resume_pipelines is not None
+                    and resume_pipelines != ctx.num_input_pipelines):
+                raise ValueError(
+                    f"{what} shards (or sharded) its input by pipeline (e.g. by file) and the "
+                    f"checkpoint at step {skip_batches} was written by a run with "
+                    f"{resume_pipelines} input pipeline(s); this run has "
+                    f"{ctx.num_input_pipelines}, so each pipeline's stream differs and the "
+                    f"input cannot resume exactly. Resume with {resume_pipelines} worker(s), "
+                    f"or start in a fresh --workdir; runs that shard by data "
+                    f"(config.data.sharding='data') resume exactly on any number of workers.")
             ds = ds.skip(skip_batches * replicas_per_pipeline)
+        return _finish(ds, deterministic)
+
+    def _through_service(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        single = tf.distribute.InputContext(1, 0, ctx.num_replicas_in_sync)
+        ds = dataset_fn(single)
+        if not isinstance(ds, tf.data.Dataset):
+            raise TypeError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
+        _check_batch(ds, per_replica, what)
         options = tf.data.Options()
-        options.deterministic = deterministic
-        options.autotune.enabled = True
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        options.deterministic = False
+        ds = ds.with_options(options).apply(tf.data.experimental.service.distribute(
+            processing_mode=SERVICE_PROCESSING_MODE, service=service,
+            job_name=SERVICE_JOB_NAME))
+        return _finish(ds, False)
 
     return strategy.distribute_datasets_from_function(fn)
+
+
+def _finish(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    options.autotune.enabled = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -10,7 +10,10 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
 1. ``baseline``: the real run: real input pipeline, real train step, the configured
    ``steps_per_loop`` in-graph loop.
 2. ``input``: the input pipeline alone (the distributed dataset pulled in an in-graph
-   loop, no model; :class:`trainer.probes.InputProbe`).
+   loop, no model; :class:`trainer.probes.InputProbe`). When the Trainer defines
+   ``build_read_dataset`` (the examples as read from storage), reading alone is timed
+   too (``read_examples_per_s``) and ``read_share`` is the share of the input time per
+   example that reading takes; the rest is preprocessing.
 3. ``compute``: the same train step on one cached batch (``take(1).cache().repeat()``
    of the same pipeline), so no input cost.
 4. ``batch``: the largest global batch that fits, doubling from the configured one up
@@ -130,11 +133,37 @@ def measure_baseline(trainer, steps: int) -> Report:
 
 
 def measure_input(trainer, steps: int) -> Report:
-    """(2) The distributed input pipeline alone."""
+    """(2) The distributed input pipeline alone; with ``build_read_dataset``, also
+    reading alone and the share of the input time it takes (the rest is preprocessing:
+    decoding, augmentation, batching)."""
     probe = probes.InputProbe(trainer)
     seconds = _median_seconds(lambda: steps * probe.seconds_per_batch(steps), MIN_SECONDS) / steps
-    return {"examples_per_s": trainer.config.train.global_batch_size / seconds,
-            "batch_ms": 1e3 * seconds, "batches": steps}
+    batch = trainer.config.train.global_batch_size
+    report = {"examples_per_s": batch / seconds, "batch_ms": 1e3 * seconds, "batches": steps}
+    read = trainer.build_read_dataset(tf.distribute.InputContext())
+    if read is not None:
+        # Steady state: one iterator over the whole measurement, batched like the run so
+        # per-element loop overhead does not count as reading.
+        iterator = iter(read.repeat().batch(batch).prefetch(tf.data.AUTOTUNE))
+
+        @tf.function
+        def pull(num_batches):
+            for _ in tf.range(num_batches):
+                tf.nest.map_structure(tf.identity, next(iterator))
+
+        pull(tf.constant(1))  # trace and warm up
+        read_seconds = _median_seconds(lambda: _timed(lambda: pull(tf.constant(steps))),
+                                       MIN_SECONDS)
+        report["read_examples_per_s"] = steps * batch / read_seconds
+        # Per example: reading costs 1/read_rate of the pipeline's 1/rate.
+        report["read_share"] = min(1.0, report["examples_per_s"] / report["read_examples_per_s"])
+    return report
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def measure_compute(trainer, steps: int) -> Report:

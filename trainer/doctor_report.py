@@ -30,10 +30,8 @@ def verdict(report: Report) -> Report:
         kind = "input-bound"
         narrowly = " (narrowly)" if feed >= 0.85 * step else ""
         text = (f"input-bound{narrowly}: the pipeline delivers {feed:,.0f} ex/s, the step consumes "
-                f"{step:,.0f} ex/s (the run gets {run:,.0f}) — add .cache() after decoding, "
-                f"raise num_parallel_calls (tf.data.AUTOTUNE) in map/interleave, move heavy "
-                f"Python (py_function) out of the pipeline, batch before cheap per-batch maps, "
-                f"prefetch, or preprocess offline")
+                f"{step:,.0f} ex/s (the run gets {run:,.0f}); remedies, in order:")
+        advice += input_remedies(report["input"])
     elif comm.get("applicable") and comm["communication_share"] > 0.3:
         kind = "communication-bound"
         text = (f"communication-bound: {comm['replicas']} replicas take "
@@ -69,6 +67,36 @@ def verdict(report: Report) -> Report:
     return {"kind": kind, "text": text, "advice": advice}
 
 
+SERVICE_COMMAND = ("python -m launch.data_service --port 5050 --workers K  (on machines "
+                   "with spare cores; then --config.data.service=HOST:5050 "
+                   "--config.train.deterministic=False), or on this machine: "
+                   "python -m launch.multiworker --workers N --data_service_workers K ...")
+
+
+def input_remedies(measured: Report) -> list[str]:
+    """What to do about an input-bound run, in the order to try it, led by how the input
+    time splits into reading and preprocessing when ``measured`` has ``read_share``."""
+    remedies = []
+    share = measured.get("read_share")
+    if share is not None:
+        where = "reading" if share >= 0.5 else "preprocessing"
+        remedies.append(f"input time per example: reading {share:.0%}, preprocessing "
+                        f"{1 - share:.0%} (reading alone: {measured['read_examples_per_s']:,.0f} "
+                        f"ex/s) — {where} dominates")
+    remedies += [
+        "1. parallelism: num_parallel_calls=tf.data.AUTOTUNE in every map and interleave "
+        "(TFDS: ReadConfig(num_parallel_calls_for_interleave_files=AUTOTUNE)), move Python "
+        "(py_function) out of the pipeline, batch before cheap per-batch maps",
+        "2. cache: .cache() after decoding (in memory if it fits, else .cache(path)); "
+        "augmentation stays after it",
+        "3. file sharding: with several workers, at least as many files as workers, passed "
+        "through TFDS ReadConfig(input_context=ctx) (models.tfds_data.read_split; "
+        "config.data.sharding='auto'), so each worker reads 1/N of the data",
+        f"4. tf.data service: preprocessing in other processes/machines: {SERVICE_COMMAND}",
+    ]
+    return remedies
+
+
 def format_table(report: Report) -> str:
     """The report as a readable table."""
     c = report["config"]
@@ -84,6 +112,9 @@ def format_table(report: Report) -> str:
         i = report["input"]
         lines.append(row("(2) input pipeline alone", f"{i['examples_per_s']:,.0f}",
                          f"{i['batch_ms']:.3f} ms/batch"))
+        if "read_share" in i:
+            lines.append(row("    reading alone", f"{i['read_examples_per_s']:,.0f}",
+                             f"{i['read_share']:.0%} of the input time per example"))
     if "compute" in report:
         k = report["compute"]
         lines.append(row("(3) compute alone (cached batch)", f"{k['examples_per_s']:,.0f}",

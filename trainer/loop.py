@@ -177,6 +177,12 @@ class LoopDriver:
         self._loops: CompiledLoops | None = None
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
+        # Input pipelines of the run that wrote the restored checkpoint and whether its
+        # train dataset sharded itself by pipeline (set by checkpointing.restore).
+        self.resumed_pipelines: int | None = None
+        self.resumed_sharded = False
+        # {"pipeline_sharded": bool} of the current train dataset (the checkpoint records it).
+        self.input_report: dict = {}
         self._stop_reason: str | None = None
         self._preempt = False
         self._dataset = None  # the distributed train dataset of the current iterator
@@ -229,9 +235,15 @@ class LoopDriver:
 
     def _distribute(self, dataset_fn, global_batch_size: int, what: str = "build_train_dataset",
                     skip_batches: int = 0):
+        config = self.trainer.config
+        train = what == "build_train_dataset"
         return data.distribute(self.trainer.strategy, dataset_fn, global_batch_size,
-                               deterministic=self.trainer.config.train.deterministic,
-                               what=what, skip_batches=skip_batches)
+                               deterministic=config.train.deterministic, what=what,
+                               skip_batches=skip_batches,
+                               resume_pipelines=self.resumed_pipelines,
+                               resume_sharded=self.resumed_sharded,
+                               service=config.data.get("service", "") if train else "",
+                               report=self.input_report if train else None)
 
     def _train_iterator(self):
         """The distributed train iterator, positioned at ``trainer.step``.

@@ -151,6 +151,15 @@ class Trainer:
         """Returns the eval data (per-replica batches, finite), or None (default)."""
         return None
 
+    def build_read_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset | None:
+        """Optional: the train examples as read from storage, before preprocessing.
+
+        Unbatched, finite or not, in any structure; e.g. the TFDS examples
+        ``build_train_dataset`` starts from. Only the doctor uses it, to split the input
+        time into reading and preprocessing. None (default): no split is reported.
+        """
+        return None
+
     def compute_loss(self, batch, outputs) -> tf.Tensor:
         """Replica context: the PER-EXAMPLE loss, shape ``[per_replica_batch]``."""
         raise NotImplementedError(

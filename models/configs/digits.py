@@ -20,4 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer.learning_rate = 3e-3
     config.model.hidden = 128
     config.data.split_seed = 0
+    config.data.data_dir = ""  # TFDS data dir ("": $TFDS_DATA_DIR or ~/tensorflow_datasets)
+    config.data.sharding = "auto"  # "auto" | "file" | "data" (several workers)
+    config.data.cache = True  # keep the decoded examples in memory after the first epoch
     return config

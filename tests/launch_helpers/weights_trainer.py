@@ -7,6 +7,9 @@
   crashing again after a restart.
 * ``LAUNCH_TEST_EXIT_AT_START="worker:1"`` makes that task exit with code 2 before it
   creates its strategy, while its peers wait for it in MultiWorkerMirroredStrategy setup.
+* ``LAUNCH_TEST_RECORD_FILES=1`` records which TFRecord files this task's train
+  pipeline read (TFDS's own ``tfds_id`` of each example names its file) and writes them
+  after ``fit()`` to ``workdir/files-<task_type>-<task_index>.json``.
 * ``LAUNCH_TEST_SLOW_FROM="10:0.5"`` makes every task's input pipeline sleep 0.5 s per
   batch from batch 10 on, and creates ``workdir/slow-<task>`` when it reaches batch 10,
   so a test can signal a run that is surely mid-training. Only in a run that finds no
@@ -23,6 +26,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from models import tfds_data
 from models.digits import DigitsTrainer
 
 
@@ -44,6 +48,20 @@ class WeightsTrainer(DigitsTrainer):
 
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return self._slowed(self._crashing(super().build_train_dataset(ctx)))
+
+    def build_read_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if not os.environ.get("LAUNCH_TEST_RECORD_FILES"):
+            return super().build_read_dataset(ctx)
+        self.files_read: set[str] = set()
+
+        def record(tfds_id):
+            self.files_read.add(tfds_id.numpy().decode().split("__")[0])
+            return tfds_id
+
+        ds = tfds_data.read_split(self.builder, "train", ctx,
+                                  sharding=self.config.data.sharding, add_tfds_id=True)
+        return ds.map(lambda ex: {**ex, "tfds_id": tf.py_function(record, [ex["tfds_id"]],
+                                                                  tf.string)})
 
     def _slowed(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
@@ -96,4 +114,7 @@ class WeightsTrainer(DigitsTrainer):
         weights = self.model.get_weights()
         np.savez(os.path.join(self.workdir, f"weights-{task_type}-{index}.npz"),
                  **{f"w{i}": w for i, w in enumerate(weights)})
+        if hasattr(self, "files_read"):
+            with open(os.path.join(self.workdir, f"files-{task_type}-{index}.json"), "w") as f:
+                json.dump(sorted(self.files_read), f)
         return results
