@@ -4,7 +4,8 @@
 children write with ``[task] `` (stdout to stdout, stderr to stderr), and owns their
 lives until the group ends:
 
-* every child exits 0 → success;
+* every child exits 0 → success (a sidecar task, e.g. a tf.data service process, need
+  not finish);
 * one exits non-zero or is killed by a signal → the others are stopped;
 * one writes nothing within ``start_timeout_s`` of its start, or sits stopped (SIGSTOP /
   SIGTSTP) for ``frozen_timeout_s`` → it is declared hung and the group is stopped;
@@ -47,11 +48,17 @@ EXIT_HUNG = 124  # a task was declared hung (start, hang or frozen bound), like 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """One child: its display name (``"worker:1"``), argv and full environment."""
+    """One child: its display name (``"worker:1"``), argv and full environment.
+
+    A ``sidecar`` (e.g. a tf.data service process) does not have to finish: once every
+    other task exited 0 the group succeeds and a sidecar still running is stopped. A
+    sidecar that fails while the others run fails the group like any task.
+    """
 
     name: str
     argv: Sequence[str]
     env: dict[str, str]
+    sidecar: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +146,7 @@ def exit_status(returncode: int) -> int:
 class _Child:
     def __init__(self, spec: TaskSpec, popen: subprocess.Popen, now: float):
         self.name = spec.name
+        self.sidecar = spec.sidecar
         self.popen = popen
         self.started = now
         self.last_output: float | None = None
@@ -309,7 +317,7 @@ class ProcessGroup:
         if b.hang_timeout_s and now - self._last_output > b.hang_timeout_s:
             return GroupResult(EXIT_HUNG, f"no task wrote anything for {b.hang_timeout_s:g} s "
                                f"(--hang_timeout)")
-        if all(c.popen.poll() == 0 for c in self._children):
+        if all(c.popen.poll() == 0 for c in self._children if not c.sidecar):
             return GroupResult(0, "every task exited with code 0")
         return None
 

@@ -28,7 +28,7 @@ def test_slow_input_pipeline_is_diagnosed_input_bound():
 
 def test_input_bound_advice_splits_reading_from_preprocessing_and_orders_the_remedies():
     config = toy.toy_config()
-    config.trainer = "tests.test_telemetry_trainers:SlowPreprocessingTrainer"
+    config.trainer = "tests.telemetry_trainers:SlowPreprocessingTrainer"
     report = doctor.diagnose(config, steps=10, sections=_CORE)
     assert report["verdict"]["kind"] == "input-bound", report
     assert report["input"]["read_examples_per_s"] > 10 * report["input"]["examples_per_s"]
