@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 from typing import Any
 
 import ml_collections
@@ -25,6 +26,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
 SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring")
 FREE_FORM_SECTIONS = ("model", "data")
+LOGGERS = ("jsonl", "tensorboard", "mlflow")  # telemetry.loggers (chief only)
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -109,6 +111,11 @@ def get_config() -> ml_collections.ConfigDict:
             probe_batches=5,  # batches each input-wait probe times
             alert_drop=0.3,  # regression alert: examples/s this far below the running median
             alert_windows=3,  # ... for this many consecutive logging windows
+            # Where the records go: "jsonl" (workdir/metrics.jsonl), "tensorboard"
+            # (workdir/train, workdir/eval), "mlflow" (MLFLOW_TRACKING_URI; pip install
+            # 'tf-trainer[mlflow]').
+            loggers=("jsonl", "tensorboard"),
+            peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu (0: known table)
         )
     )
     config.model = ml_collections.ConfigDict()
@@ -273,9 +280,28 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     allow_zero=True)
     _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
     _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
+    _check_loggers(config.telemetry.loggers)
+    if not config.telemetry.peak_tflops >= 0:
+        raise ConfigError(f"config.telemetry.peak_tflops={config.telemetry.peak_tflops!r} must "
+                          f"be >= 0 (one device's peak TFLOPS; 0: from trainer.flops's table).")
     if not 0 < config.telemetry.alert_drop < 1:
         raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
                           f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")
+
+
+def _check_loggers(loggers) -> None:
+    """``telemetry.loggers``: a list of known names; ``"mlflow"`` needs mlflow installed."""
+    field = "config.telemetry.loggers"
+    if isinstance(loggers, str) or not isinstance(loggers, (list, tuple)):
+        raise ConfigError(f"{field}={loggers!r} must be a list of names from "
+                          f"{', '.join(map(repr, LOGGERS))}, e.g. ('jsonl', 'tensorboard').")
+    for name in loggers:
+        if name not in LOGGERS:
+            raise ConfigError(f"{field}: {name!r} is not a logger; the loggers are "
+                              f"{', '.join(map(repr, LOGGERS))}.{_suggest(str(name), LOGGERS)}")
+    if "mlflow" in loggers and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError(f"{field} includes 'mlflow' but mlflow is not installed: "
+                          f"pip install 'tf-trainer[mlflow]' (or drop 'mlflow').")
 
 
 def parse_profile_steps(spec: str) -> list[tuple[int, int]]:

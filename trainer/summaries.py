@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
@@ -28,18 +28,22 @@ _SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
 class SummaryWriters:
     """TensorBoard writers and the metrics.jsonl file of one run (chief only).
 
+    ``outputs``: which of them to write, ``"jsonl"`` and/or ``"tensorboard"``
+    (``telemetry.loggers``).
+
     Kept by the telemetry service across ``fit()`` calls. A record's scalars are written by one
     ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
     and after the first probe — so a window costs one call instead of an eager op per
     scalar.
     """
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, outputs: Sequence[str] = ("jsonl", "tensorboard")):
         os.makedirs(workdir, exist_ok=True)
         self.workdir = workdir
-        self.summary = {kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
-                        for kind in ("train", "eval")}
-        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        self.summary = ({kind: tf.summary.create_file_writer(os.path.join(workdir, kind))
+                         for kind in ("train", "eval")} if "tensorboard" in outputs else {})
+        self.jsonl = (open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+                      if "jsonl" in outputs else None)
         self._scalar_fns: dict[tuple, Callable] = {}
 
     def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
@@ -58,8 +62,11 @@ class SummaryWriters:
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record["kind"], record["step"]
-        self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
-        self.jsonl.flush()
+        if self.jsonl:
+            self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+            self.jsonl.flush()
+        if not self.summary:
+            return
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
@@ -74,4 +81,5 @@ class SummaryWriters:
     def flush(self) -> None:
         for writer in self.summary.values():
             writer.flush()
-        self.jsonl.flush()
+        if self.jsonl:
+            self.jsonl.flush()

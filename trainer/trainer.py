@@ -34,7 +34,9 @@ from trainer.checkpointing import Checkpointer
 from trainer.data import split_batch
 from trainer.data_parallel import ManualDataParallel
 from trainer.evaluation import PeriodicEvaluation
+from trainer.flops import FlopsMeter
 from trainer.gradients import GradientPath
+from trainer.loggers import build_loggers
 from trainer.loop import LoopDriver
 from trainer.nonfinite import NonFiniteGuard
 from trainer.preemption import PreemptionWatcher
@@ -114,7 +116,10 @@ class Trainer:
             self.train_metrics, self.eval_metrics)
         self.driver = LoopDriver(self, user_hook(self.train_step, Trainer.train_step),
                                  user_hook(self.eval_step, Trainer.eval_step))
-        services = [self.driver.history, Telemetry(config), ProfilerWindows(config),
+        flops, loggers = FlopsMeter(config), build_loggers(config)
+        services = [self.driver.history, flops,
+                    Telemetry(config, sources=[flops], sinks=loggers), *loggers,
+                    ProfilerWindows(config),
                     NonFiniteGuard(config),
                     PeriodicEvaluation(config, self.has_eval_dataset()),
                     Checkpointer(config, workdir, self.is_chief), PreemptionWatcher()]

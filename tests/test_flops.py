@@ -1,0 +1,100 @@
+"""FLOPs per example, achieved TFLOPS and MFU (trainer/flops.py) on the digits MLP."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import pytest
+
+from models import digits
+from models.configs import digits as digits_config
+from trainer import flops
+
+
+def _config(**overrides):
+    config = digits_config.get_config()
+    config.distribute.strategy = "one_device"
+    config.train.steps, config.train.steps_per_loop, config.train.log_every_steps = 20, 5, 10
+    config.eval.every_steps = 0
+    config.telemetry.progress = "off"
+    config.telemetry.probe_every_windows = 0
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        config[section][field] = value
+    return config
+
+
+def _dense_macs(model: keras.Model) -> list[int]:
+    """Multiply-adds per example of each Dense layer, in order."""
+    return [int(layer.kernel.shape[0] * layer.kernel.shape[1])
+            for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """20 steps of the digits MLP with a workdir and a given peak (so MFU is reported)."""
+    workdir = tmp_path_factory.mktemp("flops")
+    t = digits.DigitsTrainer(_config(**{"telemetry.peak_tflops": 2.0}), str(workdir))
+    t.fit()
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return t, [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def test_digits_flops_estimate_is_close_to_the_analytic_count(digits_run):
+    t, records = digits_run
+    macs = _dense_macs(t.model)
+    estimate = records[0]["train/flops_per_example"]
+    rule_of_thumb = 3 * 2 * sum(macs)  # forward + 2x for the backward pass
+    # The graph does not compute the gradient of the input data: the first layer's
+    # backward pass is its weight gradient only.
+    computed = 2 * sum(macs) + 2 * sum(macs) + 2 * sum(macs[1:])
+    print(f"digits MLP: estimate {estimate:.0f} FLOPs/example; 3x2xMACs {rule_of_thumb}; "
+          f"ratio {estimate / rule_of_thumb:.3f}; matmuls the graph runs {computed}; "
+          f"ratio {estimate / computed:.3f}")
+    assert abs(estimate / computed - 1) <= 0.25
+    # The rest is small: bias adds, the loss, the Adam update, the accuracy metric.
+    assert estimate >= computed
+    assert 0.7 <= estimate / rule_of_thumb <= 1.0
+
+
+def test_records_hold_tflops_and_mfu_from_the_window_throughput(digits_run):
+    t, records = digits_run
+    assert [r["step"] for r in records] == [10, 20]
+    for record in records:
+        assert record["train/flops_per_example"] == records[0]["train/flops_per_example"]
+        tflops = record["train/flops_per_example"] * record["perf/examples_per_s"] / 1e12
+        assert record["train/tflops"] == pytest.approx(tflops, rel=1e-9)
+        replicas = t.strategy.num_replicas_in_sync
+        assert record["train/mfu"] == pytest.approx(tflops / (2.0 * replicas), rel=1e-9)
+
+
+def test_the_estimate_is_the_same_with_xla_and_with_a_skip_branch(digits_run):
+    """Nested functions (the XLA-compiled forward/backward, the tf.cond of the update)
+    are counted."""
+    t, records = digits_run
+    reference = records[0]["train/flops_per_example"]
+    for overrides in ({"perf.jit_compile": True}, {"train.on_nonfinite": "skip"}):
+        other = digits.DigitsTrainer(_config(**overrides))
+        other.driver.ensure_built()
+        assert flops.step_flops_per_example(other) == pytest.approx(reference, rel=0.02), overrides
+
+
+def test_cpu_has_no_peak_so_no_mfu():
+    assert flops.device_peak_tflops("float32") == ("CPU", None)
+    meter = flops.FlopsMeter(_config())
+    t = digits.DigitsTrainer(_config())
+    t.driver.ensure_built()
+    values = meter.values(t, {"perf/examples_per_s": 1000.0})
+    assert values["train/flops_per_example"] > 0
+    assert values["train/tflops"] == pytest.approx(values["train/flops_per_example"] * 1e-9)
+    assert values["train/mfu"] is None
+
+
+def test_peak_table_matches_gpu_names_and_dtypes():
+    table = flops.PEAK_TFLOPS
+    assert next(k for k in table if k in "NVIDIA H100 PCIe") == "H100 PCIe"
+    assert next(k for k in table if k in "NVIDIA H100 80GB HBM3") == "H100"
+    assert next(k for k in table if k in "NVIDIA A100-SXM4-40GB") == "A100"
+    assert next(k for k in table if k in "NVIDIA L40S") == "L40S"
+    assert table["A100"]["tf32"] > table["A100"]["float32"]
