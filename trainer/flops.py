@@ -77,13 +77,14 @@ def graph_flops(graph: tf.Graph) -> int:
 
     Ops whose shapes are unknown at trace time count 0 (the profiler logs how many).
     """
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity(logging.ERROR)  # the profiler's deprecation notice
+    tf_logger = tf.get_logger()
+    level = tf_logger.level
+    tf_logger.setLevel("ERROR")  # the profiler's deprecation notices
     try:
         total = tf.compat.v1.profiler.profile(graph=graph, options=_PROFILE_OPTIONS
                                               ).total_float_ops
     finally:
-        logging.set_verbosity(verbosity)
+        tf_logger.setLevel(level)
     for op in graph.get_operations():
         nested = []
         for attr in _FUNCTION_ATTRS:
@@ -190,12 +191,15 @@ class FlopsMeter(Callback):
             logging.warning("FLOPs estimate unavailable (train/flops_per_example, "
                             "train/tflops and train/mfu are null): %s", error)
             return
-        name, peak = device_peak_tflops(compute_dtype())
+        dtype = compute_dtype()
+        name, peak = device_peak_tflops(dtype)
         self.peak_tflops = self.config.telemetry.peak_tflops or peak
-        logging.info("train step: %.4g FLOPs per example (TF graph profiler); device %s, "
-                     "peak %s TFLOPS per device (%s).", self.flops_per_example, name,
-                     f"{self.peak_tflops:g}" if self.peak_tflops else "unknown: no MFU",
-                     compute_dtype())
+        logging.info("train step: %.4g FLOPs per example (TF graph profiler); %s",
+                     self.flops_per_example,
+                     f"peak {self.peak_tflops:g} TFLOPS per device ({name}, {dtype})"
+                     if self.peak_tflops else
+                     f"no train/mfu: peak of {name} ({dtype}) unknown; set "
+                     f"telemetry.peak_tflops")
 
     def values(self, trainer: Any, logs: dict[str, float]) -> dict[str, float | None]:
         """The record values for a logging window (``logs``: its ``on_log`` values)."""
