@@ -9,6 +9,7 @@ import pytest
 
 from models import digits
 from models.configs import digits as digits_config
+from tests.conftest import run_main
 from trainer import flops
 
 
@@ -23,6 +24,14 @@ def _config(**overrides):
         section, field = key.split(".")
         config[section][field] = value
     return config
+
+
+def _fitted(**overrides) -> digits.DigitsTrainer:
+    """A digits Trainer after one 5-step loop (no workdir)."""
+    t = digits.DigitsTrainer(_config(**{"train.steps": 5, "train.log_every_steps": 5,
+                                        **overrides}))
+    t.fit()
+    return t
 
 
 def _dense_macs(model: keras.Model) -> list[int]:
@@ -75,16 +84,21 @@ def test_the_estimate_is_the_same_with_xla_and_with_a_skip_branch(digits_run):
     t, records = digits_run
     reference = records[0]["train/flops_per_example"]
     for overrides in ({"perf.jit_compile": True}, {"train.on_nonfinite": "skip"}):
-        other = digits.DigitsTrainer(_config(**overrides))
-        other.driver.ensure_built()
+        other = _fitted(**overrides)
         assert flops.step_flops_per_example(other) == pytest.approx(reference, rel=0.02), overrides
+
+
+def test_the_estimate_reads_the_loop_graph_without_retracing(digits_run):
+    t, records = digits_run
+    traces = t.driver.loops.train.experimental_get_tracing_count()
+    assert flops.step_flops_per_example(t) == records[0]["train/flops_per_example"]
+    assert t.driver.loops.train.experimental_get_tracing_count() == traces == 1
 
 
 def test_cpu_has_no_peak_so_no_mfu():
     assert flops.device_peak_tflops("float32") == ("CPU", None)
     meter = flops.FlopsMeter(_config())
-    t = digits.DigitsTrainer(_config())
-    t.driver.ensure_built()
+    t = _fitted()
     values = meter.values(t, {"perf/examples_per_s": 1000.0})
     assert values["train/flops_per_example"] > 0
     assert values["train/tflops"] == pytest.approx(values["train/flops_per_example"] * 1e-9)
@@ -98,3 +112,20 @@ def test_peak_table_matches_gpu_names_and_dtypes():
     assert next(k for k in table if k in "NVIDIA A100-SXM4-40GB") == "A100"
     assert next(k for k in table if k in "NVIDIA L40S") == "L40S"
     assert table["A100"]["tf32"] > table["A100"]["float32"]
+
+
+def test_the_estimate_per_example_is_the_same_on_two_mirrored_replicas(digits_run, tmp_path):
+    """The loop graph holds one step per replica; per example the count hardly changes."""
+    _, records = digits_run
+    proc = run_main(tmp_path, "--config.distribute.virtual_devices=2",
+                    "--config.distribute.strategy=mirrored", "--config.train.steps=10",
+                    "--config.train.log_every_steps=10", "--config.eval.every_steps=0",
+                    "--config.telemetry.peak_tflops=2.0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replicas in sync: 2" in proc.stderr
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    record = next(r for r in map(json.loads, lines) if r["kind"] == "train")
+    # Slightly more (+3% here): every replica applies the optimizer update to its copy.
+    assert record["train/flops_per_example"] == pytest.approx(
+        records[0]["train/flops_per_example"], rel=0.05)
+    assert record["train/mfu"] == pytest.approx(record["train/tflops"] / (2.0 * 2), rel=1e-9)

@@ -1,10 +1,9 @@
 """FLOPs of the training step, achieved TFLOPS and model FLOPs utilisation (MFU).
 
-How the step is counted. Once, at the first logging window, the train step — the
-Trainer's ``train_step`` (default or override) wrapped by the gradient path's reducer,
-under ``strategy.run`` as the loop runs it — is traced again into a fresh ``tf.function``
-graph on the per-replica batch spec of ``build_train_dataset``. Nothing runs: no step,
-no collective, no change to the model or the optimizer. TensorFlow's graph profiler
+How the step is counted. Once, at the first logging window, the graph of the compiled
+train loop that ``fit()`` runs (``trainer.driver.train_graph()``: no retrace, nothing
+runs) is read: its loop body calls the train step — the Trainer's ``train_step``,
+default or override, under ``strategy.run`` — once. TensorFlow's graph profiler
 (``tf.compat.v1.profiler.profile`` with ``ProfileOptionBuilder.float_operation()``)
 then adds up the float operations TensorFlow registers for the graph's ops (``MatMul``
 2·m·n·k, convolutions, element-wise ops...), and the same is done inside nested
@@ -99,42 +98,26 @@ def graph_flops(graph: tf.Graph) -> int:
     return total
 
 
-def _per_replica_spec(trainer: Any) -> Any:
-    """The per-replica batch spec of ``build_train_dataset`` (batch dim filled in)."""
-    cfg = trainer.config
-    strategy = trainer.strategy
-    per_replica = cfg.train.global_batch_size // strategy.num_replicas_in_sync
-    workers = distribute.num_workers(strategy)
-    ctx = tf.distribute.InputContext(workers, 0, strategy.num_replicas_in_sync)
-    spec = trainer.build_train_dataset(ctx).element_spec
-
-    def fill(s):
-        if isinstance(s, tf.TensorSpec) and s.shape.rank:
-            return tf.TensorSpec([per_replica, *s.shape[1:]], s.dtype)
-        return s
-
-    return tf.nest.map_structure(fill, spec)
-
-
 def step_flops_per_example(trainer: Any) -> float:
     """Float operations of one train step per example (see the module docstring).
 
-    Host, cross-replica context; traces the step once more (no step runs). Raises
-    ValueError when the graph holds no counted operation.
+    Host, cross-replica context, after the first train loop of a ``fit()``; reads the
+    loop's graph (``trainer.driver.train_graph()``), traces nothing. Raises ValueError
+    before any loop or when the graph holds no counted operation.
     """
-    strategy = trainer.strategy
-    step = trainer.gradients.reducer.wrap_train(trainer.train_step)
-
-    @tf.function
-    def one_step(batch):
-        return strategy.run(step, args=(batch,))
-
-    graph = one_step.get_concrete_function(_per_replica_spec(trainer)).graph
+    graph = trainer.driver.train_graph()
+    if graph is None:
+        raise ValueError("no train loop has been traced yet (call it after a fit() loop)")
     flops = graph_flops(graph)
     if flops <= 0:
         raise ValueError("the train step's graph holds no op with known FLOPs")
-    # The graph holds this worker's replicas: global_batch_size / workers examples.
-    return flops / (trainer.config.train.global_batch_size / distribute.num_workers(strategy))
+    strategy = trainer.strategy
+    per_replica = trainer.config.train.global_batch_size // strategy.num_replicas_in_sync
+    # The step's graph holds one copy of the replica step per local replica, except on
+    # TPU, where one copy is compiled and replicated (not verified on a TPU here).
+    copies = (1 if isinstance(strategy, tf.distribute.TPUStrategy)
+              else strategy.num_replicas_in_sync // distribute.num_workers(strategy))
+    return flops / (per_replica * copies)
 
 
 def compute_dtype() -> str:

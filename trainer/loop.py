@@ -180,6 +180,7 @@ class LoopDriver:
         self._preempt = False
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
+        self._fit_iterator = None  # the train iterator of the current (or last) fit()
 
     # ------------------------------------------------------------ building
     @property
@@ -251,6 +252,15 @@ class LoopDriver:
         self.loops.evaluate(iter(self._eval_dataset), tf.constant(t.config.eval.steps, tf.int64))
         return metric_values(t.eval_loss, t.eval_metrics)
 
+    def train_graph(self) -> tf.Graph | None:
+        """The graph of the compiled train loop as ``fit()`` traced it (no retrace);
+        None before the first ``fit()``. Its loop body calls the step function once:
+        ``strategy.run`` of the train step on this worker's replicas."""
+        if self._fit_iterator is None or self._loops is None:
+            return None
+        return self._loops.train.get_concrete_function(
+            self._fit_iterator, tf.constant(1, tf.int64)).graph
+
     # ---------------------------------------------------------------- stop
     def request_stop(self, reason: str) -> None:
         """Host: asks every worker to stop at the end of the current loop."""
@@ -285,7 +295,7 @@ class LoopDriver:
         t = self.trainer
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
-        iterator = self._train_iterator()
+        iterator = self._fit_iterator = self._train_iterator()
         loops = self.loops
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
