@@ -115,7 +115,7 @@ def get_config() -> ml_collections.ConfigDict:
             # (workdir/train, workdir/eval), "mlflow" (MLFLOW_TRACKING_URI; pip install
             # 'tf-trainer[mlflow]').
             loggers=("jsonl", "tensorboard"),
-            peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu (0: known table)
+            peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu, hfu (0: table)
         )
     )
     config.model = ml_collections.ConfigDict()

@@ -1,31 +1,44 @@
-"""FLOPs of the training step, achieved TFLOPS and model FLOPs utilisation (MFU).
+"""Model FLOPs per example, achieved TFLOPS, model and hardware FLOPs utilisation.
 
-How the step is counted. Once, at the first logging window, the graph of the compiled
-train loop that ``fit()`` runs (``trainer.driver.train_graph()``: no retrace, nothing
-runs) is read: its loop body calls the train step — the Trainer's ``train_step``,
-default or override, under ``strategy.run`` — once. TensorFlow's graph profiler
-(``tf.compat.v1.profiler.profile`` with ``ProfileOptionBuilder.float_operation()``)
-then adds up the float operations TensorFlow registers for the graph's ops (``MatMul``
-2·m·n·k, convolutions, element-wise ops...), and the same is done inside nested
-functions: an XLA-compiled forward/backward (``perf.jit_compile``), the larger branch of
-a ``tf.cond`` (the update of a step that is not skipped), a loop body once (reached
-through :func:`trainer.keras_compat.nested_function_graph`). XLA's cost analysis is not
-used: TensorFlow's Python API does not expose it (only the HLO text).
+Two counts, both made once at the first logging window with TensorFlow's graph profiler
+(``tf.compat.v1.profiler.profile`` with ``ProfileOptionBuilder.float_operation()``: the
+float operations TensorFlow registers per op, ``MatMul`` 2·m·n·k, convolutions,
+element-wise ops...; nested functions included, see :func:`graph_flops`). XLA's cost
+analysis is not used: TensorFlow's Python API does not expose it (only the HLO text).
 
-What the count is: what the graph computes. Forward, backward (only the gradients that
-are needed: TensorFlow does not compute the gradient of the input data, so an MLP whose
-first layer dominates counts below the ``3 × 2 × multiply-adds`` rule of thumb; the
-digits MLP counts 0.74 of it), the optimizer update and the train metrics. Ops whose
-shapes are unknown at trace time (e.g. a variable sequence length) are not counted (the
-profiler prints how many), nor are custom ops without registered statistics.
+* **Model FLOPs** (``train/flops_per_example``, ``train/tflops``, ``train/mfu``): 3 × the
+  FLOPs of the model's forward pass (forward + 2 × forward for the backward pass), the
+  definition of MFU in PaLM (Chowdhery et al. 2022, appendix B), also used by Megatron-LM
+  and nanoGPT. It does not depend on how the step is implemented: no credit for
+  rematerialisation (``perf.recompute``), no discount for gradients the implementation
+  skips, optimizer and metrics not counted, so MFU is comparable across implementations.
+  The forward pass is ``trainer.model(features, training=True)`` traced once as a small
+  separate ``tf.function`` on one replica's train batch spec (the train loop is not
+  retraced; nothing runs); per example = count / per-replica batch. For the digits MLP
+  this is 1.01 × the analytic ``3 × 2 × multiply-adds`` of its dense layers. Losses or
+  extra model calls in an overridden ``train_step`` are not counted.
+* **Hardware FLOPs** (``train/hardware_flops_per_example``, ``train/hfu``): what the
+  compiled train loop's own graph computes (``trainer.driver.train_graph()``: no
+  retrace) — its body calls the train step (default or override, under
+  ``strategy.run``) once per local replica: forward, the backward pass that is needed
+  (TensorFlow does not compute the gradient of the input data, so the digits MLP
+  executes 0.74 × the model FLOPs), recomputation, the optimizer update and the train
+  metrics. Inside nested functions: an XLA-compiled forward/backward
+  (``perf.jit_compile``), the larger branch of a ``tf.cond`` (the update of a step that
+  is not skipped), a loop body once (through
+  :func:`trainer.keras_compat.nested_function_graph`).
 
-Reported (values of every ``kind == "train"`` telemetry record, see
-:class:`FlopsMeter`): ``train/flops_per_example``; ``train/tflops``, the whole job's
-achieved rate, ``flops_per_example × perf/examples_per_s / 1e12`` (the window's
-loop-time throughput over all workers); ``train/mfu`` = ``train/tflops`` / (peak TFLOPS
-of one device × replicas), when the peak is known: ``telemetry.peak_tflops`` (per
-device) if set, else :data:`PEAK_TFLOPS` for the device's name and the compute dtype.
-CPUs have no table entry: ``train/mfu`` is null there rather than a guess.
+Ops whose shapes are unknown at trace time (e.g. a variable sequence length) count 0
+(the profiler prints how many), as do custom ops without registered statistics.
+
+Reported in every ``kind == "train"`` telemetry record (see :class:`FlopsMeter`):
+``train/tflops`` = ``train/flops_per_example × perf/examples_per_s / 1e12`` (the job's
+achieved model TFLOPS over all workers, from the window's loop-time throughput);
+``train/mfu`` = ``train/tflops`` / (peak TFLOPS of one device × replicas) and
+``train/hfu`` the same with hardware FLOPs, when the peak is known:
+``telemetry.peak_tflops`` (per device) if set, else :data:`PEAK_TFLOPS` for the device's
+name and the compute dtype. CPUs have no table entry: MFU/HFU are null there rather
+than a guess.
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import distribute, keras_compat
+from trainer import data, distribute, keras_compat
 from trainer.callbacks import Callback
 
 #: Dense (no sparsity) peak TFLOPS of ONE device by compute dtype, from the vendors'
@@ -98,8 +111,21 @@ def graph_flops(graph: tf.Graph) -> int:
     return total
 
 
-def step_flops_per_example(trainer: Any) -> float:
-    """Float operations of one train step per example (see the module docstring).
+def _local_step_copies(strategy: tf.distribute.Strategy) -> int:
+    """Copies of the replica step in one worker's train loop graph: one per local
+    replica, except on TPU, where one is compiled and replicated (not verified on a TPU
+    here)."""
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return 1
+    return strategy.num_replicas_in_sync // distribute.num_workers(strategy)
+
+
+def _per_replica_batch(trainer: Any) -> int:
+    return trainer.config.train.global_batch_size // trainer.strategy.num_replicas_in_sync
+
+
+def hardware_flops_per_example(trainer: Any) -> float:
+    """Float operations the compiled train step executes per example (module docstring).
 
     Host, cross-replica context, after the first train loop of a ``fit()``; reads the
     loop's graph (``trainer.driver.train_graph()``), traces nothing. Raises ValueError
@@ -111,13 +137,41 @@ def step_flops_per_example(trainer: Any) -> float:
     flops = graph_flops(graph)
     if flops <= 0:
         raise ValueError("the train step's graph holds no op with known FLOPs")
-    strategy = trainer.strategy
-    per_replica = trainer.config.train.global_batch_size // strategy.num_replicas_in_sync
-    # The step's graph holds one copy of the replica step per local replica, except on
-    # TPU, where one copy is compiled and replicated (not verified on a TPU here).
-    copies = (1 if isinstance(strategy, tf.distribute.TPUStrategy)
-              else strategy.num_replicas_in_sync // distribute.num_workers(strategy))
-    return flops / (per_replica * copies)
+    return flops / (_per_replica_batch(trainer) * _local_step_copies(trainer.strategy))
+
+
+def forward_flops_per_example(trainer: Any) -> float:
+    """Float operations of ``trainer.model(features, training=True)`` per example.
+
+    Host, cross-replica context, after the first train loop of a ``fit()``: traces the
+    forward pass once as its own ``tf.function`` on one replica's train batch spec
+    (``trainer.driver.train_batch_spec()``, features by
+    :func:`trainer.data.split_batch`; an unknown batch dimension is set to the
+    per-replica batch) and counts its graph; runs nothing, does not retrace the train
+    loop. Raises ValueError before any loop, for batches ``split_batch`` cannot split,
+    or when the graph holds no counted operation.
+    """
+    spec = trainer.driver.train_batch_spec()
+    if spec is None:
+        raise ValueError("no train loop has been traced yet (call it after a fit() loop)")
+    batch = _per_replica_batch(trainer)
+    features, _ = data.split_batch(spec)
+    features = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([batch, *s.shape[1:]], s.dtype)
+        if isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None else s,
+        features)
+    model = trainer.model
+    forward = tf.function(lambda inputs: model(inputs, training=True), autograph=False)
+    flops = graph_flops(forward.get_concrete_function(features).graph)
+    if flops <= 0:
+        raise ValueError("the model's forward pass holds no op with known FLOPs")
+    return flops / batch
+
+
+def model_flops_per_example(trainer: Any) -> float:
+    """Model FLOPs of one train step per example: 3 × :func:`forward_flops_per_example`
+    (forward + 2 × forward for the backward pass; PaLM's definition, module docstring)."""
+    return 3.0 * forward_flops_per_example(trainer)
 
 
 def compute_dtype() -> str:
@@ -148,13 +202,15 @@ def device_peak_tflops(dtype: str) -> tuple[str, float | None]:
 
 
 class FlopsMeter(Callback):
-    """Adds ``train/flops_per_example``, ``train/tflops`` and ``train/mfu`` to telemetry.
+    """Adds ``train/flops_per_example``, ``train/tflops``, ``train/mfu``,
+    ``train/hardware_flops_per_example`` and ``train/hfu`` to telemetry (module docstring).
 
     A service callback and a record source of :class:`trainer.telemetry.Telemetry`
     (``Telemetry(config, sources=[meter])``): telemetry calls :meth:`values` for every
-    train record, so the keys reach metrics.jsonl, TensorBoard and every logger. The
-    estimate is made at the first call (the first logging window) and kept for the
-    Trainer's life; it is the same on every worker (same graph).
+    train record, so the keys reach metrics.jsonl, TensorBoard and every logger. Both
+    counts are made at the first call (the first logging window) and kept for the
+    Trainer's life; they are the same on every worker. A count that fails is logged once
+    and its keys are null; the run goes on.
 
     Args:
       config: the run's config (``telemetry.peak_tflops``).
@@ -162,23 +218,31 @@ class FlopsMeter(Callback):
 
     def __init__(self, config: ml_collections.ConfigDict):
         self.config = config
-        self.flops_per_example: float | None = None
+        self.flops_per_example: float | None = None  # model FLOPs
+        self.hardware_flops_per_example: float | None = None
         self.peak_tflops: float | None = None  # per device; None: unknown
         self._estimated = False
 
+    @staticmethod
+    def _count(what: str, count, trainer: Any) -> float | None:
+        try:
+            return count(trainer)
+        except Exception as error:  # noqa: BLE001 - a missing estimate must not stop a run
+            logging.warning("%s FLOPs estimate unavailable (its train/ keys are null): %s",
+                            what, error)
+            return None
+
     def _estimate(self, trainer: Any) -> None:
         self._estimated = True
-        try:
-            self.flops_per_example = step_flops_per_example(trainer)
-        except Exception as error:  # noqa: BLE001 - a missing estimate must not stop a run
-            logging.warning("FLOPs estimate unavailable (train/flops_per_example, "
-                            "train/tflops and train/mfu are null): %s", error)
-            return
+        self.flops_per_example = self._count("model", model_flops_per_example, trainer)
+        self.hardware_flops_per_example = self._count(
+            "hardware", hardware_flops_per_example, trainer)
         dtype = compute_dtype()
         name, peak = device_peak_tflops(dtype)
         self.peak_tflops = self.config.telemetry.peak_tflops or peak
-        logging.info("train step: %.4g FLOPs per example (TF graph profiler); %s",
-                     self.flops_per_example,
+        logging.info("train step per example (TF graph profiler): %s model FLOPs (3 x "
+                     "forward), %s hardware FLOPs (the step's graph); %s",
+                     _format(self.flops_per_example), _format(self.hardware_flops_per_example),
                      f"peak {self.peak_tflops:g} TFLOPS per device ({name}, {dtype})"
                      if self.peak_tflops else
                      f"no train/mfu: peak of {name} ({dtype}) unknown; set "
@@ -188,9 +252,22 @@ class FlopsMeter(Callback):
         """The record values for a logging window (``logs``: its ``on_log`` values)."""
         if not self._estimated:
             self._estimate(trainer)
-        if self.flops_per_example is None:
-            return {"train/flops_per_example": None, "train/tflops": None, "train/mfu": None}
-        tflops = self.flops_per_example * logs["perf/examples_per_s"] / 1e12
-        devices = trainer.strategy.num_replicas_in_sync
-        return {"train/flops_per_example": self.flops_per_example, "train/tflops": tflops,
-                "train/mfu": tflops / (self.peak_tflops * devices) if self.peak_tflops else None}
+        examples_per_s = logs["perf/examples_per_s"]
+        peak = (self.peak_tflops * trainer.strategy.num_replicas_in_sync
+                if self.peak_tflops else None)
+        values: dict[str, float | None] = {}
+        for flops, per_example, rate, utilisation in (
+                (self.flops_per_example, "train/flops_per_example", "train/tflops",
+                 "train/mfu"),
+                (self.hardware_flops_per_example, "train/hardware_flops_per_example", None,
+                 "train/hfu")):
+            tflops = flops * examples_per_s / 1e12 if flops is not None else None
+            values[per_example] = flops
+            if rate:
+                values[rate] = tflops
+            values[utilisation] = tflops / peak if tflops is not None and peak else None
+        return values
+
+
+def _format(flops: float | None) -> str:
+    return "unknown" if flops is None else f"{flops:.4g}"

@@ -45,6 +45,12 @@ def next_boundary(step: int, every: int) -> float:
     return (step // every + 1) * every if every > 0 else math.inf
 
 
+def _replica_spec(spec):
+    """One replica's spec of a distributed dataset/iterator ``element_spec``
+    (``PerReplicaSpec`` on several local replicas holds one spec per replica)."""
+    return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
+
+
 def _check_outputs(outputs, hook: str) -> None:
     if not isinstance(outputs, dict) or "loss" not in outputs:
         raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
@@ -202,8 +208,7 @@ class LoopDriver:
             if dist_dataset is None:
                 dist_dataset = self._distribute(t.build_train_dataset,
                                                 t.config.train.global_batch_size)
-            spec = dist_dataset.element_spec
-            spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
+            spec = _replica_spec(dist_dataset.element_spec)
             try:
                 features, _ = data.split_batch(spec)
             except ValueError as error:
@@ -260,6 +265,13 @@ class LoopDriver:
             return None
         return self._loops.train.get_concrete_function(
             self._fit_iterator, tf.constant(1, tf.int64)).graph
+
+    def train_batch_spec(self) -> Any:
+        """The ``tf.TypeSpec`` structure of ONE replica's train batch in the current (or
+        last) ``fit()`` (first replica's spec; all are alike); None before any ``fit()``."""
+        if self._fit_iterator is None:
+            return None
+        return _replica_spec(self._fit_iterator.element_spec)
 
     # ---------------------------------------------------------------- stop
     def request_stop(self, reason: str) -> None:

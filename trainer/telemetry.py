@@ -34,7 +34,8 @@ Extension points (how other services add to and read the records, so that one re
 per window reaches every output): a *source* (``Telemetry(config, sources=[...])``) is
 an object with ``values(trainer, logs) -> dict`` whose values are merged into every
 train record (e.g. :class:`trainer.flops.FlopsMeter`: ``train/flops_per_example``,
-``train/tflops``, ``train/mfu``; the progress line leaves them out); a *sink*
+``train/tflops``, ``train/mfu``, ``train/hardware_flops_per_example``, ``train/hfu``;
+the progress line leaves them out); a *sink*
 (``sinks=[...]``) is an object with ``write(record)`` that receives every train and
 eval record on the chief after the files (e.g. :class:`trainer.loggers.MlflowLogger`).
 The ``logs`` dict of ``on_log`` is shared by all callbacks and never modified.
@@ -75,6 +76,7 @@ TRAIN_KEYS = (
     "precision/skipped_steps", "precision/loss_scale",
     "perf/regression_alert", "alert",
     "train/flops_per_example", "train/tflops", "train/mfu",  # from trainer.flops
+    "train/hardware_flops_per_example", "train/hfu",
 )
 #: Keys of every ``kind == "eval"`` record, plus ``eval/NAME`` for each eval metric.
 EVAL_KEYS = ("kind", "step", "time", "eval/loss")
