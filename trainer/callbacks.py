@@ -2,9 +2,9 @@
 
 ``from trainer import Callback``. Pass callbacks as ``Trainer(config, workdir,
 callbacks=[...])`` or return them from ``build_callbacks()``. The framework's own
-services (telemetry and progress, profiler windows, periodic evaluation, the
-non-finite guard, checkpointing, preemption) are callbacks too and run first, in that
-order; user callbacks follow in the order given (constructor list, then
+services (the FLOPs meter, telemetry and progress, the experiment loggers of
+``telemetry.loggers``, profiler windows, periodic evaluation, the non-finite guard,
+checkpointing, preemption) are callbacks too and run first, in that order; user callbacks follow in the order given (constructor list, then
 ``build_callbacks()``).
 
 Every hook runs on the host, eagerly, in cross-replica context, between ``tf.function``

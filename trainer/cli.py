@@ -15,6 +15,8 @@ reported in about a second instead of after TensorFlow's 5-20 s import.
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
 import os
 import sys
 import tempfile
@@ -225,3 +227,54 @@ def check_workdir(path: str) -> None:
             raise WorkdirError(f"--workdir={path} cannot be used: {error}. Choose another "
                                f"directory.") from error
         raise translated from error
+
+
+# ------------------------------------------------------------ config.trainer
+def _split_trainer_path(path: str) -> tuple[str, str]:
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+        raise config_lib.ConfigError(
+            f"config.trainer={path!r} must name a Trainer subclass as "
+            f"'package.module:ClassName', e.g. 'models.digits:DigitsTrainer'."
+        )
+    module_name, class_name = path.split(":")
+    return module_name, class_name
+
+
+def check_trainer_path(path: str) -> None:
+    """Checks ``config.trainer`` without importing its module (no TensorFlow): the form
+    ``"package.module:ClassName"`` and that the module can be found. Raises ConfigError."""
+    module_name, _ = _split_trainer_path(path)
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as error:
+        found, reason = None, f" ({error})"
+    else:
+        reason = ""
+    if found is None:
+        raise config_lib.ConfigError(
+            f"config.trainer={path!r}: module '{module_name}' cannot be found{reason}. "
+            f"Check the spelling and that its package is on PYTHONPATH.")
+
+
+def import_trainer_class(path: str) -> type:
+    """Imports the class named ``"package.module:ClassName"`` (the ``config.trainer`` form).
+
+    Raises ConfigError naming the module or attribute that cannot be found. Whether it
+    is a ``Trainer`` subclass is checked by ``trainer.trainer.resolve_trainer_class``.
+    """
+    module_name, class_name = _split_trainer_path(path)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise config_lib.ConfigError(
+            f"config.trainer={path!r}: module '{module_name}' cannot be imported ({error}). "
+            f"Check the spelling and that its package is on PYTHONPATH."
+        ) from error
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        public = [n for n in dir(module) if not n.startswith("_")]
+        raise config_lib.ConfigError(
+            f"config.trainer={path!r}: module '{module_name}' has no attribute "
+            f"'{class_name}'.{config_lib.suggest(class_name, public)}"
+        )
+    return cls

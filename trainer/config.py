@@ -28,6 +28,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
 SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring")
 FREE_FORM_SECTIONS = ("model", "data")
+LOGGERS = ("jsonl", "tensorboard", "mlflow")  # telemetry.loggers (chief only)
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -124,6 +125,11 @@ def get_config() -> ml_collections.ConfigDict:
             alert_drop=0.3,  # regression alert: examples/s this far below the running median
             alert_windows=3,  # ... for this many consecutive logging windows
             grad_norm=True,  # train/grad_norm: global norm of the reduced gradients
+            # Where the records go: "jsonl" (workdir/metrics.jsonl), "tensorboard"
+            # (workdir/train, workdir/eval), "mlflow" (MLFLOW_TRACKING_URI; pip install
+            # 'tf-trainer[mlflow]').
+            loggers=("jsonl", "tensorboard"),
+            peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu, hfu (0: table)
         )
     )
     config.model = ml_collections.ConfigDict()
@@ -139,7 +145,8 @@ class ConfigError(UserError, ValueError):
     prefix = "Configuration error"
 
 
-def _suggest(name: str, choices) -> str:
+def suggest(name: str, choices) -> str:
+    """" Did you mean 'X'?" for the closest of ``choices``, or ""."""
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" Did you mean '{close[0]}'?" if close else ""
 
@@ -149,7 +156,7 @@ def _check_known_keys(config: ml_collections.ConfigDict) -> None:
     for key in config.keys():
         if key not in schema:
             raise ConfigError(
-                f"config.{key} is not a field of the schema.{_suggest(key, schema.keys())} "
+                f"config.{key} is not a field of the schema.{suggest(key, schema.keys())} "
                 f"Keep model- or data-specific settings under config.model or config.data."
             )
         if key in FREE_FORM_SECTIONS or not isinstance(schema[key], ml_collections.ConfigDict):
@@ -164,7 +171,7 @@ def _check_section_keys(where: str, section, schema: ml_collections.ConfigDict) 
     for sub in section.keys():
         if sub not in schema:
             raise ConfigError(
-                f"{where}.{sub} is not a field of the schema.{_suggest(sub, schema.keys())} "
+                f"{where}.{sub} is not a field of the schema.{suggest(sub, schema.keys())} "
                 f"Known fields of {where}: {', '.join(sorted(schema.keys()))}.")
         if isinstance(schema[sub], ml_collections.ConfigDict):
             if not isinstance(section[sub], (ml_collections.ConfigDict, dict)):
@@ -177,7 +184,7 @@ def _check_choice(field: str, value: Any, choices) -> None:
     if value not in choices:
         raise ConfigError(
             f"config.{field}={value!r} is not one of {', '.join(map(repr, choices))}."
-            f"{_suggest(str(value), choices)}"
+            f"{suggest(str(value), choices)}"
         )
 
 
@@ -209,56 +216,6 @@ def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
     if dcfg.devices and len(weights) != len(dcfg.devices):
         raise ConfigError(f"{field} has {len(weights)} weights for {len(dcfg.devices)} "
                           f"distribute.devices {tuple(dcfg.devices)!r}; give one per device.")
-
-
-def _split_trainer_path(path: str) -> tuple[str, str]:
-    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
-        raise ConfigError(
-            f"config.trainer={path!r} must name a Trainer subclass as "
-            f"'package.module:ClassName', e.g. 'models.digits:DigitsTrainer'."
-        )
-    module_name, class_name = path.split(":")
-    return module_name, class_name
-
-
-def check_trainer_path(path: str) -> None:
-    """Checks ``config.trainer`` without importing its module (no TensorFlow): the form
-    ``"package.module:ClassName"`` and that the module can be found. Raises ConfigError."""
-    module_name, _ = _split_trainer_path(path)
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError) as error:
-        found, reason = None, f" ({error})"
-    else:
-        reason = ""
-    if found is None:
-        raise ConfigError(
-            f"config.trainer={path!r}: module '{module_name}' cannot be found{reason}. "
-            f"Check the spelling and that its package is on PYTHONPATH.")
-
-
-def import_trainer_class(path: str) -> type:
-    """Imports the class named ``"package.module:ClassName"`` (the ``config.trainer`` form).
-
-    Raises ConfigError naming the module or attribute that cannot be found. Whether it
-    is a ``Trainer`` subclass is checked by ``trainer.trainer.resolve_trainer_class``.
-    """
-    module_name, class_name = _split_trainer_path(path)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise ConfigError(
-            f"config.trainer={path!r}: module '{module_name}' cannot be imported ({error}). "
-            f"Check the spelling and that its package is on PYTHONPATH."
-        ) from error
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        public = [n for n in dir(module) if not n.startswith("_")]
-        raise ConfigError(
-            f"config.trainer={path!r}: module '{module_name}' has no attribute "
-            f"'{class_name}'.{_suggest(class_name, public)}"
-        )
-    return cls
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -330,6 +287,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     allow_zero=True)
     _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
     _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
+    _check_loggers(config.telemetry.loggers)
+    if not config.telemetry.peak_tflops >= 0:
+        raise ConfigError(f"config.telemetry.peak_tflops={config.telemetry.peak_tflops!r} must "
+                          f"be >= 0 (one device's peak TFLOPS; 0: from trainer.flops's table).")
     if not 0 < config.telemetry.alert_drop < 1:
         raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
                           f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")
@@ -345,6 +306,21 @@ def _check_early_stopping(es: ml_collections.ConfigDict) -> None:
     if not es.min_delta >= 0:
         raise ConfigError(f"config.train.early_stopping.min_delta={es.min_delta!r} must be "
                           f">= 0.")
+
+
+def _check_loggers(loggers) -> None:
+    """``telemetry.loggers``: a list of known names; ``"mlflow"`` needs mlflow installed."""
+    field = "config.telemetry.loggers"
+    if isinstance(loggers, str) or not isinstance(loggers, (list, tuple)):
+        raise ConfigError(f"{field}={loggers!r} must be a list of names from "
+                          f"{', '.join(map(repr, LOGGERS))}, e.g. ('jsonl', 'tensorboard').")
+    for name in loggers:
+        if name not in LOGGERS:
+            raise ConfigError(f"{field}: {name!r} is not a logger; the loggers are "
+                              f"{', '.join(map(repr, LOGGERS))}.{suggest(str(name), LOGGERS)}")
+    if "mlflow" in loggers and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError(f"{field} includes 'mlflow' but mlflow is not installed: "
+                          f"pip install 'tf-trainer[mlflow]' (or drop 'mlflow').")
 
 
 def parse_profile_steps(spec: str) -> list[tuple[int, int]]:

@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     sections = check_sections(list(values.sections))
     config = cli.loaded_config(values["config"], sys.argv, OWN_FLAGS, PROGRAM)
     config_lib.validate(config)
-    config_lib.check_trainer_path(config.trainer)
+    cli.check_trainer_path(config.trainer)
     logging.set_verbosity(logging.WARNING)
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
     report = load_measure().diagnose(

@@ -1,4 +1,4 @@
-"""The one place that touches Keras-private names.
+"""The one place that touches Keras- and TensorFlow-private names.
 
 Checked against Keras 3.10 through 3.15 (TensorFlow backend). Each function says which
 private name it uses and fails with a clear message when a Keras version lacks it.
@@ -13,6 +13,9 @@ private name it uses and fails with a clear message when a Keras version lacks i
   gradient path all-reduces (then unscales, clips and checks) itself, so while it
   applies, that sum is skipped. A user step that calls ``optimizer.apply`` directly
   keeps the Keras behaviour.
+* :func:`nested_function_graph`: the graph of a function a ``tf.function`` graph calls
+  (``Graph._get_function(name).graph``; checked on TensorFlow 2.21), for counting the
+  FLOPs inside nested calls and ``tf.cond`` branches (:mod:`trainer.flops`).
 """
 
 from __future__ import annotations
@@ -77,3 +80,14 @@ def apply_reduced(optimizer: keras.optimizers.Optimizer, grads: list, variables:
         optimizer.apply(grads, variables)
     finally:
         _PRE_REDUCED.active = False
+
+
+def nested_function_graph(graph: tf.Graph, name: str) -> tf.Graph | None:
+    """The traced graph of the function ``name`` that ``graph`` calls, or None.
+
+    Reads TensorFlow's private ``Graph._get_function`` (the function registered while
+    ``graph`` was traced, with every static shape); None where it is missing.
+    """
+    getter = getattr(graph, "_get_function", None)
+    function = getter(name) if getter else None
+    return getattr(function, "graph", None)

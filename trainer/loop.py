@@ -7,9 +7,7 @@ iterator), the logging cadence, and the loop boundaries the callbacks ask for
 boundary and ``train.steps`` itself end a loop exactly: the number of steps per call
 is a tensor argument, so a shorter loop does not retrace.
 
-The in-graph loops are built in one place, :class:`CompiledLoops`. The step function
-is its own ``tf.function``, traced once; the loop carries its last outputs, which start
-as zeros of the traced output shapes, so the step appears once in the loop's graph.
+The in-graph loops are built in one place, :class:`trainer.compiled_loops.CompiledLoops`.
 
 Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
 local flag; after the callbacks of every loop boundary the workers agree on the flags
@@ -34,10 +32,9 @@ from absl import logging
 
 from trainer import checks, data, host_collectives
 from trainer.callbacks import Callback, CallbackList
+from trainer.compiled_loops import CompiledLoops
 from trainer.preemption import Preempted
-from trainer.tracing import no_autograph
 
-_MEAN = tf.distribute.ReduceOp.MEAN
 
 
 def next_boundary(step: int, every: int) -> float:
@@ -45,87 +42,10 @@ def next_boundary(step: int, every: int) -> float:
     return (step // every + 1) * every if every > 0 else math.inf
 
 
-def _check_outputs(outputs, hook: str) -> None:
-    if not isinstance(outputs, dict) or "loss" not in outputs:
-        raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
-
-
-@no_autograph
-def _zeros_like_outputs(step, iterator, strategy):
-    """A replica function returning zeros shaped like one replica's outputs of ``step``.
-
-    They start the loop-carried outputs, so the loop body holds the only copy of the
-    step: peeling the first step out of the loop instead doubled the graph that
-    TensorFlow optimises before the first call (+1.7 s on the transformer benchmark
-    with 2 replicas). ``step`` (a ``tf.function``) is traced here, once; its call in the
-    loop reuses the trace.
-    """
-    outputs = step.get_concrete_function(iterator).structured_outputs
-    local = tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], outputs)
-    for name, value in local.items():
-        if not value.shape.is_fully_defined():
-            raise ValueError(f"train_step returned {name!r} with shape {value.shape}, which "
-                             f"is not fully known while tracing; return scalars (e.g. "
-                             f"tf.reduce_mean of it).")
-    return no_autograph(lambda: tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), local))
-
-
-class CompiledLoops:
-    """The ``tf.function`` loops of one Trainer (cross-replica context).
-
-    ``train(iterator, n)`` runs ``n >= 1`` steps and returns the last step's outputs,
-    averaged over replicas. ``evaluate(iterator, n)`` runs ``n`` eval steps, or until
-    the iterator is exhausted when ``n < 0``; results accumulate in the eval metrics.
-
-    Args:
-      strategy: the run's strategy.
-      train_step, eval_step: replica functions ``batch -> dict`` (``"loss"`` required).
-      step_counter: incremented after every train step.
-      train_loss, eval_loss: ``keras.metrics.Mean`` of the steps' ``"loss"``.
-    """
-
-    def __init__(self, strategy: tf.distribute.Strategy, train_step: Callable,
-                 eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss):
-        @no_autograph
-        def replica_train(batch):
-            outputs = train_step(batch)
-            _check_outputs(outputs, "train_step")
-            train_loss.update_state(outputs["loss"])
-            return outputs
-
-        @no_autograph
-        def replica_eval(batch):
-            outputs = eval_step(batch)
-            _check_outputs(outputs, "eval_step")
-            eval_loss.update_state(outputs["loss"])
-
-        @tf.function(autograph=False)
-        def one_step(iterator):
-            outputs = strategy.run(replica_train, args=(next(iterator),))
-            step_counter.assign_add(1)
-            return outputs
-
-        @tf.function
-        def train(iterator, num_steps):
-            outputs = strategy.run(_zeros_like_outputs(one_step, iterator, strategy))
-            for _ in tf.range(num_steps):
-                outputs = one_step(iterator)
-            return {k: tf.reduce_mean(strategy.reduce(_MEAN, v, axis=None))
-                    for k, v in outputs.items()}
-
-        @tf.function
-        def evaluate(iterator, num_steps):
-            done = tf.constant(0, tf.int64)
-            while num_steps < 0 or done < num_steps:
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                strategy.run(replica_eval, args=(optional.get_value(),))
-                done += 1
-            return done
-
-        self.train = train
-        self.evaluate = evaluate
+def _replica_spec(spec):
+    """One replica's spec of a distributed dataset/iterator ``element_spec``
+    (``PerReplicaSpec`` on several local replicas holds one spec per replica)."""
+    return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
 
 
 def metric_values(loss_metric, metrics: dict) -> dict[str, float]:
@@ -189,6 +109,7 @@ class LoopDriver:
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
+        self._fit_iterator = None  # the train iterator of the current (or last) fit()
 
     # ------------------------------------------------------------ building
     @property
@@ -213,8 +134,7 @@ class LoopDriver:
                                             t.config.train.global_batch_size)
         features = None
         if dist_dataset is not None:
-            spec = dist_dataset.element_spec
-            spec = tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
+            spec = _replica_spec(dist_dataset.element_spec)
             try:
                 features, _ = data.split_batch(spec)
             except ValueError as error:
@@ -283,6 +203,22 @@ class LoopDriver:
             raise found from error
         return metric_values(t.eval_loss, t.eval_metrics)
 
+    def train_graph(self) -> tf.Graph | None:
+        """The graph of the compiled train loop as ``fit()`` traced it (no retrace);
+        None before the first ``fit()``. Its loop body calls the step function once:
+        ``strategy.run`` of the train step on this worker's replicas."""
+        if self._fit_iterator is None or self._loops is None:
+            return None
+        return self._loops.train.get_concrete_function(
+            self._fit_iterator, tf.constant(1, tf.int64)).graph
+
+    def train_batch_spec(self) -> Any:
+        """The ``tf.TypeSpec`` structure of ONE replica's train batch in the current (or
+        last) ``fit()`` (first replica's spec; all are alike); None before any ``fit()``."""
+        if self._fit_iterator is None:
+            return None
+        return _replica_spec(self._fit_iterator.element_spec)
+
     # ---------------------------------------------------------------- stop
     def request_stop(self, reason: str) -> None:
         """Host: asks every worker to stop at the end of the current loop."""
@@ -317,7 +253,7 @@ class LoopDriver:
         t = self.trainer
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
-        iterator = self._train_iterator()
+        iterator = self._fit_iterator = self._train_iterator()
         loops = self.loops
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None

@@ -78,7 +78,7 @@ def check(argv: list[str]) -> ml_collections.ConfigDict:
                                 f"form --name=value ({PROGRAM} --help lists them).")
     config = cli.loaded_config(_CONFIG, sys.argv, OWN_FLAGS, PROGRAM)
     config_lib.validate(config)
-    config_lib.check_trainer_path(config.trainer)
+    cli.check_trainer_path(config.trainer)
     cli.check_workdir(_WORKDIR.value)
     return config
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
@@ -30,6 +30,9 @@ _SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
 class SummaryWriters:
     """TensorBoard writers and the metrics.jsonl file of one run (chief only).
 
+    ``outputs``: which of them to write, ``"jsonl"`` and/or ``"tensorboard"``
+    (``telemetry.loggers``).
+
     Kept by the telemetry service across ``fit()`` calls. A record's scalars are written by one
     ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
     and after the first probe — so a window costs one call instead of an eager op per
@@ -44,16 +47,18 @@ class SummaryWriters:
         directory apart (e.g. ``".evaluator"``).
     """
 
-    def __init__(self, workdir: str, logdirs: dict[str, str] | None = None,
-                 jsonl: str | None = None, filename_suffix: str | None = None):
+    def __init__(self, workdir: str, outputs: Sequence[str] = ("jsonl", "tensorboard"),
+                 logdirs: dict[str, str] | None = None, jsonl: str | None = None,
+                 filename_suffix: str | None = None):
         jsonl = jsonl or os.path.join(workdir, "metrics.jsonl")
         os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)
         self.workdir = workdir
         logdirs = logdirs or {kind: os.path.join(workdir, kind) for kind in ("train", "eval")}
-        self.summary = {kind: tf.summary.create_file_writer(logdir,
-                                                            filename_suffix=filename_suffix)
-                        for kind, logdir in logdirs.items()}
-        self.jsonl = open(jsonl, "a", encoding="utf-8")
+        self.summary = ({kind: tf.summary.create_file_writer(logdir,
+                                                             filename_suffix=filename_suffix)
+                         for kind, logdir in logdirs.items()}
+                        if "tensorboard" in outputs else {})
+        self.jsonl = open(jsonl, "a", encoding="utf-8") if "jsonl" in outputs else None
         self._scalar_fns: dict[tuple, Callable] = {}
 
     def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
@@ -71,14 +76,18 @@ class SummaryWriters:
         return self._scalar_fns[key]
 
     def write_jsonl(self, record: dict[str, Any]) -> None:
-        """Appends ``record`` to metrics.jsonl only (any JSON values)."""
-        self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
-        self.jsonl.flush()
+        """Appends ``record`` to metrics.jsonl only (any JSON values; nothing without
+        the "jsonl" output)."""
+        if self.jsonl:
+            self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+            self.jsonl.flush()
 
     def write(self, record: dict[str, Any]) -> None:
         """A window or eval record: metrics.jsonl and its numbers to TensorBoard."""
         kind, step = record["kind"], record["step"]
         self.write_jsonl(record)
+        if not self.summary:
+            return
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
@@ -93,10 +102,12 @@ class SummaryWriters:
     def flush(self) -> None:
         for writer in self.summary.values():
             writer.flush()
-        self.jsonl.flush()
+        if self.jsonl:
+            self.jsonl.flush()
 
     def close(self) -> None:
         """Flushes and closes every writer and the JSON-lines file."""
         for writer in self.summary.values():
             writer.close()
-        self.jsonl.close()
+        if self.jsonl:
+            self.jsonl.close()

@@ -28,6 +28,17 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
   ``perf/regression_alert``.
 * ``workdir/metrics.jsonl``: one JSON object per logging window and per evaluation;
   the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in README.md.
+  ``telemetry.loggers`` chooses among these files ("jsonl", "tensorboard").
+
+Extension points (how other services add to and read the records, so that one record
+per window reaches every output): a *source* (``Telemetry(config, sources=[...])``) is
+an object with ``values(trainer, logs) -> dict`` whose values are merged into every
+train record (e.g. :class:`trainer.flops.FlopsMeter`: ``train/flops_per_example``,
+``train/tflops``, ``train/mfu``, ``train/hardware_flops_per_example``, ``train/hfu``;
+the progress line leaves them out); a *sink*
+(``sinks=[...]``) is an object with ``write(record)`` that receives every train and
+eval record on the chief after the files (e.g. :class:`trainer.loggers.MlflowLogger`).
+The ``logs`` dict of ``on_log`` is shared by all callbacks and never modified.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 import keras
 import ml_collections
@@ -64,6 +75,8 @@ TRAIN_KEYS = (
     "sys/host_cpu_percent", "sys/process_cpu_percent", "sys/gpu_util_percent",
     "precision/skipped_steps", "precision/loss_scale",
     "perf/regression_alert", "alert",
+    "train/flops_per_example", "train/tflops", "train/mfu",  # from trainer.flops
+    "train/hardware_flops_per_example", "train/hfu",
 )
 #: Keys of every ``kind == "eval"`` record, plus ``eval/NAME`` for each eval metric.
 EVAL_KEYS = ("kind", "step", "time", "eval/loss")
@@ -161,11 +174,16 @@ class Telemetry(Callback):
     Args:
       config: the run's config (``train.*`` and ``telemetry.*`` are read).
       stream: where progress goes (default ``sys.stderr``).
+      sources: objects whose ``values(trainer, logs)`` join every train record.
+      sinks: objects whose ``write(record)`` gets every record (chief only).
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, stream: TextIO | None = None):
+    def __init__(self, config: ml_collections.ConfigDict, stream: TextIO | None = None,
+                 sources: Sequence[Any] = (), sinks: Sequence[Any] = ()):
         self.config = config
         self.stream = stream or sys.stderr
+        self.sources, self.sinks = list(sources), list(sinks)
+        self._source_keys: set[str] = set()  # left out of the progress line
         self.records: list[dict[str, Any]] = []  # this fit()'s train records, in order
         self._writers: SummaryWriters | None = None  # kept across fit() calls
         self._active_writers: SummaryWriters | None = None
@@ -179,9 +197,10 @@ class Telemetry(Callback):
         mode = progress_mode(cfg.telemetry.progress, self.stream)
         self.progress = Progress(mode if self._chief else "off", cfg.train.steps, self.stream)
         if trainer.workdir and self._chief:
-            if self._writers is None or self._writers.workdir != trainer.workdir:
-                self._writers = SummaryWriters(trainer.workdir)
-            self._active_writers = self._writers
+            outputs = tuple(o for o in cfg.telemetry.loggers if o in ("jsonl", "tensorboard"))
+            if outputs and (self._writers is None or self._writers.workdir != trainer.workdir):
+                self._writers = SummaryWriters(trainer.workdir, outputs)
+            self._active_writers = self._writers if outputs else None
         self._sampler = SystemSampler(trainer.strategy)
         self._detector = RegressionDetector(cfg.telemetry.alert_drop, cfg.telemetry.alert_windows)
         self._loops: list[tuple[int, float]] = []
@@ -217,14 +236,19 @@ class Telemetry(Callback):
         self._take_loop(trainer)
         record = self._window_record(trainer, logs)
         self.records.append(record)
+        self._write(record)
+        self.progress.line(self._summary_line(record))
+
+    def _write(self, record: dict[str, Any]) -> None:
         if self._active_writers:
             self._active_writers.write(record)
-        self.progress.line(self._summary_line(record))
+        if self._chief:
+            for sink in self.sinks:
+                sink.write(record)
 
     def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
         record = {"kind": "eval", "step": trainer.step, "time": time.time(), **logs}
-        if self._active_writers:
-            self._active_writers.write(record)
+        self._write(record)
         self.progress.line(f"eval  step {trainer.step}: " + ", ".join(
             f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
@@ -268,6 +292,10 @@ class Telemetry(Callback):
             "perf/loop_calls": len(loops), "perf/warmup": warmup,
             "perf/eta_s": (cfg.train.steps - trainer.step) / self._rate if self._rate else None,
         }
+        for source in self.sources:
+            values = source.values(trainer, logs)
+            self._source_keys.update(values)
+            record.update(values)
         record.update(self._sampler.sample())
         record["precision/skipped_steps"] = int(trainer.precision.skipped_steps.numpy())
         record["precision/loss_scale"] = float(trainer.precision.scale.numpy())
@@ -350,7 +378,7 @@ class Telemetry(Callback):
     def _summary_line(self, record: dict[str, Any]) -> str:
         total = self.config.train.steps
         train = ", ".join(f"{k[6:]}={v:.4g}" for k, v in record.items()
-                          if k.startswith("train/"))
+                          if k.startswith("train/") and k not in self._source_keys)
         parts = [f"step {record['step']}/{total}: {train}",
                  f"{record['perf/examples_per_s']:,.0f} ex/s",
                  f"step {record['perf/step_time_mean_s'] * 1e3:.2f} ms "

@@ -28,7 +28,7 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpointing, distribute, keras_compat, optimizers, precision
+from trainer import checkpointing, cli, distribute, keras_compat, optimizers, precision
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
 from trainer.checkpointing import Checkpointer
@@ -37,7 +37,9 @@ from trainer.data_parallel import ManualDataParallel
 from trainer.early_stopping import EarlyStopping
 from trainer.ema import ExponentialMovingAverage
 from trainer.evaluation import PeriodicEvaluation
+from trainer.flops import FlopsMeter
 from trainer.gradients import GradientPath
+from trainer.loggers import build_loggers
 from trainer.loop import LoopDriver
 from trainer.nonfinite import NonFiniteGuard
 from trainer.preemption import PreemptionWatcher
@@ -120,9 +122,10 @@ class Trainer:
             self.train_metrics, self.eval_metrics)
         self.driver = LoopDriver(self, user_hook(self.train_step, Trainer.train_step),
                                  user_hook(self.eval_step, Trainer.eval_step))
-        telemetry = Telemetry(config)
+        flops, loggers = FlopsMeter(config), build_loggers(config)
+        telemetry = Telemetry(config, sources=[flops], sinks=loggers)
         checkpointer = Checkpointer(config, workdir, self.is_chief)
-        services = [self.driver.history, telemetry, ProfilerWindows(config),
+        services = [self.driver.history, flops, telemetry, *loggers, ProfilerWindows(config),
                     NonFiniteGuard(config, checkpointer, telemetry),
                     PeriodicEvaluation(config, self.has_eval_dataset()), EarlyStopping(config),
                     checkpointer, PreemptionWatcher()]
@@ -307,7 +310,7 @@ class Trainer:
 
 def resolve_trainer_class(path: str) -> type[Trainer]:
     """Imports ``"package.module:ClassName"`` and checks it is a Trainer subclass."""
-    cls = config_lib.import_trainer_class(path)
+    cls = cli.import_trainer_class(path)
     if not (isinstance(cls, type) and issubclass(cls, Trainer)):
         raise config_lib.ConfigError(f"config.trainer={path!r} is not a subclass of "
                                      f"trainer.Trainer.")
