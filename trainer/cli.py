@@ -15,6 +15,7 @@ reported in about a second instead of after TensorFlow's 5-20 s import.
 from __future__ import annotations
 
 import difflib
+import json
 import importlib
 import importlib.util
 import os
@@ -209,8 +210,9 @@ def check_workdir(path: str) -> None:
     process can write: it is created if missing, and a small probe file is written,
     flushed to disk and removed (a full or read-only disk fails here, not at the first
     checkpoint). A remote URL (``gs://...``) is not checked here: only TensorFlow's
-    file system layer can reach it."""
-    if "://" in path:
+    file system layer can reach it. A non-chief worker task of a TF_CONFIG cluster writes
+    nothing (only the chief does), so it neither creates nor checks the directory."""
+    if "://" in path or not _writes_files():
         return
     if os.path.exists(path) and not os.path.isdir(path):
         raise WorkdirError(f"--workdir={path} is a file, not a directory. Give a directory "
@@ -227,6 +229,19 @@ def check_workdir(path: str) -> None:
             raise WorkdirError(f"--workdir={path} cannot be used: {error}. Choose another "
                                f"directory.") from error
         raise translated from error
+
+
+def _writes_files() -> bool:
+    """False for a TF_CONFIG ``worker`` task that is not the chief (worker 0 is the chief
+    when the cluster has no ``chief`` task); True otherwise (no TF_CONFIG, chief,
+    evaluator, or a TF_CONFIG that the TensorFlow side will reject with its own message)."""
+    try:
+        tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        task, cluster = tf_config.get("task", {}), tf_config.get("cluster", {})
+        return not (task.get("type") == "worker"
+                    and (cluster.get("chief") or int(task.get("index", 0)) > 0))
+    except (ValueError, TypeError, AttributeError):
+        return True
 
 
 # ------------------------------------------------------------ config.trainer
