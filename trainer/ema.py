@@ -73,14 +73,18 @@ class ExponentialMovingAverage:
     @no_autograph
     def update(self, weights: list) -> None:
         """After an applied update of ``weights``: moves their averages (others ignored)."""
-        d = self.decay
+        rate = 1.0 - self.decay
         for weight in weights:
             i = self._index.get(id(weight))
             if i is None:
                 continue
             average = self.pairs[i][1]
-            value = tf.cast(tf.convert_to_tensor(weight), average.dtype)
-            average.assign(d * average + (1.0 - d) * value)
+            value = tf.convert_to_tensor(weight)
+            if value.dtype != average.dtype:
+                value = tf.cast(value, average.dtype)
+            # ema - (1-d)(ema - w) == d*ema + (1-d)*w, in 3 ops (as tf.train's
+            # assign_moving_average): the update runs every step.
+            average.assign_sub(rate * (average - value))
 
     @contextlib.contextmanager
     def swapped(self) -> Iterator[None]:
