@@ -87,7 +87,7 @@ class CompiledLoops:
         @tf.function(autograph=False)
         def one_step(iterator):
             outputs = strategy.run(replica_train, args=(next(iterator),))
-            step_counter.assign_add(1)
+            step_counter.assign_add(1, read_value=False)
             return outputs
 
         @tf.function

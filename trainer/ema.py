@@ -84,7 +84,7 @@ class ExponentialMovingAverage:
                 value = tf.cast(value, average.dtype)
             # ema - (1-d)(ema - w) == d*ema + (1-d)*w, in 3 ops (as tf.train's
             # assign_moving_average): the update runs every step.
-            average.assign_sub(rate * (average - value))
+            average.assign_sub(rate * (average - value), read_value=False)
 
     @contextlib.contextmanager
     def swapped(self) -> Iterator[None]:

@@ -126,8 +126,8 @@ class GradientNormStats:
     @no_autograph
     def record(self, norm: tf.Tensor) -> None:
         """Replica context: one update's norm."""
-        self.total.assign_add(tf.cast(norm, tf.float32))
-        self.count.assign_add(1.0)
+        self.total.assign_add(tf.cast(norm, tf.float32), read_value=False)
+        self.count.assign_add(1.0, read_value=False)
 
     def take(self) -> float | None:
         """Host: the mean norm since the last call (None: no update), then resets."""
