@@ -2,11 +2,16 @@
 
 :class:`CompiledLoops` is the one place that builds them. The step function is its own
 ``tf.function``, traced once; the train loop is a ``tf.range`` loop over the distributed
-iterator whose step count is a tensor argument (a shorter loop does not retrace), and it
-carries its last outputs, which start as zeros of the traced output shapes, so the step
-appears once in the loop's graph. The loop also carries each replica's sum of the
-steps' ``"loss"`` and adds it to ``train_loss`` once per call (weighted by the steps):
-one metric update per loop instead of one per step (2-3% of a small Mirrored step). Contexts: the loops are called in cross-replica
+iterator whose step count is a tensor argument (a shorter loop does not retrace).
+
+Nothing flows through the loop but the iterator and the step count: each step writes
+its outputs into per-replica variables (:class:`StepOutputSlots`: the last step's
+outputs, and the running sum of the steps' ``"loss"``) and the loop reads them once at
+its end, adds the mean loss to ``train_loss`` (one metric update per call, weighted by
+the steps) and returns the last outputs. A value carried from one iteration to the next
+costs a handful of control-flow ops per replica per step, a variable write one: on the
+overhead-bound MLP with 2 Mirrored replicas, carrying the outputs and the loss sum cost
+~3% of the step (benchmarks/README.md). Contexts: the loops are called in cross-replica
 context; the step functions run in replica context.
 """
 
@@ -26,30 +31,51 @@ def _check_outputs(outputs, hook: str) -> None:
         raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
 
 
-@no_autograph
-def _zeros_like_outputs(step, iterator, strategy):
-    """A replica function returning zeros shaped like one replica's outputs of ``step``.
+class StepOutputSlots:
+    """Per-replica variables a train step writes its outputs into (replica context).
 
-    They start the loop-carried outputs, so the loop body holds the only copy of the
-    step: peeling the first step out of the loop instead doubled the graph that
-    TensorFlow optimises before the first call (+1.7 s on the transformer benchmark
-    with 2 replicas). ``step`` (a ``tf.function``) is traced here, once; its call in the
-    loop reuses the trace.
+    ``last[name]``: the last step's ``name`` output on this replica; ``loss_sum``: the sum
+    of the steps' mean ``"loss"`` since the last :meth:`take_loss_sum`. ``ON_READ``
+    variables: each replica writes its own copy, no communication. Created eagerly in
+    ``strategy.scope()`` from one replica's traced outputs (shapes fully known).
     """
-    outputs = step.get_concrete_function(iterator).structured_outputs
-    local = tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], outputs)
-    for name, value in local.items():
-        if not value.shape.is_fully_defined():
-            raise ValueError(f"train_step returned {name!r} with shape {value.shape}, which "
-                             f"is not fully known while tracing; return scalars (e.g. "
-                             f"tf.reduce_mean of it).")
-    return no_autograph(lambda: tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), local))
+
+    def __init__(self, strategy: tf.distribute.Strategy, local_outputs: dict):
+        for name, value in local_outputs.items():
+            if not value.shape.is_fully_defined():
+                raise ValueError(f"train_step returned {name!r} with shape {value.shape}, "
+                                 f"which is not fully known while tracing; return scalars "
+                                 f"(e.g. tf.reduce_mean of it).")
+        on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        with strategy.scope():
+            self.last = {name: tf.Variable(tf.zeros(value.shape, value.dtype),
+                                           name=f"last_{name}", **on_read)
+                         for name, value in local_outputs.items()}
+            self.loss_sum = tf.Variable(0.0, name="loss_sum", **on_read)
+
+    @no_autograph
+    def write(self, outputs: dict) -> None:
+        """Replica context: records one step's outputs."""
+        for name, value in outputs.items():
+            self.last[name].assign(value, read_value=False)
+        loss = tf.cast(outputs["loss"], tf.float32)
+        self.loss_sum.assign_add(loss if loss.shape.rank == 0 else tf.reduce_mean(loss),
+                                 read_value=False)
+
+    @no_autograph
+    def take_loss_sum(self) -> tf.Tensor:
+        """Replica context: this replica's loss sum, reset to 0."""
+        total = self.loss_sum.read_value()
+        with tf.control_dependencies([total]):
+            self.loss_sum.assign(0.0, read_value=False)
+        return total
 
 
 class CompiledLoops:
     """The ``tf.function`` loops of one Trainer (cross-replica context).
 
-    ``train(iterator, n)`` runs ``n >= 1`` steps and returns the last step's outputs,
+    ``prepare(iterator)`` once, then ``train(iterator, n)`` runs ``n >= 1`` steps and returns the last step's outputs,
     averaged over replicas. ``evaluate(iterator, n)`` runs ``n`` eval steps, or until
     the iterator is exhausted when ``n < 0``; results accumulate in the eval metrics.
 
@@ -63,20 +89,13 @@ class CompiledLoops:
 
     def __init__(self, strategy: tf.distribute.Strategy, train_step: Callable,
                  eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss):
+        self.slots: StepOutputSlots | None = None  # created by prepare()
+
         @no_autograph
         def replica_train(batch):
             outputs = train_step(batch)
             _check_outputs(outputs, "train_step")
             return outputs
-
-        @no_autograph
-        def add_loss(total, loss):
-            return total + tf.reduce_mean(tf.cast(loss, tf.float32))
-
-        @no_autograph
-        def record_loss(total, num_steps):
-            count = tf.cast(num_steps, tf.float32)
-            train_loss.update_state(total / count, sample_weight=count)
 
         @no_autograph
         def replica_eval(batch):
@@ -90,14 +109,24 @@ class CompiledLoops:
             step_counter.assign_add(1, read_value=False)
             return outputs
 
+        @tf.function(autograph=False)
+        def step_and_write(iterator):
+            strategy.run(self.slots.write, args=(one_step(iterator),))
+
+        @no_autograph
+        def finish(num_steps):
+            """Replica context, after the loop: the loss metric and the last outputs."""
+            count = tf.cast(num_steps, tf.float32)
+            train_loss.update_state(self.slots.take_loss_sum() / count, sample_weight=count)
+            return {name: slot.read_value() for name, slot in self.slots.last.items()}
+
         @tf.function
         def train(iterator, num_steps):
-            outputs = strategy.run(_zeros_like_outputs(one_step, iterator, strategy))
-            total = strategy.run(lambda: tf.constant(0.0))  # per replica: sum of step losses
+            if self.slots is None:
+                raise RuntimeError("CompiledLoops.prepare(iterator) must run before train().")
             for _ in tf.range(num_steps):
-                outputs = one_step(iterator)
-                total = strategy.run(add_loss, args=(total, outputs["loss"]))
-            strategy.run(record_loss, args=(total, num_steps))
+                step_and_write(iterator)
+            outputs = strategy.run(finish, args=(num_steps,))
             return {k: tf.reduce_mean(strategy.reduce(_MEAN, v, axis=None))
                     for k, v in outputs.items()}
 
@@ -112,5 +141,17 @@ class CompiledLoops:
                 done += 1
             return done
 
+        self._one_step = one_step
+        self._strategy = strategy
         self.train = train
         self.evaluate = evaluate
+
+    def prepare(self, iterator) -> None:
+        """Host, before the first ``train`` call: traces the step on ``iterator``'s
+        element spec (the trace ``train`` reuses) and creates the output slots from it."""
+        if self.slots is not None:
+            return
+        outputs = self._one_step.get_concrete_function(iterator).structured_outputs
+        local = {name: self._strategy.experimental_local_results(value)[0]
+                 for name, value in outputs.items()}
+        self.slots = StepOutputSlots(self._strategy, local)

@@ -105,6 +105,7 @@ def _loop_rate(trainer, dataset_fn: Callable, steps: int,
     loops = trainer.driver.loops
     iterator = iter(dist)
     per_call = max(1, min(cfg.train.steps_per_loop, steps))
+    loops.prepare(iterator)
     float(loops.train(iterator, tf.constant(per_call, tf.int64))["loss"])  # trace + warm up
 
     def chunk() -> float:

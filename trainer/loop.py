@@ -267,6 +267,7 @@ class LoopDriver:
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
                 start = time.perf_counter()
                 try:
+                    loops.prepare(iterator)  # the first call traces the step
                     outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
                 except Exception as error:  # a user's mistake becomes one InputError
                     found = checks.train_loop_error(error, t, self._dataset, num_steps)
