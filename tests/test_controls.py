@@ -150,13 +150,36 @@ def test_unknown_key_inside_a_nested_section_is_named():
 
 
 # ------------------------------------------------------------------------ logs
+def _train_records(workdir) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def test_grad_norm_is_the_mean_over_the_window_of_the_sampled_updates(tmp_path):
+    """Logging does not change training, so the per-step norms of a run logging every
+    step are the truth: every update's norm averaged (grad_norm_every=1), or the norm of
+    every 4th update (the window's updates 1 and 5, iterations 0, 4, 8, ...)."""
+    runs = {"per_step": dict(log=1, every=1), "exact": dict(log=8, every=1),
+            "sampled": dict(log=8, every=4)}
+    norms = {}
+    for name, run in runs.items():
+        workdir = tmp_path / name
+        config = toy.toy_config(**{"train.steps": 24, "train.log_every_steps": run["log"],
+                                   "telemetry.grad_norm_every": run["every"]})
+        toy.ToyTrainer(config, str(workdir)).fit()
+        norms[name] = [r["train/grad_norm"] for r in _train_records(workdir)]
+    truth = np.asarray(norms["per_step"]).reshape(3, 8)
+    np.testing.assert_allclose(norms["exact"], truth.mean(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(norms["sampled"], truth[:, [0, 4]].mean(axis=1), rtol=1e-5)
+    assert not np.allclose(norms["sampled"], norms["exact"], rtol=1e-3)
+
+
 def test_logged_learning_rate_follows_the_schedule_and_grad_norm_is_before_clipping(tmp_path):
     config = toy.toy_config(**{"train.steps": 40, "train.log_every_steps": 5,
                                "optimizer.schedule": "warmup_cosine",
                                "optimizer.warmup_steps": 10, "optimizer.clipnorm": 0.01})
     toy.ToyTrainer(config, str(tmp_path)).fit()
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
+    train = _train_records(tmp_path)
     schedule = optimizers.build_schedule(config)
     for record in train:
         want = float(schedule(record["step"]))

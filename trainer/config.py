@@ -125,6 +125,9 @@ def get_config() -> ml_collections.ConfigDict:
             alert_drop=0.3,  # regression alert: examples/s this far below the running median
             alert_windows=3,  # ... for this many consecutive logging windows
             grad_norm=True,  # train/grad_norm: global norm of the reduced gradients
+            # ... computed every N-th optimizer update (at least once per logging window),
+            # every update when optimizer.clipnorm > 0 (clipping computes it anyway)
+            grad_norm_every=10,
             # Where the records go: "jsonl" (workdir/metrics.jsonl), "tensorboard"
             # (workdir/train, workdir/eval), "mlflow" (MLFLOW_TRACKING_URI; pip install
             # 'tf-trainer[mlflow]').
@@ -286,6 +289,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
                     allow_zero=True)
     _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
+    _check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
     _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
     _check_loggers(config.telemetry.loggers)
     if not config.telemetry.peak_tflops >= 0:

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from trainer import keras_compat, precision
 from trainer.ema import ExponentialMovingAverage
+from trainer.grad_norm import GradientNormStats
 from trainer.errors import InputError
 from trainer.tracing import no_autograph
 from trainer.update_context import Accumulators, in_update_context
@@ -108,36 +109,6 @@ class Reducer:
         return None
 
 
-class GradientNormStats:
-    """Sum and count of the global gradient norm per update, since the last :meth:`take`.
-
-    The norm is of the all-reduced, unscaled gradients BEFORE clipping (the same value
-    on every replica). Each replica adds to its own copy (``ON_READ`` variables, no
-    communication, no host sync); the host reads the first replica's copy at log time.
-    Create in ``strategy.scope()``.
-    """
-
-    def __init__(self):
-        on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self.total = tf.Variable(0.0, name="grad_norm_sum", **on_read)
-        self.count = tf.Variable(0.0, name="grad_norm_count", **on_read)
-
-    @no_autograph
-    def record(self, norm: tf.Tensor) -> None:
-        """Replica context: one update's norm."""
-        self.total.assign_add(tf.cast(norm, tf.float32), read_value=False)
-        self.count.assign_add(1.0, read_value=False)
-
-    def take(self) -> float | None:
-        """Host: the mean norm since the last call (None: no update), then resets."""
-        count = float(self.count.numpy())
-        mean = float(self.total.numpy()) / count if count else None
-        self.total.assign(0.0)
-        self.count.assign(0.0)
-        return mean
-
-
 def _cast_all(grads: list, dtypes: list) -> list:
     """Casts float32 accumulated gradients back to their variables' dtypes."""
     return [tf.cast(g, d) for g, d in zip(grads, dtypes)]
@@ -175,7 +146,10 @@ class GradientPath:
         self.checks_finite = (config.train.on_nonfinite != "auto"
                               or precision_state.dynamic)
         self.ema = ema
-        self.norms = GradientNormStats()
+        # At least one sampled update per logging window (windows hold whole updates).
+        updates_per_window = config.train.log_every_steps // config.perf.grad_accum_steps
+        self.norms = GradientNormStats(
+            max(1, min(config.telemetry.grad_norm_every, updates_per_window)))
         self._built: set[int] = set()
         self._accumulators: dict[int, Accumulators] = {}
 
@@ -273,12 +247,14 @@ class GradientPath:
         return reduced[-2] / reduced[-1]
 
     @no_autograph
-    def _finalize(self, grads: list, count: tf.Tensor | None) -> tuple[list, tf.Tensor]:
+    def _finalize(self, grads: list, count: tf.Tensor | None,
+                  iterations) -> tuple[list, tf.Tensor]:
         """All-reduced scaled gradients -> (final gradients, all-finite flag).
 
         Corrects the averaging (``count`` examples instead of C_static; None: full),
-        undoes loss scaling and clips by global norm. The flag is a constant True when
-        this run does not check finiteness (``train.on_nonfinite``). Any context.
+        undoes loss scaling, clips by global norm and records the norm for the logs
+        (``iterations``: the optimizer's update count). The flag is a constant True when
+        this run does not check finiteness (``train.on_nonfinite``). Replica context.
         """
         if count is not None:
             factor = float(self.static_count) / count
@@ -289,7 +265,10 @@ class GradientPath:
         if self.config.optimizer.clipnorm > 0:
             grads, norm = tf.clip_by_global_norm(grads, self.config.optimizer.clipnorm)
         if self.config.telemetry.grad_norm:
-            self.norms.record(tf.linalg.global_norm(grads) if norm is None else norm)
+            if norm is None:
+                self.norms.maybe_record(grads, iterations)
+            else:
+                self.norms.record(norm)
         return grads, (precision.all_finite(grads) if self.checks_finite
                        else tf.constant(True))
 
@@ -298,7 +277,7 @@ class GradientPath:
                 count: tf.Tensor | None) -> None:
         """Replica context: finalizes all-reduced gradients and applies them (iff finite
         when this run checks finiteness)."""
-        grads, finite = self._finalize(reduced, count)
+        grads, finite = self._finalize(reduced, count, optimizer.iterations)
         if not self.checks_finite:  # no tf.cond: the update need not wait for a check
             keras_compat.apply_reduced(optimizer, grads, variables)
             self._after_apply(variables)
@@ -356,7 +335,8 @@ class GradientPath:
             def apply_window():
                 reduced = ops.all_reduce(local_values)
                 grads_, finite = ops.each(
-                    lambda r: self._finalize(_cast_all(r[:-1], dtypes), r[-1]), reduced)
+                    lambda r: self._finalize(_cast_all(r[:-1], dtypes), r[-1],
+                                             optimizer.iterations), reduced)
                 if self.checks_finite:
                     self._apply_or_skip(ops, optimizer, variables, grads_, finite)
                 else:

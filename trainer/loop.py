@@ -48,19 +48,31 @@ def _replica_spec(spec):
     return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
 
 
-def metric_values(loss_metric, metrics: dict) -> dict[str, float]:
-    """``{"loss": ..., NAME: ...}`` as Python floats (reduced over replicas and workers:
-    Keras metric variables are ON_READ/SUM, read in cross-replica context)."""
-    values = {"loss": float(loss_metric.result())}
-    for name, metric in metrics.items():
-        values[name] = float(metric.result())
-    return values
+class MetricReadout:
+    """A loss metric and named metrics (``{"loss": ..., NAME: ...}``), read as Python
+    floats and reset in ONE compiled call (op by op from the host it cost ~15 ms per
+    logging window with 2 replicas: 5% of a 100-step window of the Mirrored MLP).
 
+    Values are reduced over replicas and workers (Keras metric variables are
+    ON_READ/SUM, read in cross-replica context): call on every worker. Host.
+    """
 
-def reset_metrics(loss_metric, metrics: dict) -> None:
-    loss_metric.reset_state()
-    for metric in metrics.values():
-        metric.reset_state()
+    def __init__(self, loss_metric, metrics: dict):
+        self._metrics = {"loss": loss_metric, **metrics}
+        self._read_and_reset = tf.function(self._read_and_reset_fn, autograph=False)
+
+    def _read_and_reset_fn(self) -> dict[str, tf.Tensor]:
+        values = {name: metric.result() for name, metric in self._metrics.items()}
+        for metric in self._metrics.values():  # after the reads: same variables, in order
+            metric.reset_state()
+        return values
+
+    def reset(self) -> None:
+        self._read_and_reset()
+
+    def take(self) -> dict[str, float]:
+        """The values accumulated since the last reset; resets."""
+        return {name: float(value) for name, value in self._read_and_reset().items()}
 
 
 class History(Callback):
@@ -110,6 +122,8 @@ class LoopDriver:
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
         self._fit_iterator = None  # the train iterator of the current (or last) fit()
+        self.train_readout = MetricReadout(trainer.train_loss, trainer.train_metrics)
+        self.eval_readout = MetricReadout(trainer.eval_loss, trainer.eval_metrics)
 
     # ------------------------------------------------------------ building
     @property
@@ -192,7 +206,7 @@ class LoopDriver:
             self._eval_dataset = self._distribute(
                 t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
             self.ensure_built(self._eval_dataset, "build_eval_dataset")
-        reset_metrics(t.eval_loss, t.eval_metrics)
+        self.eval_readout.reset()
         try:
             self.loops.evaluate(iter(self._eval_dataset),
                                 tf.constant(t.config.eval.steps, tf.int64))
@@ -201,7 +215,7 @@ class LoopDriver:
             if found is None:
                 raise
             raise found from error
-        return metric_values(t.eval_loss, t.eval_metrics)
+        return self.eval_readout.take()
 
     def train_graph(self) -> tf.Graph | None:
         """The graph of the compiled train loop as ``fit()`` traced it (no retrace);
@@ -257,7 +271,7 @@ class LoopDriver:
         loops = self.loops
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
-        reset_metrics(t.train_loss, t.train_metrics)
+        self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start(t)
         try:
@@ -314,8 +328,7 @@ class LoopDriver:
         """The ``on_log`` values of a window; resets the train metrics."""
         t = self.trainer
         values = {k: float(v) for k, v in outputs.items()}
-        values.update(metric_values(t.train_loss, t.train_metrics))
-        reset_metrics(t.train_loss, t.train_metrics)
+        values.update(self.train_readout.take())
         seconds = self._mean_over_workers(seconds)
         logs = {f"train/{k}": v for k, v in values.items()}
         # The rate the next update uses: the schedule at optimizer.iterations.
