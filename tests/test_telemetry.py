@@ -124,13 +124,39 @@ def test_compute_bound_cnn_shows_little_input_wait():
     assert max(waits) < 0.5, waits
 
 
+def test_probe_budget_holds_periodic_probes_back_but_not_the_first():
+    probe_steps = {}
+    for budget in (0, 1e-9):
+        config = toy.toy_config(**{"train.steps": 30, "train.log_every_steps": 5,
+                                   "telemetry.probe_every_windows": 1,
+                                   "telemetry.probe_budget": budget})
+        records = _fit(toy.ToyTrainer(config)).records
+        probe_steps[budget] = [r["perf/probe_step"] for r in records]
+    assert probe_steps[0] == [None, 10, 15, 20, 25, 30]  # every window from the 2nd
+    assert probe_steps[1e-9] == [None] + [10] * 5  # the first probe only
+
+
+def test_probe_schedule_cadence_budget_and_out_of_turn_probes():
+    off = probes.ProbeSchedule(every=0, budget=0)
+    assert not any(off.due(w, out_of_turn=True) for w in range(2, 10))
+    uncapped = probes.ProbeSchedule(every=2, budget=0)
+    assert uncapped.due(3, False)  # the first probe: at the first window asked
+    uncapped.spent(0.1)
+    assert [w for w in range(2, 9) if uncapped.due(w, False)] == [2, 4, 6, 8]
+    capped = probes.ProbeSchedule(every=2, budget=0.01)
+    capped.spent(60.0)  # far over 1% of the time elapsed so far
+    assert not capped.due(2, False) and not capped.due(4, False)
+    assert capped.due(5, out_of_turn=True)
+
+
 def test_probes_leave_the_run_unchanged():
     """Probing every window trains bit-identical weights to not probing at all, with a
     model whose forward pass changes state (BatchNorm statistics, dropout seeds)."""
     weights = []
     for every in (1, 0):
         config = toy.toy_config(**{"train.steps": 30, "train.log_every_steps": 5,
-                                   "telemetry.probe_every_windows": every})
+                                   "telemetry.probe_every_windows": every,
+                                   "telemetry.probe_budget": 0})
         trainer = BatchNormDropoutTrainer(config)
         records = _fit(trainer).records
         assert (records[-1]["perf/input_wait_fraction"] is None) == (every == 0)

@@ -122,6 +122,7 @@ def get_config() -> ml_collections.ConfigDict:
             progress="auto",  # "auto" | "bar" | "lines" | "off"
             probe_every_windows=20,  # input-wait probe cadence in logging windows; 0: off
             probe_batches=5,  # batches each input-wait probe times
+            probe_budget=0.005,  # periodic probes skip while over this fraction of wall time; 0: no cap
             alert_drop=0.3,  # regression alert: examples/s this far below the running median
             alert_windows=3,  # ... for this many consecutive logging windows
             grad_norm=True,  # train/grad_norm: global norm of the reduced gradients
@@ -289,6 +290,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
                     allow_zero=True)
     _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
+    if not 0 <= config.telemetry.probe_budget < 1:
+        raise ConfigError(f"config.telemetry.probe_budget={config.telemetry.probe_budget!r} "
+                          f"must be in [0, 1) (e.g. 0.005; 0: no cap).")
     _check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
     _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
     _check_loggers(config.telemetry.loggers)

@@ -84,6 +84,14 @@ class PrecisionState:
         self.worst_streak = tf.Variable(0, dtype=tf.int64, trainable=False,
                                         name="worst_nonfinite_streak", aggregation=_ONLY_FIRST)
         self._step_counter = step_counter
+        self._read_counters = tf.function(
+            lambda: (self.skipped_steps.read_value(), self.scale.read_value()), autograph=False)
+
+    def counters(self) -> tuple[int, float]:
+        """Host: ``(skipped_steps, loss scale)`` in one compiled read (two eager reads of
+        distributed variables cost ~0.7 ms each per logging window)."""
+        skipped, scale = self._read_counters()
+        return int(skipped), float(scale)
 
     @tf.autograph.experimental.do_not_convert
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:

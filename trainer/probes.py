@@ -166,6 +166,35 @@ class ComputeProbe:
         return min(self._timed(num_steps) for _ in range(repeats)) / num_steps
 
 
+class ProbeSchedule:
+    """When telemetry runs the probes, over all ``fit()`` calls of one Trainer: at the
+    first window after warm-up (window 2) once, then every ``every`` windows while the
+    probes so far took at most ``budget`` of the wall time since the schedule started
+    (0: no limit), and whenever telemetry asks out of turn (a slow window or an alert).
+    The budget keeps "always on" light where windows are short: a probe costs ~0.1 s
+    on the 2-replica MLP, whose 100-step window lasts 0.3 s. ``every=0``: never. Host.
+    """
+
+    def __init__(self, every: int, budget: float):
+        self.every, self.budget = every, budget
+        self._start = time.perf_counter()
+        self._spent = 0.0  # seconds in probes since the start
+
+    def due(self, window: int, out_of_turn: bool) -> bool:
+        """Whether to probe after logging window ``window`` of a fit (1-based, > 1)."""
+        if not self.every:
+            return False
+        if out_of_turn or not self._spent:
+            return True
+        elapsed = time.perf_counter() - self._start
+        return ((window - 2) % self.every == 0
+                and (not self.budget or self._spent <= self.budget * elapsed))
+
+    def spent(self, seconds: float) -> None:
+        """Adds the host seconds one probe took."""
+        self._spent += seconds
+
+
 def input_wait_fraction(input_s: float, compute_s: float, step_s: float) -> float:
     """Estimated fraction of the step time spent waiting for input, in [0, 1].
 

@@ -5,8 +5,9 @@ TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 per train loop it only adds up the host wall time of the compiled loop call (no extra
 device sync); per logging window (``train.log_every_steps``) it samples host/device
 memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
-windows (and at the first slow window of a streak, and when an alert fires, so the
-alert's cause is judged from the current input) it runs the short input/compute probes
+windows while probes stay within ``telemetry.probe_budget`` of the wall time (and at the
+first slow window of a streak, and when an alert fires, so the alert's cause is judged
+from the current input) it runs the short input/compute probes
 of :mod:`trainer.probes` to estimate the input-wait fraction.
 
 Granularity. The step function runs ``steps_per_loop`` steps per ``tf.function`` call,
@@ -189,6 +190,8 @@ class Telemetry(Callback):
         self._active_writers: SummaryWriters | None = None
         self._sampler: SystemSampler | None = None
         self._probes: dict[str, Any] = {}  # traced probes, reused by a later fit()
+        self._probe: dict[str, Any] = {}  # the latest probe's numbers (any fit)
+        self._probe_schedule: probes.ProbeSchedule | None = None  # set at the first fit
 
     # -------------------------------------------------------------- lifecycle
     def on_fit_start(self, trainer: Any) -> None:
@@ -207,15 +210,16 @@ class Telemetry(Callback):
         self._seen_step = trainer.step
         self._windows = 0
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
-        self._probe: dict[str, Any] = {}
         self._probed = False  # a probe ran after the previous window
         # Probes run collectives; their timing-driven chunk counts would differ between
         # workers and mismatch the collectives, so multi-worker runs do not probe.
-        self._probe_every = cfg.telemetry.probe_every_windows
-        if self._probe_every and distribute.num_workers(trainer.strategy) > 1:
-            self._probe_every = 0
+        every = cfg.telemetry.probe_every_windows
+        if every and distribute.num_workers(trainer.strategy) > 1:
+            every = 0
             logging.info("input-wait probes are off in multi-worker runs "
                          "(perf/input_wait_fraction is null).")
+        if self._probe_schedule is None:
+            self._probe_schedule = probes.ProbeSchedule(every, cfg.telemetry.probe_budget)
         logging.info("%s", setup_report(trainer))
 
     def _take_loop(self, trainer: Any) -> None:
@@ -297,18 +301,19 @@ class Telemetry(Callback):
             self._source_keys.update(values)
             record.update(values)
         record.update(self._sampler.sample())
-        record["precision/skipped_steps"] = int(trainer.precision.skipped_steps.numpy())
-        record["precision/loss_scale"] = float(trainer.precision.scale.numpy())
+        record["precision/skipped_steps"], record["precision/loss_scale"] = (
+            trainer.precision.counters())
         # A window right after a probe was partly fed from the prefetch buffer that
         # filled while the probe ran: it neither counts for nor breaks a slow streak.
         after_probe, self._probed = self._probed, False
         record["perf/after_probe"] = after_probe
         slow, fire = (False, False) if warmup or after_probe else self._detector.update(
             examples_per_s)
-        every = self._probe_every
-        if every and not warmup and (
-                (self._windows - 2) % every == 0 or fire or (slow and self._detector.streak == 1)):
+        out_of_turn = fire or (slow and self._detector.streak == 1)
+        if not warmup and self._probe_schedule.due(self._windows, out_of_turn):
+            start = time.perf_counter()
             self._run_probes(trainer, step_s)
+            self._probe_schedule.spent(time.perf_counter() - start)
             self._probed = True
         record.update(self._wait_numbers(step_s))
         record["perf/regression_alert"] = 0.0
