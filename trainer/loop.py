@@ -50,16 +50,21 @@ def _replica_spec(spec):
 
 class MetricReadout:
     """A loss metric and named metrics (``{"loss": ..., NAME: ...}``), read as Python
-    floats and reset in ONE compiled call (op by op from the host it cost ~15 ms per
-    logging window with 2 replicas: 5% of a 100-step window of the Mirrored MLP).
+    floats and reset.
 
+    ``compiled``: read and reset in ONE ``tf.function`` call (op by op from the host it
+    cost ~15 ms per logging window with 2 replicas: 5% of a 100-step window of the
+    Mirrored MLP); ``result()`` must then be a function of the metric's variables, as
+    for every Keras metric. Otherwise eagerly, as ``keras.Model.evaluate`` reads them.
     Values are reduced over replicas and workers (Keras metric variables are
     ON_READ/SUM, read in cross-replica context): call on every worker. Host.
     """
 
-    def __init__(self, loss_metric, metrics: dict):
+    def __init__(self, loss_metric, metrics: dict, compiled: bool):
         self._metrics = {"loss": loss_metric, **metrics}
-        self._read_and_reset = tf.function(self._read_and_reset_fn, autograph=False)
+        self._compiled = compiled
+        self._read_and_reset = (tf.function(self._read_and_reset_fn, autograph=False)
+                                if compiled else self._read_and_reset_fn)
 
     def _read_and_reset_fn(self) -> dict[str, tf.Tensor]:
         values = {name: metric.result() for name, metric in self._metrics.items()}
@@ -68,7 +73,11 @@ class MetricReadout:
         return values
 
     def reset(self) -> None:
-        self._read_and_reset()
+        if self._compiled:  # one call, the reads discarded
+            self._read_and_reset()
+            return
+        for metric in self._metrics.values():
+            metric.reset_state()
 
     def take(self) -> dict[str, float]:
         """The values accumulated since the last reset; resets."""
@@ -122,8 +131,9 @@ class LoopDriver:
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
         self._fit_iterator = None  # the train iterator of the current (or last) fit()
-        self.train_readout = MetricReadout(trainer.train_loss, trainer.train_metrics)
-        self.eval_readout = MetricReadout(trainer.eval_loss, trainer.eval_metrics)
+        # Train windows are frequent: compiled. Evaluation reads as Keras does (eagerly).
+        self.train_readout = MetricReadout(trainer.train_loss, trainer.train_metrics, True)
+        self.eval_readout = MetricReadout(trainer.eval_loss, trainer.eval_metrics, False)
 
     # ------------------------------------------------------------ building
     @property
