@@ -67,17 +67,17 @@ class StepOutputSlots:
     def take_loss_sum(self) -> tf.Tensor:
         """Replica context: this replica's loss sum, reset to 0."""
         total = self.loss_sum.read_value()
-        with tf.control_dependencies([total]):
-            self.loss_sum.assign(0.0, read_value=False)
+        self.loss_sum.assign(0.0, read_value=False)  # after the read: tf.function orders them
         return total
 
 
 class CompiledLoops:
     """The ``tf.function`` loops of one Trainer (cross-replica context).
 
-    ``prepare(iterator)`` once, then ``train(iterator, n)`` runs ``n >= 1`` steps and returns the last step's outputs,
-    averaged over replicas. ``evaluate(iterator, n)`` runs ``n`` eval steps, or until
-    the iterator is exhausted when ``n < 0``; results accumulate in the eval metrics.
+    ``prepare(iterator)`` once, then ``train(iterator, n)`` runs ``n >= 1`` steps and
+    returns the last step's outputs, averaged over replicas. ``evaluate(iterator, n)``
+    runs ``n`` eval steps, or until the iterator is exhausted when ``n < 0``; results
+    accumulate in the eval metrics.
 
     Args:
       strategy: the run's strategy.

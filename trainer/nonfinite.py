@@ -57,13 +57,13 @@ class NonFiniteGuard(Callback):
         self._warned = False
 
     def on_fit_start(self, trainer: Any) -> None:
-        self._skipped_before = int(trainer.precision.skipped_steps.numpy())
+        self._skipped_before = trainer.precision.counters()[0]
         self._warned = False
         trainer.precision.worst_streak.assign(0)
 
     def on_loop_end(self, trainer: Any) -> None:
         if self.mode == "stop":
-            if int(trainer.precision.skipped_steps.numpy()) > self._skipped_before:
+            if trainer.precision.counters()[0] > self._skipped_before:
                 bad = int(trainer.precision.last_skipped_step.numpy())
                 raise NonFiniteError(
                     f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
@@ -103,9 +103,7 @@ class NonFiniteGuard(Callback):
                 f"before a blow-up, or lower optimizer.learning_rate.")
         self.rollbacks += 1
         trainer.gradients.reset_accumulators()
-        trainer.train_loss.reset_state()  # the window's mean held the blown-up steps
-        for metric in trainer.train_metrics.values():
-            metric.reset_state()
+        trainer.driver.train_readout.reset()  # the window's means held the blown-up steps
         trainer.precision.nonfinite_streak.assign(0)
         logging.warning("step %d: %s; rolled back to the checkpoint of step %d (rollback %d "
                         "of at most %d); the input goes on from where it was.", step, why,
@@ -119,7 +117,7 @@ class NonFiniteGuard(Callback):
             return
         self._warned = True
         if trainer.gradients.checks_finite:
-            what = (f"{int(trainer.precision.skipped_steps.numpy())} update(s) skipped so far "
+            what = (f"{trainer.precision.counters()[0]} update(s) skipped so far "
                     f"(precision/skipped_steps)")
         else:
             what = ("updates are NOT checked (train.on_nonfinite='auto' without "
