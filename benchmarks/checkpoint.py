@@ -7,10 +7,10 @@ Model: an MLP of ``layers`` Dense(width) layers (50.4M parameters at the default
 Adam (so the saved state is 3x the parameters: weights, two slots), fp32, batch 32,
 synthetic in-memory data, one device. Everything runs in ONE process through the
 public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore`` and
-(for 1.) ``trainer.checkpointing.Checkpointer.save``.
+(for 1.) ``trainer.checkpoint.service.Checkpointer.save``.
 
 The two array writers are compared through ``config.checkpoint.fast_io``: the
-O_DIRECT ``.npy`` files of ``trainer.array_files`` (``fast_io=True``: the "sync" and
+O_DIRECT ``.npy`` files of ``trainer.checkpoint.array_files`` (``fast_io=True``: the "sync" and
 "async" arms) and orbax's stock tensorstore handler (``fast_io=False``, the default:
 the "async_tensorstore" arm).
 
@@ -61,7 +61,7 @@ ARMS = ("async", "async_tensorstore", "sync")  # the arms with saves, besides "b
 PAUSE_S = 5.0  # before a timed save: a VM's kernel returns freed memory after ~2 s
 SAVES = (("sync", False, False), ("async", True, False),  # (name, async_save, tensorstore)
          ("async_tensorstore", True, True))
-WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.array_files); False
+WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.checkpoint.array_files); False
 
 
 def _trainer(args, workdir: str):
@@ -127,7 +127,7 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     Each save is the second of one ``Checkpointer`` (its host buffers already filled),
     as every save of a run but its first is.
     """
-    from trainer.checkpointing import Checkpointer
+    from trainer.checkpoint.service import Checkpointer
 
     out: dict[str, list[float]] = {f"{name}_{what}": [] for name, _, _ in SAVES
                                    for what in ("hold_s", "total_s", "cpu_s")}

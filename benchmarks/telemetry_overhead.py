@@ -48,7 +48,7 @@ def run(rounds: int, steps: int) -> dict:
     from absl import logging
 
     from benchmarks.workloads import WORKLOADS
-    from trainer.telemetry import Telemetry
+    from trainer.telemetry.service import Telemetry
 
     logging.set_verbosity(logging.WARNING)
     workload = WORKLOADS["mlp"]

@@ -153,7 +153,7 @@ def evaluator_command(module: str, trainer_flags: Sequence[str], python: str = "
     return [python, "-m", module, *trainer_flags, "--mode=continuous_eval"]
 
 
-# trainer.main's exit status after a preemption save (trainer.preemption.EXIT_PREEMPTED;
+# trainer.main's exit status after a preemption save (trainer.checkpoint.preemption.EXIT_PREEMPTED;
 # not imported: launch/ does not import TensorFlow). 143 = 128 + SIGTERM: what a process
 # killed by SIGTERM reports, and a code schedulers retry (the Kubeflow training operator's
 # ExitCode policy retries 128-255 and treats 1-127 as permanent).
@@ -255,7 +255,7 @@ if [ -z "${{SLURM_JOB_ID:-}}" ]; then
   echo "this is a SLURM batch script: submit it with sbatch (SLURM_JOB_ID is not set)" >&2
   exit 2
 fi
-# A task that saved a checkpoint after SIGTERM exits with this (trainer.preemption.EXIT_PREEMPTED).
+# A task that saved a checkpoint after SIGTERM exits with this (trainer.checkpoint.preemption.EXIT_PREEMPTED).
 EXIT_PREEMPTED={exit_preempted}
 REQUEUE={requeue}
 log() {{ echo "[slurm-job $(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)] $*"; }}

@@ -347,7 +347,7 @@ def _emit(args: argparse.Namespace, log) -> str:
         warn=lambda message: log(f"[launcher] warning: {message}"))
 
 
-# trainer.main's exit status after a preemption save (trainer.preemption.EXIT_PREEMPTED;
+# trainer.main's exit status after a preemption save (trainer.checkpoint.preemption.EXIT_PREEMPTED;
 # not imported: launch/ does not import TensorFlow): 143 = 128 + SIGTERM, which schedulers
 # retry (see launch.cluster.EXIT_PREEMPTED).
 EXIT_PREEMPTED = cluster_lib.EXIT_PREEMPTED

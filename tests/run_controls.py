@@ -3,7 +3,7 @@ replicas; one replica count per process.
 
     python -m tests.run_controls --replicas N --workdir DIR --out results.json
 
-Writes a JSON object whose numbers tests/test_controls.py checks with the same
+Writes a JSON object whose numbers tests/services/test_training_controls.py checks with the same
 assertions for every replica count.
 """
 
@@ -86,7 +86,7 @@ def rollback_scenario(config, workdir: str, out: dict) -> None:
     import tensorflow as tf
 
     from tests import toy
-    from trainer.nonfinite import NonFiniteError
+    from trainer.services.nonfinite import NonFiniteError
 
     cls = poisoned_trainer(toy, tf)
     common = {"train.steps": 30, "train.steps_per_loop": 5, "checkpoint.every_steps": 5,

@@ -3,10 +3,10 @@
     python -m tests.run_numerics --replicas N --out numerics.npz
 
 Trains the toy model for 20 optimizer updates on N virtual CPU devices in each of the
-scenarios of issue 3, each next to its negative control (plain Keras behaviour or a
+distributed-numerics scenarios, each next to its negative control (plain Keras behaviour or a
 deliberately wrong setting), and saves final weights and the facts the tests check
 (loss scale, skipped steps, error messages, whether every replica holds the same
-weights). tests/test_numerics.py compares the files of 1, 2 and 4 replicas.
+weights). tests/test_replica_count_numerics.py compares the files of 1, 2 and 4 replicas.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    from trainer.nonfinite import NonFiniteError
+    from trainer.services.nonfinite import NonFiniteError
     from tests import toy
 
     classes = _trainers()

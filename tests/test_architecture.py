@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 PROJECT = ("trainer", "launch", "models")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
 # start-up fast or the dependency optional (README: orbax/JAX and tfds cost ~0.4 s each).
@@ -70,7 +70,7 @@ def test_function_local_imports_only_for_optional_third_party_modules(path):
                     f"{path.name}:{node.lineno} imports {name} inside {func.name}()")
 
 
-@pytest.mark.parametrize("path", sources("trainer"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sources("trainer"), ids=lambda p: str(p.relative_to(REPO)))
 def test_library_modules_stay_small(path):
     lines = len(path.read_text().splitlines())
     assert lines <= 400, f"{path.name} has {lines} lines; split it by concern"
@@ -78,10 +78,10 @@ def test_library_modules_stay_small(path):
 
 # The documented deferred imports of this package: the TensorFlow-free command lines load
 # their TensorFlow side with importlib.import_module("trainer.<module>") in one function
-# each (trainer.main.load_fit_command, trainer.doctor.load_measure), after the flags and
+# each (trainer.main.load_fit_command, trainer.doctor.cli.load_measure), after the flags and
 # config are checked. trainer/__init__.py loads Trainer/Callback lazily the same way
 # (PEP 562 __getattr__). Nowhere else may a module hide a project import this way.
-DEFERRED_ENTRY_POINTS = {"trainer/main.py": "load_fit_command", "trainer/doctor.py": "load_measure"}
+DEFERRED_ENTRY_POINTS = {"trainer/main.py": "load_fit_command", "trainer/doctor/cli.py": "load_measure"}
 
 
 @pytest.mark.parametrize("path", sources(*PROJECT), ids=lambda p: str(p.relative_to(REPO)))
@@ -104,7 +104,7 @@ def test_importlib_loads_project_modules_only_in_the_documented_entry_points(pat
 
 def test_the_command_lines_check_flags_without_tensorflow():
     """trainer.main and trainer.doctor import nothing that imports TensorFlow."""
-    code = ("import sys, trainer.main, trainer.doctor, trainer.cli; "
+    code = ("import sys, trainer.main, trainer.doctor.cli, trainer.cli; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60)

@@ -20,7 +20,7 @@ from tests import toy
 from tests.conftest import run_main
 from tests.launch_helpers.running import Launch, wait_until_dead
 from trainer import continuous_eval
-from trainer.checkpoint_store import LATEST_DIR
+from trainer.checkpoint.store import LATEST_DIR
 from trainer.config import ConfigError
 
 STEPS = [5, 10, 15, 20]

@@ -329,7 +329,7 @@ def test_operator_rule_as_written_here():
 
 
 def test_preemption_exit_code_is_143_in_the_trainer_and_the_launchers():
-    from trainer import preemption
+    from trainer.checkpoint import preemption
 
     assert preemption.EXIT_PREEMPTED == cluster_lib.EXIT_PREEMPTED == EXIT_PREEMPTED
     assert multiworker.EXIT_PREEMPTED == EXIT_PREEMPTED

@@ -178,7 +178,7 @@ def test_a_preempted_task_restarts_the_group_without_using_a_restart(tmp_path):
 
 
 def test_preemption_exit_code_matches_the_trainer():
-    from trainer import preemption
+    from trainer.checkpoint import preemption
 
     assert multiworker.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED == 143
 

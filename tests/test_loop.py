@@ -199,8 +199,8 @@ def test_user_hooks_keep_autograph_while_framework_code_is_not_converted(monkeyp
     # Framework functions traced in the step run as written: converting each costs
     # ~0.05-0.5 s of cold start. Only the in-graph loops themselves (tf.range/while) are.
     loops = {"trainer.compiled_loops.CompiledLoops.__init__.<locals>.train",
-             "trainer.probes.InputProbe.__init__.<locals>.drain",
-             "trainer.probes.ComputeProbe.__init__.<locals>.run"}
+             "trainer.telemetry.probes.InputProbe.__init__.<locals>.drain",
+             "trainer.telemetry.probes.ComputeProbe.__init__.<locals>.run"}
     assert "trainer.compiled_loops.CompiledLoops.__init__.<locals>.train" in converted
     assert {n for n in converted if n.startswith("trainer.")} <= loops
 

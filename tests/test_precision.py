@@ -1,6 +1,6 @@
 """Precision policy, loss-scale state, schedules and perf options (one process, one replica).
 
-The multi-replica comparisons are in tests/test_numerics.py.
+The multi-replica comparisons are in tests/test_replica_count_numerics.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A user's mistakes end in one clear message, fast, never in a traceback (issue 22).
+"""A user's mistakes end in one clear message, fast, never in a traceback.
 
 Three groups:
 
@@ -35,7 +35,7 @@ import trainer as trainer_package
 from trainer import Callback, Trainer, checks, errors
 from trainer.config import ConfigError
 from trainer.errors import InputError
-from trainer.progress import Progress
+from trainer.telemetry.progress import Progress
 
 DIGITS = str(REPO / "models" / "configs" / "digits.py")
 

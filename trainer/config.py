@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
             steps_per_loop=50,  # steps run inside one tf.function call (in-graph loop)
             log_every_steps=100,  # logging window, rounded up to whole loops
             # What a NaN/inf all-reduced gradient does: "skip" the update on every replica,
-            # "stop" with an error, "rollback" to the last checkpoint (trainer.nonfinite),
+            # "stop" with an error, "rollback" to the last checkpoint (trainer.services.nonfinite),
             # or "auto": skip under mixed_float16 (loss scaling needs it), otherwise no
             # check (the update is applied, as in keras fit; faster).
             on_nonfinite="auto",
@@ -53,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
             max_rollbacks=3,  # then stop with an error
             deterministic=True,  # tf.data deterministic order (exact resume needs it)
             # Stop when an eval metric has not improved by more than min_delta for
-            # `patience` evaluations in a row (trainer.early_stopping); metric "": off.
+            # `patience` evaluations in a row (trainer.services.early_stopping); metric "": off.
             early_stopping=ml_collections.ConfigDict(
                 dict(metric="", mode="min", patience=0, min_delta=0.0)),
         )
@@ -110,7 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
             best_metric="",  # e.g. "eval/accuracy": keep the best N as well
             best_mode="max",  # "max" | "min"
             async_save=True,
-            # True: arrays as aligned .npy files written with O_DIRECT (trainer.array_files;
+            # True: arrays as aligned .npy files written with O_DIRECT (trainer.checkpoint.array_files;
             # ~10x less CPU per async save, readable by numpy, not by a plain orbax
             # restore). False: orbax's stock handlers, readable by any orbax user.
             fast_io=False,
@@ -299,7 +299,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_loggers(config.telemetry.loggers)
     if not config.telemetry.peak_tflops >= 0:
         raise ConfigError(f"config.telemetry.peak_tflops={config.telemetry.peak_tflops!r} must "
-                          f"be >= 0 (one device's peak TFLOPS; 0: from trainer.flops's table).")
+                          f"be >= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table).")
     if not 0 < config.telemetry.alert_drop < 1:
         raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
                           f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")

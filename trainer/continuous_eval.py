@@ -1,6 +1,6 @@
 """Evaluating a run's checkpoints apart from training: ``--mode=eval`` and ``continuous_eval``.
 
-Model Garden's semantics, on this framework's checkpoints (:mod:`trainer.checkpoint_store`)::
+Model Garden's semantics, on this framework's checkpoints (:mod:`trainer.checkpoint.store`)::
 
     python -m trainer.main --config=... --workdir=DIR --mode=eval [--step=S]
     python -m trainer.main --config=... --workdir=DIR --mode=continuous_eval [--eval_timeout_s=T]
@@ -59,10 +59,11 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoint_store, cli, distribute
-from trainer.checkpoint_state import CheckpointError
+from trainer import cli, distribute
+from trainer.checkpoint import store as checkpoint_store
+from trainer.checkpoint.state import CheckpointError
 from trainer.config import ConfigError
-from trainer.summaries import SummaryWriters
+from trainer.telemetry.summaries import SummaryWriters
 from trainer.trainer import Trainer, resolve_trainer_class
 
 MODES = cli.MODES

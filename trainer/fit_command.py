@@ -27,8 +27,8 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import continuous_eval, distribute, errors
-from trainer.checkpoint_store import LATEST_DIR
-from trainer.preemption import EXIT_PREEMPTED, Preempted
+from trainer.checkpoint.store import LATEST_DIR
+from trainer.checkpoint.preemption import EXIT_PREEMPTED, Preempted
 from trainer.trainer import resolve_trainer_class
 
 

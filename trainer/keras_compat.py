@@ -15,7 +15,7 @@ private name it uses and fails with a clear message when a Keras version lacks i
   keeps the Keras behaviour.
 * :func:`nested_function_graph`: the graph of a function a ``tf.function`` graph calls
   (``Graph._get_function(name).graph``; checked on TensorFlow 2.21), for counting the
-  FLOPs inside nested calls and ``tf.cond`` branches (:mod:`trainer.flops`).
+  FLOPs inside nested calls and ``tf.cond`` branches (:mod:`trainer.telemetry.flops`).
 """
 
 from __future__ import annotations

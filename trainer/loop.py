@@ -14,7 +14,7 @@ local flag; after the callbacks of every loop boundary the workers agree on the 
 (one small all-reduce per loop on multi-worker runs, nothing on one worker), so every
 worker stops at the same step. Inside a gradient-accumulation window the stop waits for
 the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
-``fit()`` returns, or raises :class:`trainer.preemption.Preempted` after a preemption.
+``fit()`` returns, or raises :class:`trainer.checkpoint.preemption.Preempted` after a preemption.
 
 Contexts: the driver runs on the host in cross-replica context; the compiled loops call
 the steps in replica context.
@@ -33,7 +33,7 @@ from absl import logging
 from trainer import checks, data, host_collectives
 from trainer.callbacks import Callback, CallbackList
 from trainer.compiled_loops import CompiledLoops
-from trainer.preemption import Preempted
+from trainer.checkpoint.preemption import Preempted
 
 
 

@@ -21,13 +21,13 @@ Exit codes: 0 done (also when a callback requested the stop); 2 for a usage erro
 flag, an override key, a missing config file); 1 with a message for any other user
 error (config value, config file, workdir, checkpoint, data vs model, port, device)
 and, with a traceback, for an internal error; 143
-(``trainer.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM, once the current
+(``trainer.checkpoint.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM, once the current
 step is checkpointed: run the same command again to resume. ``--traceback`` (or
 ``TF_TRAINER_TRACEBACK=1``) shows the Python traceback of a user error too.
 
 The one deferred import of this package: :func:`load_fit_command` loads the TensorFlow
 side with ``importlib`` once the checks passed (``tests/test_architecture.py`` accepts
-``importlib.import_module`` of a project module only here and in ``trainer.doctor``).
+``importlib.import_module`` of a project module only here and in ``trainer.doctor.cli``).
 """
 
 from __future__ import annotations

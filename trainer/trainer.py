@@ -28,24 +28,25 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpointing, cli, distribute, keras_compat, optimizers, precision
+from trainer import cli, distribute, keras_compat, optimizers, precision
+from trainer.checkpoint import service as checkpointing
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
-from trainer.checkpointing import Checkpointer
+from trainer.checkpoint.service import Checkpointer
 from trainer.data import split_batch
 from trainer.data_parallel import ManualDataParallel
-from trainer.early_stopping import EarlyStopping
+from trainer.services.early_stopping import EarlyStopping
 from trainer.ema import ExponentialMovingAverage
-from trainer.evaluation import PeriodicEvaluation
-from trainer.flops import FlopsMeter
+from trainer.services.evaluation import PeriodicEvaluation
+from trainer.telemetry.flops import FlopsMeter
 from trainer.gradients import GradientPath
-from trainer.loggers import build_loggers
+from trainer.telemetry.loggers import build_loggers
 from trainer.loop import LoopDriver
-from trainer.nonfinite import NonFiniteGuard
-from trainer.preemption import PreemptionWatcher
-from trainer.profiler import ProfilerWindows
+from trainer.services.nonfinite import NonFiniteGuard
+from trainer.checkpoint.preemption import PreemptionWatcher
+from trainer.telemetry.profiler import ProfilerWindows
 from trainer.steps import DefaultSteps
-from trainer.telemetry import Telemetry
+from trainer.telemetry.service import Telemetry
 from trainer.tracing import no_autograph, user_hook
 
 
@@ -291,7 +292,7 @@ class Trainer:
         Sets every saved variable (model, optimizers, loss scale, step counter) and
         ``self.step``; None when ``workdir`` holds no checkpoint. Works across strategies
         and replica counts. On multi-worker runs call it on every worker. Raises
-        ``trainer.checkpoint_state.CheckpointError`` naming the variable when the
+        ``trainer.checkpoint.state.CheckpointError`` naming the variable when the
         checkpoint is missing, unreadable or does not fit the model.
         """
         return checkpointing.restore(self, step)

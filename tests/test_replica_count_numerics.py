@@ -1,4 +1,4 @@
-"""Distributed numerics (issue 3): 1, 2 and 4 replicas train to the same weights.
+"""Distributed numerics: 1, 2 and 4 replicas train to the same weights.
 
 Each scenario runs for 20 optimizer updates in tests/run_numerics.py, one process per
 replica count (virtual CPU devices), next to a negative control that must FAIL the same

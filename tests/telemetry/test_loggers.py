@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import toy
 from trainer import config as config_lib
-from trainer import loggers
+from trainer.telemetry import loggers
 
 
 def _config(**overrides):

@@ -23,7 +23,8 @@ from tests.telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDropoutT
                                            HeavyCnnTrainer, SlowInputTrainer, TurnSlow,
                                            TurnsSlowTrainer, cnn_config)
 from trainer import config as config_lib
-from trainer import probes, progress, telemetry
+from trainer.telemetry import alerts, probes, progress
+from trainer.telemetry import service as telemetry
 
 
 def _records(workdir: Path, kind: str) -> list[dict]:
@@ -201,7 +202,7 @@ def test_regression_alert_fires_and_names_input_wait(tmp_path, slow_from, blips)
 
 
 def test_regression_detector_needs_a_sustained_drop():
-    detector = telemetry.RegressionDetector(drop=0.3, windows=2)
+    detector = alerts.RegressionDetector(drop=0.3, windows=2)
     flags = [detector.update(v) for v in (100, 100, 100, 65, 100, 65, 60, 60, 60)]
     assert [fire for _, fire in flags] == [False] * 6 + [True, False, False]
     assert [slow for slow, _ in flags][3] is True
@@ -272,10 +273,10 @@ def test_likely_cause_names_memory_and_skipped_steps():
     current = {"perf/input_wait_fraction": 0.05, "mem/host_memory_fraction": 0.95,
                "precision/skipped_steps": 7, "sys/host_cpu_percent": 50.0,
                "sys/process_cpu_percent": 90.0}
-    cause = telemetry.likely_cause(current, {"perf/input_wait_fraction": 0.04,
+    cause = alerts.likely_cause(current, {"perf/input_wait_fraction": 0.04,
                                              "precision/skipped_steps": 2})
     assert "memory near limit" in cause and "5 skipped" in cause and "input" not in cause
-    assert "profile_steps" in telemetry.likely_cause(
+    assert "profile_steps" in alerts.likely_cause(
         {"perf/input_wait_fraction": 0.0}, {"perf/input_wait_fraction": 0.0})
 
 
@@ -287,7 +288,7 @@ def test_likely_cause_names_memory_and_skipped_steps():
 def test_likely_cause_weighs_added_input_wait_against_added_step_time(wait, step_ms, named):
     baseline = {"perf/input_wait_fraction": 0.72, "perf/step_time_mean_s": 0.0007}
     current = {"perf/input_wait_fraction": wait, "perf/step_time_mean_s": step_ms / 1e3}
-    cause = telemetry.likely_cause(current, baseline)
+    cause = alerts.likely_cause(current, baseline)
     assert ("input wait up" in cause) == named, cause
     if named:
         assert "88% of a 32 ms step (was 72% of a 0.7 ms step)" in cause

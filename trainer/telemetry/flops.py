@@ -205,7 +205,7 @@ class FlopsMeter(Callback):
     """Adds ``train/flops_per_example``, ``train/tflops``, ``train/mfu``,
     ``train/hardware_flops_per_example`` and ``train/hfu`` to telemetry (module docstring).
 
-    A service callback and a record source of :class:`trainer.telemetry.Telemetry`
+    A service callback and a record source of :class:`trainer.telemetry.service.Telemetry`
     (``Telemetry(config, sources=[meter])``): telemetry calls :meth:`values` for every
     train record, so the keys reach metrics.jsonl, TensorBoard and every logger. Both
     counts are made at the first call (the first logging window) and kept for the

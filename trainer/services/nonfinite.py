@@ -18,7 +18,7 @@ loop boundaries:
   the same decision: the streak and the loss are all-reduced values.
 * every mode: the first logging window whose train loss is NaN/inf logs one warning
   saying what happened to the updates and what to do. (A checkpoint is never written
-  with non-finite weights: :mod:`trainer.checkpointing` checks before it saves.)
+  with non-finite weights: :mod:`trainer.checkpoint.service` checks before it saves.)
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 
 from absl import logging
 
-from trainer import checkpointing
+from trainer.checkpoint import service as checkpointing
 from trainer.callbacks import Callback
-from trainer.checkpointing import Checkpointer
+from trainer.checkpoint.service import Checkpointer
 from trainer.precision import NonFiniteError
-from trainer.telemetry import Telemetry
+from trainer.telemetry.service import Telemetry
 
 __all__ = ["NonFiniteError", "NonFiniteGuard"]
 

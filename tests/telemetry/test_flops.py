@@ -11,7 +11,7 @@ import pytest
 from models import digits
 from models.configs import digits as digits_config
 from tests.conftest import run_main
-from trainer import flops
+from trainer.telemetry import flops
 
 
 def _config(**overrides):

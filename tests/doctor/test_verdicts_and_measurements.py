@@ -12,7 +12,8 @@ import pytest
 from tests import toy
 from tests.conftest import REPO, subprocess_env
 from tests.telemetry_trainers import cnn_config
-from trainer import doctor, doctor_report
+from trainer.doctor import measure as doctor
+from trainer.doctor import report as doctor_report
 
 _CORE = ("baseline", "input", "compute")
 
@@ -38,7 +39,7 @@ def test_input_bound_advice_splits_reading_from_preprocessing_and_orders_the_rem
     remedies = [a.split(":", 1)[0] for a in advice[1:5]]
     assert remedies == ["1. parallelism", "2. cache", "3. file sharding", "4. tf.data service"]
     assert "python -m launch.data_service --port" in advice[4]
-    assert "reading alone" in doctor.format_table(report)
+    assert "reading alone" in doctor_report.format_table(report)
 
 
 def test_cached_pipeline_with_a_heavy_model_is_diagnosed_compute_bound():
@@ -87,7 +88,7 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     assert {r["layer"] for r in report["layers"]["top"]} >= {"dense", "dense_1"}
     measured = {k: v for k, v in report.items() if k != "verdict"}
     assert report["verdict"] == doctor_report.verdict(measured)
-    table = doctor.format_table(report)
+    table = doctor_report.format_table(report)
     for label in ("(1) real run", "(2) input pipeline alone", "(3) compute alone",
                   "(6) 1 vs 2 replicas", "(7) top layers", "(8) verdict"):
         assert label in table, label

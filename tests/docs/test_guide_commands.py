@@ -147,7 +147,7 @@ def test_every_guide_command_is_run_or_exempt_with_a_reason():
     assert len(commands) >= 15
     for command in commands:
         assert command.exempt or command.text.startswith(RUN), (
-            f"{command.text!r}: add a way to run it in tests/test_guide.py or a NOT_RUN reason")
+            f"{command.text!r}: add a way to run it in tests/docs/test_guide_commands.py or a NOT_RUN reason")
     models = {m for c in runnable() for m in re.findall(r"models/configs/(\w+)\.py", c.text)}
     assert {"digits", "mnist", "cifar10", "lm", "gan"} <= models
 

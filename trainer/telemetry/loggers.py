@@ -2,9 +2,9 @@
 
 ``config.telemetry.loggers`` names where the telemetry records go: ``"jsonl"``
 (``workdir/metrics.jsonl``) and ``"tensorboard"`` (``workdir/train``, ``workdir/eval``)
-are written by :mod:`trainer.summaries`; ``"mlflow"`` by :class:`MlflowLogger` (``pip
+are written by :mod:`trainer.telemetry.summaries`; ``"mlflow"`` by :class:`MlflowLogger` (``pip
 install 'tf-trainer[mlflow]'``). A logger is a service :class:`trainer.Callback` (for
-the run's lifecycle) and a *sink* of :class:`trainer.telemetry.Telemetry`: it gets every
+the run's lifecycle) and a *sink* of :class:`trainer.telemetry.service.Telemetry`: it gets every
 train and eval record Telemetry builds, the same one metrics.jsonl holds.
 
 MLflow, as MLflow users expect: the tracking store is ``MLFLOW_TRACKING_URI`` (MLflow's

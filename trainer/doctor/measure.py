@@ -10,7 +10,7 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
 1. ``baseline``: the real run: real input pipeline, real train step, the configured
    ``steps_per_loop`` in-graph loop.
 2. ``input``: the input pipeline alone (the distributed dataset pulled in an in-graph
-   loop, no model; :class:`trainer.probes.InputProbe`). When the Trainer defines
+   loop, no model; :class:`trainer.telemetry.probes.InputProbe`). When the Trainer defines
    ``build_read_dataset`` (the examples as read from storage), reading alone is timed
    too (``read_examples_per_s``) and ``read_share`` is the share of the input time per
    example that reading takes; the rest is preprocessing.
@@ -52,9 +52,10 @@ import psutil
 import tensorflow as tf
 
 from trainer import config as config_lib
-from trainer import data, distribute, probes
-from trainer.doctor_report import SECTIONS, Report, verdict
-from trainer.layer_profile import profile_layers
+from trainer import data, distribute
+from trainer.telemetry import probes
+from trainer.doctor.report import SECTIONS, Report, verdict
+from trainer.doctor.layer_profile import profile_layers
 from trainer.trainer import resolve_trainer_class
 
 MIN_SECONDS = 1.0  # each measurement repeats its chunk of steps at least this long

@@ -8,7 +8,7 @@ memory and utilisation once and writes one record. Every ``telemetry.probe_every
 windows while probes stay within ``telemetry.probe_budget`` of the wall time (and at the
 first slow window of a streak, and when an alert fires, so the alert's cause is judged
 from the current input) it runs the short input/compute probes
-of :mod:`trainer.probes` to estimate the input-wait fraction.
+of :mod:`trainer.telemetry.probes` to estimate the input-wait fraction.
 
 Granularity. The step function runs ``steps_per_loop`` steps per ``tf.function`` call,
 so per-step times are per loop call: ``step_time_mean_s`` is the window's loop seconds
@@ -21,9 +21,9 @@ train pipeline kept filling its prefetch buffer, so that window runs partly on s
 
 Outputs (files only on the chief, and only when the Trainer has a workdir):
 
-* console: :mod:`trainer.progress` (``telemetry.progress``). Only the chief prints
+* console: :mod:`trainer.telemetry.progress` (``telemetry.progress``). Only the chief prints
   progress; alerts print everywhere.
-* TensorBoard (:mod:`trainer.summaries`): ``workdir/train`` and ``workdir/eval``;
+* TensorBoard (:mod:`trainer.telemetry.summaries`): ``workdir/train`` and ``workdir/eval``;
   train/eval values as ``loss``, ``accuracy``…, the rest under ``perf/``, ``mem/``,
   ``sys/``, ``precision/``; alerts as the text summary ``alerts`` and the scalar
   ``perf/regression_alert``.
@@ -34,11 +34,11 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
 Extension points (how other services add to and read the records, so that one record
 per window reaches every output): a *source* (``Telemetry(config, sources=[...])``) is
 an object with ``values(trainer, logs) -> dict`` whose values are merged into every
-train record (e.g. :class:`trainer.flops.FlopsMeter`: ``train/flops_per_example``,
+train record (e.g. :class:`trainer.telemetry.flops.FlopsMeter`: ``train/flops_per_example``,
 ``train/tflops``, ``train/mfu``, ``train/hardware_flops_per_example``, ``train/hfu``;
 the progress line leaves them out); a *sink*
 (``sinks=[...]``) is an object with ``write(record)`` that receives every train and
-eval record on the chief after the files (e.g. :class:`trainer.loggers.MlflowLogger`).
+eval record on the chief after the files (e.g. :class:`trainer.telemetry.loggers.MlflowLogger`).
 The ``logs`` dict of ``on_log`` is shared by all callbacks and never modified.
 """
 
@@ -53,15 +53,16 @@ from typing import Any, Sequence, TextIO
 
 import keras
 import ml_collections
-import psutil
 import tensorflow as tf
 from absl import logging
 
-from trainer import distribute, probes
+from trainer import distribute
+from trainer.telemetry import probes
+from trainer.telemetry.alerts import RegressionDetector, likely_cause
 from trainer.callbacks import Callback
-from trainer.progress import Progress, duration, progress_mode
-from trainer.summaries import SummaryWriters
-from trainer.system_stats import SystemSampler
+from trainer.telemetry.progress import Progress, duration, progress_mode
+from trainer.telemetry.summaries import SummaryWriters
+from trainer.telemetry.system_stats import SystemSampler
 
 #: Keys of every ``kind == "train"`` record of metrics.jsonl (values may be null where
 #: noted in README.md), plus ``train/NAME`` for each value the step/metrics report.
@@ -76,68 +77,11 @@ TRAIN_KEYS = (
     "sys/host_cpu_percent", "sys/process_cpu_percent", "sys/gpu_util_percent",
     "precision/skipped_steps", "precision/loss_scale",
     "perf/regression_alert", "alert",
-    "train/flops_per_example", "train/tflops", "train/mfu",  # from trainer.flops
+    "train/flops_per_example", "train/tflops", "train/mfu",  # from trainer.telemetry.flops
     "train/hardware_flops_per_example", "train/hfu",
 )
 #: Keys of every ``kind == "eval"`` record, plus ``eval/NAME`` for each eval metric.
 EVAL_KEYS = ("kind", "step", "time", "eval/loss")
-
-
-class RegressionDetector:
-    """Flags examples/s more than ``drop`` below the running median of earlier windows.
-
-    ``update`` returns ``(slow, fire)``: ``slow`` for this window, ``fire`` once per
-    episode, when ``windows`` consecutive windows have been slow. Needs 3 earlier
-    windows before it judges.
-    """
-
-    def __init__(self, drop: float, windows: int):
-        self.drop, self.windows = drop, windows
-        self.history: list[float] = []
-        self.streak = 0
-
-    def median(self) -> float | None:
-        return statistics.median(self.history[-100:]) if len(self.history) >= 3 else None
-
-    def update(self, examples_per_s: float) -> tuple[bool, bool]:
-        median = self.median()
-        slow = median is not None and examples_per_s < (1 - self.drop) * median
-        self.streak = self.streak + 1 if slow else 0
-        self.history.append(examples_per_s)
-        return slow, self.streak == self.windows
-
-
-def likely_cause(current: dict, baseline: dict) -> str:
-    """Names the likely cause of a slowdown from two telemetry records (see README).
-
-    The input is named when at least 30% of the current step waits for it and, against
-    the baseline, the extra wait per step accounts for at least half of the extra step
-    time (a run that was already input-bound stays so at a higher fraction).
-    """
-    causes = []
-    wait, base_wait = current.get("perf/input_wait_fraction"), baseline.get("perf/input_wait_fraction")
-    step, base_step = current.get("perf/step_time_mean_s"), baseline.get("perf/step_time_mean_s")
-    if wait is not None and wait >= 0.3:
-        added_wait_s = wait * step - (base_wait or 0.0) * (base_step or 0.0)
-        if base_wait is None or (step > base_step and added_wait_s >= 0.5 * (step - base_step)):
-            causes.append(f"input wait up: {wait:.0%} of a {step * 1e3:.3g} ms step" + (
-                f" (was {base_wait:.0%} of a {base_step * 1e3:.3g} ms step)"
-                if base_wait is not None else ""))
-    near = [current.get(k) for k in ("mem/gpu_memory_fraction", "mem/host_memory_fraction")]
-    if any(v is not None and v >= 0.9 for v in near):
-        causes.append(f"memory near limit ({max(v for v in near if v is not None):.0%} used)")
-    skipped = (current.get("precision/skipped_steps") or 0) - (
-        baseline.get("precision/skipped_steps") or 0)
-    if skipped > 0:
-        causes.append(f"{skipped:.0f} skipped (non-finite) steps")
-    host, own = current.get("sys/host_cpu_percent"), current.get("sys/process_cpu_percent")
-    if host is not None and own is not None and host >= 90 and own / psutil.cpu_count() < 0.7 * host:
-        causes.append(f"host CPU contention: the machine is {host:.0f}% busy, this process "
-                      f"uses {own / psutil.cpu_count():.0f}%")
-    if not causes:
-        return ("no telemetry signal explains it; capture a trace with "
-                "--config.telemetry.profile_steps=START:STOP")
-    return "; ".join(causes)
 
 
 def setup_report(trainer: Any) -> str:
@@ -345,7 +289,7 @@ class Telemetry(Callback):
                 "precision/skipped_steps": earlier[-1]["precision/skipped_steps"] if earlier else 0}
 
     def _run_probes(self, trainer: Any, step_s: float) -> None:
-        """Times the pipeline alone and compute alone (see :mod:`trainer.probes`).
+        """Times the pipeline alone and compute alone (see :mod:`trainer.telemetry.probes`).
 
         ``step_s``: the window's observed seconds per step. A pipeline that slows the
         step takes about that long per batch, so the input probe first drains what

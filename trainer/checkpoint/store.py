@@ -6,11 +6,11 @@ best ``max_to_keep`` by that metric (``best_mode``). ``checkpoint.async_save`` w
 a background thread (training continues; the next save waits for the previous one).
 
 One step directory holds two items: ``state`` (the arrays of
-:mod:`trainer.checkpoint_state`) and ``manifest`` (JSON). Arrays are written by orbax's
+:mod:`trainer.checkpoint.state`) and ``manifest`` (JSON). Arrays are written by orbax's
 stock ``PyTreeCheckpointHandler`` (uncompressed: zstd saved 8% of a float training state
 for 4x the CPU per save), so any orbax user can read them; with
 ``checkpoint.fast_io=True`` they are aligned ``.npy`` files written with O_DIRECT
-(:mod:`trainer.array_files`: ~10x less CPU per async save on VMs whose page cache is
+(:mod:`trainer.checkpoint.array_files`: ~10x less CPU per async save on VMs whose page cache is
 expensive; ``np.load`` reads them, plain orbax does not). Reading handles both formats.
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it when
@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import array_files
+from trainer.checkpoint import array_files
 
 LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
@@ -64,7 +64,7 @@ def state_handler(ocp, fast_io: bool):
     """The orbax handler of the ``state`` item.
 
     ``fast_io=False``: orbax's stock tensorstore handler (uncompressed). ``True``: the
-    O_DIRECT ``.npy`` handler of :mod:`trainer.array_files`, which also reads stock
+    O_DIRECT ``.npy`` handler of :mod:`trainer.checkpoint.array_files`, which also reads stock
     checkpoints; reading always uses it, so either format restores.
     """
     if not fast_io:

@@ -1,4 +1,4 @@
-"""Checkpointing (trainer.checkpoint_state / checkpoint_store / checkpointing) in one process: state round trip, keep-N and best-N policy,
+"""Checkpointing (trainer.checkpoint.state / checkpoint_store / checkpointing) in one process: state round trip, keep-N and best-N policy,
 clear errors for missing / incompatible / corrupt checkpoints, export.
 
 Multi-process behaviour (kill, preemption, crash mid-write, replica changes, multiple
@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from tests import toy
 from tests.conftest import subprocess_env
-from trainer import checkpoint_state
-from trainer.checkpoint_state import CheckpointError
+from trainer.checkpoint import state as checkpoint_state
+from trainer.checkpoint.state import CheckpointError
 from trainer.config import ConfigError, validate
 
 
@@ -102,7 +102,7 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
     put step 10's values into step 5's checkpoint."""
     import time
 
-    from trainer import array_files
+    from trainer.checkpoint import array_files
 
     original = array_files.write_npy
     writes = []

@@ -7,14 +7,13 @@
 This module is the command line, free of TensorFlow: flags, ``--sections`` and the
 config are checked first (:mod:`trainer.cli`; a mistake is one message, exit 2 for a
 usage error, 1 for a config error), then the measurements run
-(:mod:`trainer.doctor_measure`, which describes each section). Output: a table, or with
+(:mod:`trainer.doctor.measure`, which describes each section). Output: a table, or with
 ``--json`` one JSON object.
 
-``trainer.doctor.diagnose`` and the other measurement functions are those of
-:mod:`trainer.doctor_measure`, loaded on first use (PEP 562 module ``__getattr__``).
-That module is loaded only through :func:`load_measure`, the deferred import of this
-command (``tests/test_architecture.py`` accepts ``importlib.import_module`` of a
-project module only in the documented entry points).
+The measurements (:mod:`trainer.doctor.measure`) are loaded only through
+:func:`load_measure`, the deferred import of this command
+(``tests/test_architecture.py`` accepts ``importlib.import_module`` of a project module
+only in the documented entry points).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from ml_collections import config_flags
 
 from trainer import cli, errors, fast_exit
 from trainer import config as config_lib
-from trainer.doctor_report import SECTIONS, format_table
+from trainer.doctor.report import SECTIONS, format_table
 
 PROGRAM = "python -m trainer.doctor"
 OWN_FLAGS = ("config", "steps", "json", "memory_budget_mb", "max_batch_doublings",
@@ -38,15 +37,8 @@ OWN_FLAGS = ("config", "steps", "json", "memory_budget_mb", "max_batch_doublings
 
 
 def load_measure() -> ModuleType:
-    """The measurements (:mod:`trainer.doctor_measure`, TensorFlow), imported here only."""
-    return importlib.import_module("trainer.doctor_measure")
-
-
-def __getattr__(name: str):
-    """``trainer.doctor.diagnose`` etc.: the measurement API, loaded on first use."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(load_measure(), name)
+    """The measurements (:mod:`trainer.doctor.measure`, TensorFlow), imported here only."""
+    return importlib.import_module("trainer.doctor.measure")
 
 
 def check_sections(sections: list[str]) -> list[str]:

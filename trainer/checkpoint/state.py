@@ -36,7 +36,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import array_files, host_collectives
+from trainer import host_collectives
+from trainer.checkpoint import array_files
 from trainer.errors import UserError
 
 FORMAT = 2  # 1: variables matched by position (before names); not readable any more
@@ -130,7 +131,7 @@ def snapshot(trainer: Any, reuse: dict[str, list[np.ndarray]] | None = None
     """Host copies of the training state and its manifest.
 
     Arrays are ``np.ndarray`` (0-d for scalars: orbax rejects numpy scalars), page
-    aligned (:func:`trainer.array_files.aligned_empty`); they are snapshots, safe to
+    aligned (:func:`trainer.checkpoint.array_files.aligned_empty`); they are snapshots, safe to
     write while training continues. ``reuse``: the state of an earlier snapshot whose
     arrays are overwritten in place where shape and dtype still match (the caller makes
     sure nothing reads them any more). Copying into warm buffers avoids faulting in

@@ -1,4 +1,4 @@
-"""trainer.array_files: aligned-header .npy files written with O_DIRECT, and their
+"""trainer.checkpoint.array_files: aligned-header .npy files written with O_DIRECT, and their
 fallbacks (unaligned arrays, file systems that refuse O_DIRECT), read back bitwise."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from trainer import array_files
+from trainer.checkpoint import array_files
 
 CASES = [((), np.float32), ((), np.int64), ((3,), np.float32), ((1025, 3), np.float64),
          ((4096,), np.float32), ((7, 4096), np.int32), ((0,), np.float32), ((2, 3), np.bool_)]
@@ -129,7 +129,7 @@ def test_orbax_round_trip_writes_npy_files_and_sends_bfloat16_through_tensorstor
     bfloat16 leaf (no .npy dtype) is stored by orbax's tensorstore handler; all restore."""
     import ml_dtypes
 
-    from trainer import checkpoint_store
+    from trainer.checkpoint import store as checkpoint_store
 
     ocp = checkpoint_store.orbax()
     tree = {"f": [filled((300, 7), np.float32, aligned=True), np.array(7, np.int64)],

@@ -12,8 +12,8 @@ of ``fit()``. Every save calls ``on_checkpoint`` of every callback.
 
 The loop is held only while the state is copied to host memory; that copy goes into
 buffers kept between the saves of one ``fit()`` (one state-sized host copy per
-directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint_store` for
-files and formats and :mod:`trainer.checkpoint_state` for what is saved and how it is
+directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint.store` for
+files and formats and :mod:`trainer.checkpoint.state` for what is saved and how it is
 matched.
 
 Resume (:func:`restore`): the step is restored BEFORE the train dataset is built, and
@@ -40,12 +40,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checkpoint_state, host_collectives
+from trainer import host_collectives
+from trainer.checkpoint import state as checkpoint_state
 from trainer.callbacks import Callback
-from trainer.checkpoint_state import CheckpointError
-from trainer.checkpoint_store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
-from trainer.checkpoint_store import candidates as _all_candidates
-from trainer.checkpoint_store import read_manifest, read_state
+from trainer.checkpoint.state import CheckpointError
+from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
+from trainer.checkpoint.store import candidates as _all_candidates
+from trainer.checkpoint.store import read_manifest, read_state
 from trainer.config import ConfigError
 from trainer.precision import NonFiniteError
 

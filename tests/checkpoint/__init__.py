@@ -1,0 +1,1 @@
+"""Specs of trainer.checkpoint: what is saved, where, when, and resuming after a kill."""

@@ -1,0 +1,1 @@
+"""The documentation runs: the guide's commands and the Colab notebook."""

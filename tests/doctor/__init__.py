@@ -1,0 +1,1 @@
+"""Specs of trainer.doctor: verdicts, the report and the measurements."""

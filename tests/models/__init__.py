@@ -1,0 +1,1 @@
+"""Specs of the example models: the embedded default, the zoo, TFDS input at scale."""

@@ -1,0 +1,1 @@
+"""Specs of trainer.services: evaluation, early stopping, non-finite handling (and EMA)."""

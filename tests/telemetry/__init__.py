@@ -1,0 +1,1 @@
+"""Specs of trainer.telemetry: records, TensorBoard, progress, FLOPs, loggers, profiler."""

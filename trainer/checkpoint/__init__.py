@@ -1,0 +1,15 @@
+"""Checkpoints: what is saved, where it lives, when it is written, and preemption.
+
+* :mod:`trainer.checkpoint.state` — what a checkpoint holds and how it is matched back
+  to a Trainer's variables (a pytree of numpy arrays, matched by name).
+* :mod:`trainer.checkpoint.store` — where checkpoints live: orbax managers, keep-N /
+  best-N, async writes, reading back.
+* :mod:`trainer.checkpoint.array_files` — the opt-in ``O_DIRECT`` ``.npy`` writer.
+* :mod:`trainer.checkpoint.service` — the save policy (a service Callback), resume and
+  the best export.
+* :mod:`trainer.checkpoint.preemption` — SIGTERM during ``fit()`` becomes a checkpoint
+  and a retryable exit.
+
+A new checkpoint format is a change to ``state`` (what) and ``store`` (how it is
+written); the service only decides when.
+"""

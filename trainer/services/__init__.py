@@ -1,0 +1,6 @@
+"""Training services that act between loops: each one a service Callback.
+
+* :mod:`trainer.services.evaluation` — periodic evaluation during ``fit()``.
+* :mod:`trainer.services.early_stopping` — ``train.early_stopping``.
+* :mod:`trainer.services.nonfinite` — ``train.on_nonfinite``: stop or roll back on NaN.
+"""
