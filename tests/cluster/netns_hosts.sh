@@ -87,7 +87,7 @@ host_dir() { echo "$DIR/hosts/$1"; }
 
 ensure_bridge() {
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-    ip link add "$BRIDGE" type bridge || die "could not create bridge $BRIDGE (is the bridge module available? modprobe bridge)"
+    ip link add "$BRIDGE" type bridge || die "could not create bridge $BRIDGE: this needs root in the machine's own network namespace (not in a container or user namespace without CAP_NET_ADMIN) and the bridge module (modprobe bridge)"
   fi
   ip addr flush dev "$BRIDGE"  # no address: the root namespace is not a host of the cluster
   ip link set "$BRIDGE" up

@@ -22,11 +22,15 @@ WHERE_AM_I = """#!/bin/bash
 echo "batch on $(hostname)"
 srun bash -c 'echo "task $SLURM_PROCID $(hostname) $(hostname -i) $TFDS_DATA_DIR"'
 """
+# One task per node, each says so, then waits to be killed.
+ON_BOTH_NODES = """#!/bin/bash
+srun bash -c 'echo "task $SLURM_PROCID up"; exec sleep 600'
+"""
 # First run: holds both nodes until killed. After a requeue: prints where it ran, ends.
 UNTIL_REQUEUED = """#!/bin/bash
 echo "run ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES nodes)"
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exit 0; fi
-srun sleep 600
+srun bash -c 'echo "task $SLURM_PROCID up"; exec sleep 600'
 """
 
 
@@ -58,9 +62,10 @@ while true; do sleep 0.2; done
 @pytest.mark.parametrize("lose", ["partition", "kill_all"])
 def test_a_lost_host_is_marked_down_and_its_job_requeued(lose, multinode_slurm, cluster):
     lost = cluster.hosts[1]
-    job = multinode_slurm.submit("#!/bin/bash\nsrun sleep 600\n", "--nodes=2", "--requeue",
+    job = multinode_slurm.submit(ON_BOTH_NODES, "--nodes=2", "--requeue",
                                  directory=cluster.shared_dir("lost"))
-    job.wait({"RUNNING"}, timeout=JOB_S)
+    for rank in (0, 1):  # the step runs on both hosts
+        job.wait_for_output(rf"^task {rank} up$", timeout=JOB_S)
     getattr(cluster, lose)(lost)  # cut off the network, or every process killed
     seconds = multinode_slurm.wait_node_state(lost, {"down"}, timeout=LOST_NODE_S)
     print(f"\n[measured] {lose}: {lost.name} marked down after {seconds:.1f} s")
@@ -75,6 +80,8 @@ def test_a_min_max_job_finishes_on_the_remaining_host(multinode_slurm, cluster):
     job = multinode_slurm.submit(UNTIL_REQUEUED, "--nodes=1-2", "--requeue",
                                  directory=cluster.shared_dir("minmax"))
     job.wait_for_output(r"^run 0 on .* \(2 nodes\)$", timeout=JOB_S)
+    for rank in (0, 1):
+        job.wait_for_output(rf"^task {rank} up$", timeout=JOB_S)
     cluster.partition(lost)
     state = job.wait(timeout=LOST_NODE_S + JOB_S)
     assert state["JobState"] == "COMPLETED", job.output()

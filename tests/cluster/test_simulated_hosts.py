@@ -63,12 +63,19 @@ def test_hosts_reach_each_other_by_name_from_their_own_address(cluster):
     assert server.stdout.readline().strip() == h0.address
 
 
-def test_hosts_have_their_own_hostname_and_no_route_off_the_bridge(cluster):
+def test_hosts_have_their_own_hostname_and_no_way_off_the_bridge(cluster):
     for host in cluster.all_hosts:
         assert cluster.run(host, ["hostname"]).stdout.strip() == host.name
         routes = cluster.run(host, ["ip", "-4", "route", "show"]).stdout
         assert "default" not in routes, routes
         assert routes.split()[0] == host.address.rsplit(".", 1)[0] + ".0/24", routes
+    # The bridge: no address in the root namespace, and no port but the hosts' veths.
+    bridge = f"{cluster.name}-br"
+    assert not subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge],
+                              capture_output=True, text=True, check=True).stdout
+    ports = subprocess.run(["ip", "-o", "-d", "link", "show", "master", bridge],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(ports) == len(cluster.all_hosts) and all(" veth " in p for p in ports), ports
 
 
 def test_a_partitioned_host_is_unreachable_until_it_is_healed(cluster):
@@ -110,16 +117,22 @@ def test_kill_all_ends_every_process_of_a_host(cluster):
     assert any(p.program == "sleep" for p in cluster.processes([h1]))
 
 
-def test_up_is_idempotent_and_down_leaves_nothing_behind(tmp_path):
-    # A second, independent cluster (its own names, subnet and disks).
+def test_up_repairs_a_broken_cluster_and_down_leaves_nothing_behind(simulated_cluster, tmp_path):
+    # A second, independent cluster (its own names, subnet and disks); the session's
+    # fixture is only asked for its skip/fail decision.
     other = SimulatedCluster(hosts=2, name="tfsimtd", subnet="10.213.8", root=tmp_path)
     other.up()
     try:
-        other.popen(0, ["sleep", "600"])
+        sleeper = other.popen(0, ["sh", "-c", "echo ready; exec sleep 600"])
+        assert sleeper.stdout.readline().strip() == "ready"
         other.partition(1)
-        other.up()  # repairs: heals host 1, keeps the running process
-        assert connect(other, 0, other.hosts[1].address, 9, timeout=2).stdout.startswith(
-            "unreachable: ConnectionRefusedError")  # reachable (refused, not lost)
+        # As after a crash half-way through: host 1's cable gone, the head node gone.
+        subprocess.run(["ip", "link", "del", "tfsimtd-v1"], check=True)
+        subprocess.run(["ip", "netns", "del", "tfsimtd-head"], check=True)
+        other.up()  # repairs both, keeps host 0's running process
+        for peer in (other.hosts[1], other.head):  # reachable: refused, not lost
+            refused = connect(other, 0, peer.address, 9, timeout=2)
+            assert refused.stdout.startswith("unreachable: ConnectionRefusedError"), refused
         assert [p.program for p in other.processes([0])] == ["sleep"]
     finally:
         other.down()
