@@ -159,12 +159,7 @@ class SimulatedCluster:
         self._kill_started()
         for host in self.all_hosts:
             self.heal(host)
-        for proc in self.processes():
-            if proc.program not in self.daemons:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self._kill(self.all_hosts, spare=self.daemons, timeout=10.0)
 
     def _kill_started(self) -> None:
         for proc in self._started:
@@ -298,10 +293,14 @@ class SimulatedCluster:
     def kill_all(self, host: int | str | Host, timeout: float = 5.0) -> None:
         """SIGKILLs every process on ``host`` (a crashed machine) and waits until none is
         left; raises :class:`ClusterError` naming survivors after ``timeout`` s."""
+        self._kill([host], spare=(), timeout=timeout)
+
+    def _kill(self, hosts: Iterable[int | str | Host], spare: Iterable[str], timeout: float) -> None:
+        hosts, spare = list(hosts), set(spare)
         deadline = time.monotonic() + timeout
-        while left := self.processes([host]):
+        while left := [p for p in self.processes(hosts) if p.program not in spare]:
             if time.monotonic() > deadline:
-                raise ClusterError(f"processes on {host} survived SIGKILL for {timeout} s: {left}")
+                raise ClusterError(f"processes survived SIGKILL for {timeout} s: {left}")
             for proc in left:
                 try:
                     os.kill(proc.pid, signal.SIGKILL)

@@ -143,7 +143,8 @@ class SlurmCluster:
                env: Mapping[str, str] | None = None) -> Job:
         """``sbatch`` of ``script`` (its text, or a file) from ``directory`` (shared:
         the job runs there) with ``sbatch_args`` and ``env`` added to the environment
-        the job inherits (the harness's: PYTHONPATH = the repository, this Python)."""
+        the job inherits (the harness's: PYTHONPATH = the repository, this Python).
+        The output goes to :attr:`Job.output_path` (do not pass ``--output``)."""
         if isinstance(script, str):
             self._jobs += 1
             path = directory / f"script-{self._jobs}.sh"
