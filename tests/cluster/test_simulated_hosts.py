@@ -100,7 +100,7 @@ def test_node_local_directories_are_separate_and_the_shared_one_is_shared(cluste
     cluster.run(h0, ["sh", "-c", write, "sh", shared])
     seen = cluster.run(h1, ["sh", "-c", 'echo "$HOME $TFDS_DATA_DIR $TMPDIR"; '
                                         'cat "$HOME/mine" 2>/dev/null || echo absent; '
-                                        'cat "$1/from-tfsim-h0"', "sh", shared]).stdout.split()
+                                        'cat "$1/from-$2"', "sh", shared, h0.name]).stdout.split()
     assert seen == [str(h1.home), str(h1.tfds_data_dir), str(h1.scratch), "absent", h0.name]
     assert len({h.home for h in cluster.all_hosts}) == len(cluster.all_hosts)
     assert (h0.home / "mine").read_text().strip() == h0.name
@@ -118,17 +118,19 @@ def test_kill_all_ends_every_process_of_a_host(cluster):
 
 
 def test_up_repairs_a_broken_cluster_and_down_leaves_nothing_behind(simulated_cluster, tmp_path):
-    # A second, independent cluster (its own names, subnet and disks); the session's
-    # fixture is only asked for its skip/fail decision.
-    other = SimulatedCluster(hosts=2, name="tfsimtd", subnet="10.213.8", root=tmp_path)
+    # A second, independent cluster (its own names, subnet and disks, derived from the
+    # session's); the session's cluster is only asked for its skip/fail decision.
+    name = simulated_cluster.name[:6] + "td"
+    subnet = "10.214." + simulated_cluster.head.address.split(".")[2]
+    other = SimulatedCluster(hosts=2, name=name, subnet=subnet, root=tmp_path)
     other.up()
     try:
         sleeper = other.popen(0, ["sh", "-c", "echo ready; exec sleep 600"])
         assert sleeper.stdout.readline().strip() == "ready"
         other.partition(1)
         # As after a crash half-way through: host 1's cable gone, the head node gone.
-        subprocess.run(["ip", "link", "del", "tfsimtd-v1"], check=True)
-        subprocess.run(["ip", "netns", "del", "tfsimtd-head"], check=True)
+        subprocess.run(["ip", "link", "del", f"{name}-v1"], check=True)
+        subprocess.run(["ip", "netns", "del", f"{name}-head"], check=True)
         other.up()  # repairs both, keeps host 0's running process
         for peer in (other.hosts[1], other.head):  # reachable: refused, not lost
             refused = connect(other, 0, peer.address, 9, timeout=2)
@@ -139,8 +141,8 @@ def test_up_repairs_a_broken_cluster_and_down_leaves_nothing_behind(simulated_cl
     other.down()
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert "tfsimtd" not in namespaces and "tfsimtd" not in links
-    assert (tmp_path / "hosts" / "tfsimtd-h0" / "home").is_dir()  # disks kept
+    assert name not in namespaces and name not in links
+    assert (tmp_path / "hosts" / f"{name}-h0" / "home").is_dir()  # disks kept
 
 
 def test_two_hosts_train_with_multi_worker_mirrored_strategy(cluster):
