@@ -29,18 +29,12 @@ STATE_DIR=/var/lib/slurm/slurmctld
 SPOOL_DIR=/var/lib/slurm/slurmd
 say() { echo "[start_local_slurm] $*"; }
 die() { echo "[start_local_slurm] error: $*" >&2; exit 1; }
+. "$(dirname "$0")/slurm_common.sh"
 
 [ "$(id -u)" = 0 ] || die "run this as root (it installs packages and starts daemons): sudo $0"
 
 # 1. Packages.
-if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then
-  command -v apt-get >/dev/null || die "slurmctld/slurmd/munged are missing and there is no apt-get; install Slurm and MUNGE by hand."
-  say "installing slurm-wlm and munge (apt-get)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null 2>&1 || {
-    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null
-  } || die "apt-get could not install slurm-wlm and munge; see the output of: apt-get install slurm-wlm munge"
-fi
+install_slurm
 
 # 2. Configuration (rewritten only when it changes).
 CPUS=$(nproc)
@@ -95,23 +89,8 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$NEW_CONF" ]; then
   say "wrote $CONF ($CPUS CPUs)"
 fi
 
-running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-stop() {  # stop a daemon we started (by its pid file) so it rereads the new config
-  if running "$1"; then kill "$(cat "$1")"; for _ in $(seq 50); do running "$1" || break; sleep 0.1; done; fi
-}
-
 # 3. Daemons.
-if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
-  say "starting munged"
-  [ -f /etc/munge/munge.key ] || { mungekey --create --keyfile=/etc/munge/munge.key 2>/dev/null \
-      || dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 2>/dev/null; }
-  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-  mkdir -p /run/munge /var/log/munge /var/lib/munge
-  chown munge:munge /run/munge /var/log/munge /var/lib/munge
-  runuser -u munge -- munged || die "munged did not start; see /var/log/munge/munged.log"
-  for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
-  munge -n | unmunge >/dev/null || die "munge credentials do not work; see /var/log/munge/munged.log"
-fi
+start_munge
 if [ "$conf_changed" = 1 ]; then
   stop /run/slurmd.pid
   stop /run/slurmctld.pid
