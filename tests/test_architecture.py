@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PROJECT = ("trainer", "launch", "models")
+PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
 # start-up fast or the dependency optional (README: orbax/JAX and tfds cost ~0.4 s each).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
@@ -55,7 +55,7 @@ def test_no_module_uses_another_modules_private_names(path):
             pytest.fail(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")
 
 
-@pytest.mark.parametrize("path", sources("trainer", "launch"),
+@pytest.mark.parametrize("path", sources("trainer", "launch", "tf_cluster"),
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_function_local_imports_only_for_optional_third_party_modules(path):
     tree = ast.parse(path.read_text())
