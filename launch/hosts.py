@@ -52,8 +52,11 @@ DEFAULT_PORT = 23456
 _PROBE_TIMEOUT_S = 1.0
 # What a task prints when it stops because a peer was lost: the trainer's one line
 # ("Lost peer: worker:2 (10.0.0.2:23456) ..."), or TensorFlow's own coordination-service
-# report ("... tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:2").
-LOST_PEER_LINE = re.compile(rb"Lost peer: |unhealthy|stopped sending heartbeats")
+# report, whose lost tasks follow on lines of their own:
+#   "... The following tasks are unhealthy (stopped sending heartbeats):"
+#   "/job:worker/replica:0/task:2"
+LOST_PEER_LINE = re.compile(rb"Lost peer: |unhealthy|stopped sending heartbeats|"
+                            rb"^/job:[a-z]+/replica:\d+/task:\d+\s*$")
 _NAMED_TASK = re.compile(r"Lost peer: ([a-z]+):(\d+)|/job:([a-z]+)/replica:\d+/task:(\d+)")
 
 
