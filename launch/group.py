@@ -165,7 +165,7 @@ def run_with_restarts(
             continue
         if restarts < policy.max_restarts:
             restarts += 1
-            lost = " (a lost peer counts)" if result.exit_code == EXIT_PEER_LOST else ""
+            lost = "; a lost peer counts" if result.exit_code == EXIT_PEER_LOST else ""
             log(f"[launcher] {result.reason}; restarting the whole group (restart {restarts} of "
                 f"{policy.max_restarts}{lost}); {resume}.")
             time.sleep(policy.pause_s)

@@ -225,6 +225,7 @@ def _check_common(args: argparse.Namespace) -> None:
         raise ClusterError("--mode is set per task by this launcher (training tasks train, the "
                            "--evaluator task runs --mode=continuous_eval); remove it.")
     args.backoff_limit = args.max_restarts
+    args.warnings = []
     if args.max_restarts is None:
         args.max_restarts = 0
     if args.data_service_workers < 0:
@@ -343,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     if args.mode == "emit":
         return _write(args, log)
-    for warning in getattr(args, "warnings", ()):
+    for warning in args.warnings:
         log(f"[launcher] warning: {warning}")
     with StopSignals() as stop:
         try:

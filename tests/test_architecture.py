@@ -76,6 +76,15 @@ def test_library_modules_stay_small(path):
     assert lines <= 400, f"{path.name} has {lines} lines; split it by concern"
 
 
+@pytest.mark.parametrize("path", sources("launch", "tf_cluster"),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_launcher_functions_stay_short(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            assert lines <= 80, f"{path.name}:{node.lineno} {node.name}() has {lines} lines"
+
+
 # The documented deferred imports of this package: the TensorFlow-free command lines load
 # their TensorFlow side with importlib.import_module("trainer.<module>") in one function
 # each (trainer.main.load_fit_command, trainer.doctor.load_measure), after the flags and

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from launch import hosts, multiworker
+from launch import data_service, hosts, multiworker
 from launch.group import StartError, task_specs
 from launch.supervision import GroupResult
 from tf_cluster.exit_codes import EXIT_PEER_LOST
@@ -65,6 +65,10 @@ def test_the_data_service_runs_on_host_0_and_every_host_points_at_it():
     layouts = [hosts.host_layout(HOSTS, rank, 2, port=3000, data_service_workers=2)
                for rank in (0, 1)]
     assert layouts[0].dispatcher == layouts[1].dispatcher == "127.0.0.1:3003"
+    workers = [s for s in data_service.service_specs(3003, 2, True, host="127.0.0.1")
+               if s.name.startswith(data_service.WORKER)]
+    # Service workers tell the dispatcher the address other hosts reach them at.
+    assert [s.argv[-2:] for s in workers] == [["--address", "127.0.0.1"]] * 2
 
 
 @pytest.mark.parametrize("args, message", [

@@ -180,6 +180,17 @@ def test_a_preempted_task_restarts_the_group_without_using_a_restart(tmp_path):
     assert len(run.all_task_pids()) == 6
 
 
+def test_a_lost_peer_restarts_the_group_and_counts_as_a_restart(tmp_path):
+    marker = tmp_path / "lost-once"
+    run = launch(["--workers", "2", "--max_restarts", "1"],
+                 {"worker:1": {"crash_once": str(marker), "crash_code": exit_codes.EXIT_PEER_LOST},
+                  "*": {"seconds": 1}})
+    assert run.finish(BOUND_S) == 0, run.output
+    assert "worker:1 exited with code 170; restarting the whole group (restart 1 of 1; a " \
+           "lost peer counts)" in run.output
+    assert len(run.all_task_pids()) == 4
+
+
 def test_preemption_exit_code_matches_the_trainer():
     from trainer import preemption
 
