@@ -248,6 +248,9 @@ def _check_spawning(args: argparse.Namespace) -> None:
             "--hosts without --node_rank: to start this host's tasks give --node_rank I (its "
             "place in --hosts); to print per-task TF_CONFIGs add --emit tf_config (or --emit "
             "slurm / tfjob for a scheduler).")
+    if args.node_rank is not None and not args.hosts:
+        raise ClusterError("--node_rank I needs --hosts ADDR0,ADDR1,... (every host of the "
+                           "cluster, in task order); without them the local group runs.")
     if args.max_restarts < 0:
         raise ClusterError(f"--max_restarts={args.max_restarts} must be >= 0.")
     args.bounds = Bounds(args.start_timeout, args.hang_timeout, args.frozen_timeout,

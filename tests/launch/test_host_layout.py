@@ -77,6 +77,7 @@ def test_the_data_service_runs_on_host_0_and_every_host_points_at_it():
     (["--hosts", "127.0.0.1,127.0.0.2,127.0.0.1", "--node_rank", "0"],
      "--hosts lists 127.0.0.1 twice (entries 0 and 2)"),
     (["--hosts", HOSTS], "--hosts without --node_rank"),
+    (["--node_rank", "0", "--workers", "2"], "--node_rank I needs --hosts"),
     (["--hosts", "8.8.8.8,127.0.0.2", "--node_rank", "1"], "a public address"),
     (["--hosts", HOSTS, "--node_rank", "0", "--tasks_per_node", "0"],
      "--tasks_per_node=0 must be >= 1"),
