@@ -21,13 +21,14 @@ FILES, PER_FILE, GLOBAL = 4, 48, 24
 
 
 def ids_dataset(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-    """Per-replica batches of ``{"id"}`` from this pipeline's files, shuffled per epoch."""
+    """Per-replica batches of ``(x, {"id"})`` from this pipeline's files, shuffled per
+    epoch."""
     files = tf.data.Dataset.range(FILES)
     if ctx.num_input_pipelines > 1:
         files = files.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
     ids = files.flat_map(lambda f: tf.data.Dataset.range(f * PER_FILE, (f + 1) * PER_FILE))
     return (ids.shuffle(FILES * PER_FILE, seed=7).repeat()
-            .map(lambda i: {"id": i, "x": tf.fill([3], tf.cast(i, tf.float32))})
+            .map(lambda i: (tf.fill([3], tf.cast(i, tf.float32)), {"id": i}))
             .batch(ctx.get_per_replica_batch_size(GLOBAL), drop_remainder=True))
 
 
@@ -40,7 +41,7 @@ def global_batches(pipelines: int, replicas: int, steps: int, skip: int = 0) -> 
     per_pipeline = replicas // pipelines
     iterators = [iter(ids_dataset(tf.distribute.InputContext(pipelines, p, replicas))
                       .skip(skip * per_pipeline)) for p in range(pipelines)]
-    return np.stack([np.concatenate([next(it)["id"].numpy() for it in iterators
+    return np.stack([np.concatenate([next(it)[1]["id"].numpy() for it in iterators
                                      for _ in range(per_pipeline)]) for _ in range(steps)])
 
 
@@ -52,9 +53,9 @@ def continued(layout, pipelines: int, replicas: int, steps: int, skip: int) -> n
     rows = []
     for _ in range(steps):
         batches = [next(it) for it in iterators for _ in range(per_pipeline)]
-        assert all(b["id"].shape == [GLOBAL // replicas] for b in batches)
-        assert all(b["x"].shape == [GLOBAL // replicas, 3] for b in batches)
-        rows.append(np.concatenate([b["id"].numpy() for b in batches]))
+        assert all(b[1]["id"].shape == [GLOBAL // replicas] for b in batches)
+        assert all(b[0].shape == [GLOBAL // replicas, 3] for b in batches)
+        rows.append(np.concatenate([b[1]["id"].numpy() for b in batches]))
     return np.stack(rows)
 
 
@@ -100,7 +101,7 @@ def test_distribute_continues_a_two_pipeline_checkpoint_on_one_pipeline_and_repo
     layout = data_resume.InputLayout(2, 2, True)
     dist = data.distribute(tf.distribute.get_strategy(), ids_dataset, GLOBAL,
                            skip_batches=3, resume_layout=layout, report=report)
-    got = np.stack([b["id"].numpy() for _, b in zip(range(6), dist)])
+    got = np.stack([b[1]["id"].numpy() for _, b in zip(range(6), dist)])
     np.testing.assert_array_equal(got, global_batches(2, 2, 6, skip=3))
     assert report["input_layout"] == layout  # the next checkpoint keeps the old layout
     fresh: dict = {}

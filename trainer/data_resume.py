@@ -154,7 +154,8 @@ def _per_step_chunks(ds: tf.data.Dataset, replicas_per_pipeline: int, what: str
                 f"another number of workers splits every component of a batch along its "
                 f"first axis, so every component needs one.")
 
-    def flatten_replicas(batch):
+    def flatten_replicas(*components):  # Dataset.map passes a tuple's parts apart
+        batch = components if isinstance(ds.element_spec, tuple) else components[0]
         return tf.nest.map_structure(lambda x: _reshape(x, [-1], x.shape[2:], 2), batch)
 
     return ds.batch(replicas_per_pipeline, drop_remainder=True).map(flatten_replicas)
