@@ -116,6 +116,16 @@ def test_a_global_batch_the_old_replicas_do_not_divide_is_refused_naming_both():
                                      tf.distribute.InputContext(2, 0, 2), GLOBAL, 3)
 
 
+def test_a_dataset_that_no_longer_shards_itself_as_the_checkpoint_did_is_refused():
+    def by_batch(ctx):  # ignores ctx.input_pipeline_id: the framework would shard it
+        return ids_dataset(tf.distribute.InputContext(1, 0, ctx.num_replicas_in_sync)), False
+
+    with pytest.raises(InputError, match=r"was sharded by input pipeline .* does not shard "
+                                         r"itself, .* config\.data\.sharding"):
+        data_resume.continue_streams(by_batch, data_resume.InputLayout(2, 2, True),
+                                     tf.distribute.InputContext(1, 0, 1), GLOBAL, 3)
+
+
 def test_the_layout_round_trips_through_the_manifest_and_the_broadcast_words():
     layout = data_resume.InputLayout(4, 8, True)
     assert data_resume.InputLayout.from_manifest({"input_layout": layout.to_manifest()}) == layout

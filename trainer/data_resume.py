@@ -180,7 +180,8 @@ def continue_streams(stream_fn: StreamFn, layout: InputLayout,
     ``global_batch_size / ctx.num_replicas_in_sync`` examples, in local replica order.
 
     Raises:
-      InputError: a batch size that does not divide, or an unbatched component.
+      InputError: a batch size that does not divide, an unbatched component, or a
+        dataset that no longer shards itself as the checkpoint's run did.
     """
     _check_divisible(layout, ctx, global_batch_size, what)
     old_chunk = global_batch_size // layout.pipelines
@@ -194,7 +195,15 @@ def continue_streams(stream_fn: StreamFn, layout: InputLayout,
     parts = []
     for old_id in range(first, last + 1):
         old_ctx = tf.distribute.InputContext(layout.pipelines, old_id, layout.replicas)
-        stream, _ = stream_fn(old_ctx)
+        stream, sharded = stream_fn(old_ctx)
+        if sharded != layout.sharded:
+            raise InputError(
+                f"{what}: the checkpoint's input {'was' if layout.sharded else 'was not'} "
+                f"sharded by input pipeline (e.g. by file), but called with that run's "
+                f"InputContext ({layout.pipelines} pipelines) it "
+                f"{'does not shard itself' if layout.sharded else 'now shards itself'}, so "
+                f"its streams cannot be rebuilt. Resume with the data settings that wrote "
+                f"the checkpoint (e.g. config.data.sharding), or start in a fresh --workdir.")
         parts.append(_per_step_chunks(stream.skip(skip_steps * old_per_pipeline),
                                       old_per_pipeline, what))
     start, stop = lo - first * old_chunk, hi - first * old_chunk

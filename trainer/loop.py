@@ -184,7 +184,8 @@ class LoopDriver:
         return data.distribute(self.trainer.strategy, dataset_fn, global_batch_size,
                                deterministic=config.train.deterministic, what=what,
                                skip_batches=skip_batches,
-                               resume_layout=self.resumed.layout if self.resumed else None,
+                               resume_layout=(self.resumed.layout
+                                              if train and self.resumed else None),
                                service=config.data.get("service", "") if train else "",
                                report=self.input_report if train else None)
 
