@@ -26,9 +26,12 @@ seeded shuffles). Batch sharding: the global batch sequence is the same for any
 number of workers, each pipeline skips its share of the consumed batches. File
 sharding: a pipeline's stream depends on the pipeline count, so the new pipelines
 continue the interrupted run's streams, rebuilt with its ``InputContext`` and dealt
-out by example (:mod:`trainer.data_resume`: every example of the epoch once across the
-change, the same global batches as the uninterrupted run; what it costs and its
-limits are there). The checkpoint records the layout (``report["input_layout"]``).
+out by example (:mod:`trainer.data_resume`): every example of the epoch once across the
+change, the same global batches as the uninterrupted run. Limits: the old layout stays
+for the rest of the run (native file sharding on the new count needs a fresh workdir);
+scaling up reads M/N times a pipeline's share; the dataset must shard itself as it did
+(same ``config.data.sharding``), else the resume is refused. The checkpoint records
+the layout (``report["input_layout"]``).
 
 tf.data service (``config.data.service = "host:port"`` of a dispatcher; see
 ``python -m launch.data_service``): the training input is built once, with a

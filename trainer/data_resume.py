@@ -28,10 +28,11 @@ Costs and limits:
 
 * every stream must be deterministic (``train.deterministic=True``, seeded shuffles
   and augmentation), as for any exact resume;
-* fewer pipelines (4 -> 2): each new pipeline reads the files of N/M old ones, the
-  same total as before; more (2 -> 4): each reads whole old streams and keeps its part
-  of every chunk, up to ``ceil(M/N)+1`` times its fair share of reading and decoding
-  (never more than batch sharding, which reads everything everywhere);
+* each new pipeline reads (and decodes) the whole streams of the old pipelines whose
+  chunks overlap its part: fewer pipelines (4 -> 2) read the same total as before;
+  more (N -> M, 2 -> 4) read M/N times their share (2M/N when a new part straddles two
+  old chunks, e.g. 2 -> 3), never more than batch sharding, which reads everything
+  everywhere;
 * a fresh layout on the new count (plain file sharding over M) needs a fresh workdir;
 * elements must be batched in every component (no scalar in a batch structure), and
   ``global_batch_size`` divisible by the old and the new replica counts;
