@@ -19,7 +19,9 @@ matched.
 Resume (:func:`restore`): the step is restored BEFORE the train dataset is built, and
 the dataset skips the consumed batches in every input pipeline; exact for a
 deterministic pipeline (``train.deterministic``, seeded shuffles), and a warning says
-when it cannot hold. When resuming (``step=None``) a committed step that cannot be read
+when it cannot hold; also on another number of workers (the input follows the
+checkpoint's input layout, :mod:`trainer.data_resume`). Every restore logs the worker
+counts of both runs, and the next ``fit()`` writes a ``"resume"`` record. When resuming (``step=None``) a committed step that cannot be read
 is skipped with a warning and the previous one is tried.
 
 Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
