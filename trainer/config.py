@@ -367,6 +367,7 @@ def check_batch_divisible(field: str, global_batch_size: int, num_replicas: int)
         raise ConfigError(
             f"config.{field}={global_batch_size} is not divisible by {num_replicas} replicas; "
             f"use a multiple of {num_replicas} (e.g. {lower or num_replicas} or "
-            f"{lower + num_replicas})."
+            f"{lower + num_replicas}), or run on a number of replicas (workers x devices "
+            f"per worker) that divides {global_batch_size}."
         )
     return global_batch_size // num_replicas

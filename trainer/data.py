@@ -17,12 +17,21 @@ File-level sharding: a user function whose source is files asks
 as many files as pipelines); it then hands ``ctx`` to the reader (TFDS
 ``ReadConfig(input_context=ctx)``), which reads ``ctx.input_pipeline_id`` and so turns
 off the framework's batch sharding. Shuffle and augmentation run after that, on the
-pipeline's own files. Exact resume holds as long as every pipeline's stream is
-deterministic, and ONLY with the same number of pipelines as the interrupted run:
-a user-sharded pipeline's stream depends on it, so :func:`distribute` refuses a resume
-with another count (``resume_pipelines``). Batch sharding has no such limit (the global
-batch sequence is the same for any number of workers). Global batches under file
-sharding differ from a 1-process run's: each pipeline shuffles its own files.
+pipeline's own files. Global batches under file sharding differ from a 1-process
+run's: each pipeline shuffles its own files.
+
+Resume on another number of workers (elastic by restart) is exact for both shardings
+as long as every pipeline's stream is deterministic (``train.deterministic=True``,
+seeded shuffles). Batch sharding: the global batch sequence is the same for any
+number of workers, each pipeline skips its share of the consumed batches. File
+sharding: a pipeline's stream depends on the pipeline count, so the new pipelines
+continue the interrupted run's streams, rebuilt with its ``InputContext`` and dealt
+out by example (:mod:`trainer.data_resume`): every example of the epoch once across the
+change, the same global batches as the uninterrupted run. Limits: the old layout stays
+for the rest of the run (native file sharding on the new count needs a fresh workdir);
+scaling up reads M/N times a pipeline's share; the dataset must shard itself as it did
+(same ``config.data.sharding``), else the resume is refused. The checkpoint records
+the layout (``report["input_layout"]``).
 
 tf.data service (``config.data.service = "host:port"`` of a dispatcher; see
 ``python -m launch.data_service``): the training input is built once, with a
@@ -52,6 +61,7 @@ from typing import Any, Callable
 import tensorflow as tf
 from absl import logging
 
+from trainer import data_resume
 from trainer.errors import InputError
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -191,8 +201,7 @@ def distribute(
     deterministic: bool = True,
     what: str = "build_train_dataset",
     skip_batches: int = 0,
-    resume_pipelines: int | None = None,
-    resume_sharded: bool = False,
+    resume_layout: data_resume.InputLayout | None = None,
     service: str = "",
     report: dict | None = None,
 ) -> tf.distribute.DistributedDataset:
@@ -206,17 +215,18 @@ def distribute(
       what: the hook's name, for error messages.
       skip_batches: global steps already consumed (resume): each pipeline skips its
         share of per-replica batches, so a deterministic dataset continues exactly.
-      resume_pipelines: the number of input pipelines of the run that consumed
-        ``skip_batches`` (None: unknown), and ``resume_sharded`` whether that run's
-        dataset sharded itself by pipeline. A dataset that shards itself by pipeline
-        (file sharding), now or then, cannot resume exactly with another number: refused.
+      resume_layout: the input layout the checkpoint of ``skip_batches`` recorded
+        (None: a fresh run). When the dataset shards itself by pipeline and the
+        pipeline or replica count changed, the old layout's streams are continued
+        (:func:`trainer.data_resume.continue_streams`).
       service: a tf.data service dispatcher address, or "" (see the module docstring).
-      report: if given, gets ``report["pipeline_sharded"]``: whether ``dataset_fn`` read
-        ``ctx.input_pipeline_id`` (sharded itself, e.g. by file); the checkpoint records it.
+      report: if given, gets ``report["input_layout"]``: the
+        :class:`trainer.data_resume.InputLayout` whose streams this input continues
+        (the checkpoint records it).
 
     Raises:
-      ValueError: ``service`` with ``deterministic=True``, or a user-sharded resume
-        over another number of pipelines (both would silently lose exactness).
+      ValueError: ``service`` with ``deterministic=True`` (it would silently lose
+        exactness).
       ConnectionError: no dispatcher answers at ``service`` (within seconds).
     """
     per_replica = global_batch_size // strategy.num_replicas_in_sync
@@ -237,35 +247,36 @@ def distribute(
                 "are restored exactly; the input continues from the service's stream, not "
                 "from batch %d of the interrupted run.", skip_batches, skip_batches)
 
-    def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if service:
-            return _through_service(ctx)
+    def stream(ctx: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
+        """One pipeline's per-replica batches as the framework shards them, and
+        whether ``dataset_fn`` sharded itself (read ``ctx.input_pipeline_id``)."""
         tracked = _TrackedInputContext(ctx)
         ds = dataset_fn(tracked)
         if not isinstance(ds, tf.data.Dataset):
             raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
-        _check_batch(ds, per_replica, what)
+        batch = ctx.get_per_replica_batch_size(global_batch_size)
+        _check_batch(ds, batch, what)
         if tf.executing_eagerly() and int(ds.cardinality()) == 0:
             raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
-                             f"fewer examples than one per-replica batch ({per_replica}) and "
+                             f"fewer examples than one per-replica batch ({batch}) and "
                              f"drops the remainder (.repeat() cannot help an empty dataset). "
                              f"Check the data source, or call .repeat() BEFORE .batch().")
-        if report is not None:
-            report["pipeline_sharded"] = tracked.read_pipeline_id
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-        if skip_batches:
-            if ((tracked.read_pipeline_id or resume_sharded) and resume_pipelines is not None
-                    and resume_pipelines != ctx.num_input_pipelines):
-                raise ValueError(
-                    f"{what} shards (or sharded) its input by pipeline (e.g. by file) and the "
-                    f"checkpoint at step {skip_batches} was written by a run with "
-                    f"{resume_pipelines} input pipeline(s); this run has "
-                    f"{ctx.num_input_pipelines}, so each pipeline's stream differs and the "
-                    f"input cannot resume exactly. Resume with {resume_pipelines} worker(s), "
-                    f"or start in a fresh --workdir; runs that shard by data "
-                    f"(config.data.sharding='data') resume exactly on any number of workers.")
+        return ds, tracked.read_pipeline_id
+
+    def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if service:
+            return _through_service(ctx)
+        ds, sharded = stream(ctx)
+        old = data_resume.layout_to_continue(resume_layout, ctx, sharded)
+        if report is not None:
+            report["input_layout"] = old or data_resume.InputLayout.of(ctx, sharded)
+        if old is not None:
+            ds = data_resume.continue_streams(stream, old, ctx, global_batch_size,
+                                              skip_batches, what)
+        elif skip_batches:
+            replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
             ds = ds.skip(skip_batches * replicas_per_pipeline)
         return _finish(ds, deterministic)
 

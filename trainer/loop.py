@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checks, data, host_collectives
+from trainer import checks, data, data_resume, host_collectives
 from trainer.callbacks import Callback, CallbackList
 from trainer.compiled_loops import CompiledLoops
 from trainer.checkpoint.preemption import Preempted
@@ -118,11 +118,11 @@ class LoopDriver:
         self._loops: CompiledLoops | None = None
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
-        # Input pipelines of the run that wrote the restored checkpoint and whether its
-        # train dataset sharded itself by pipeline (set by checkpointing.restore).
-        self.resumed_pipelines: int | None = None
-        self.resumed_sharded = False
-        # {"pipeline_sharded": bool} of the current train dataset (the checkpoint records it).
+        # What the restored checkpoint says about the run that wrote it (its step, worker
+        # count and input layout; set by trainer.checkpoint.service.restore), or None.
+        self.resumed: data_resume.Resumed | None = None
+        # {"input_layout": InputLayout} of the current train dataset (the checkpoint
+        # records it).
         self.input_report: dict = {}
         self._stop_reason: str | None = None
         self._preempt = False
@@ -184,8 +184,8 @@ class LoopDriver:
         return data.distribute(self.trainer.strategy, dataset_fn, global_batch_size,
                                deterministic=config.train.deterministic, what=what,
                                skip_batches=skip_batches,
-                               resume_pipelines=self.resumed_pipelines,
-                               resume_sharded=self.resumed_sharded,
+                               resume_layout=(self.resumed.layout
+                                              if train and self.resumed else None),
                                service=config.data.get("service", "") if train else "",
                                report=self.input_report if train else None)
 

@@ -125,7 +125,7 @@ class Trainer:
                                  user_hook(self.eval_step, Trainer.eval_step))
         flops, loggers = FlopsMeter(config), build_loggers(config)
         telemetry = Telemetry(config, sources=[flops], sinks=loggers)
-        checkpointer = Checkpointer(config, workdir, self.is_chief)
+        checkpointer = Checkpointer(config, workdir, self.is_chief, telemetry)
         services = [self.driver.history, flops, telemetry, *loggers, ProfilerWindows(config),
                     NonFiniteGuard(config, checkpointer, telemetry),
                     PeriodicEvaluation(config, self.has_eval_dataset()), EarlyStopping(config),

@@ -107,7 +107,7 @@ def test_two_workers_read_disjoint_files_and_reach_95_percent(file_sharded_run, 
     assert json.loads(final[-1].split("final: ", 1)[1])["eval/accuracy"] >= 0.95
 
 
-def test_resume_under_file_sharding_is_exact_and_other_worker_counts_are_refused(
+def test_resume_under_file_sharding_is_exact_and_continues_on_another_worker_count(
         file_sharded_run, tmp_path):
     reference, _ = file_sharded_run
     run = Launch("launch.multiworker", ["--workers", "2", "--max_restarts", "1", CONFIG,
@@ -121,13 +121,23 @@ def test_resume_under_file_sharding_is_exact_and_other_worker_counts_are_refused
     for task in ("worker-0", "worker-1"):
         assert_same_weights(load_weights(reference / f"weights-{task}.npz"),
                             tmp_path / f"weights-{task}.npz")
-    # One process cannot continue the 2-worker, file-sharded input stream exactly.
-    proc = subprocess.run([sys.executable, "-m", "trainer.main", CONFIG,
-                           f"--workdir={tmp_path}", "--config.train.steps=310"],
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
-                          capture_output=True, text=True, timeout=RUN_S)
+    # One process continues the 2 workers' file-sharded streams (trainer.data_resume),
+    # but only with the data settings that wrote them: by batch it cannot rebuild them.
+    def one_process(*flags):
+        return subprocess.run([sys.executable, "-m", "trainer.main", CONFIG,
+                               f"--workdir={tmp_path}", "--config.train.steps=310", *flags],
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                              capture_output=True, text=True, timeout=RUN_S)
+
+    proc = one_process("--config.data.sharding=data")
     assert proc.returncode != 0
-    assert "with 2 input pipeline(s); this run has 1" in proc.stderr, proc.stderr[-3000:]
+    assert ("the checkpoint's input was sharded by input pipeline (e.g. by file), but called "
+            "with that run's InputContext (2 pipelines) it does not shard itself") \
+        in proc.stderr, proc.stderr[-3000:]
+    proc = one_process(*FILE_SHARDED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "written by 2 worker(s), continued on 1" in proc.stderr, proc.stderr[-3000:]
+    assert "continues the checkpoint's 2 pipeline stream(s)" in proc.stderr
 
 
 def test_service_refuses_deterministic_order():

@@ -19,7 +19,9 @@ matched.
 Resume (:func:`restore`): the step is restored BEFORE the train dataset is built, and
 the dataset skips the consumed batches in every input pipeline; exact for a
 deterministic pipeline (``train.deterministic``, seeded shuffles), and a warning says
-when it cannot hold. When resuming (``step=None``) a committed step that cannot be read
+when it cannot hold; also on another number of workers (the input follows the
+checkpoint's input layout, :mod:`trainer.data_resume`). Every restore logs the worker
+counts of both runs, and the next ``fit()`` writes a ``"resume"`` record. When resuming (``step=None``) a committed step that cannot be read
 is skipped with a warning and the previous one is tried.
 
 Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
@@ -40,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import host_collectives
+from trainer import data_resume, host_collectives
 from trainer.checkpoint import state as checkpoint_state
 from trainer.callbacks import Callback
 from trainer.checkpoint.state import CheckpointError
@@ -142,27 +144,32 @@ def restore(trainer: Any, step: int | None = None) -> int | None:
         for group, entries in groups.items():
             state[group], i = flat[i:i + len(entries)], i + len(entries)
         restored = status
-        input_word = host_collectives.from_chief(strategy, _input_word(manifest) if chief else 0)
+        words = host_collectives.sum_over_workers(
+            strategy, _input_words(manifest) if chief else np.zeros(4, np.int32))
     else:
         if failure:
             raise failure
         restored = manifest["step"]
-        input_word = _input_word(manifest)
-    # A dataset that shards itself by pipeline resumes exactly only over as many pipelines.
-    trainer.driver.resumed_pipelines = (input_word // 2) or None
-    trainer.driver.resumed_sharded = bool(input_word % 2)
+        words = _input_words(manifest)
+    workers = host_collectives.num_workers(strategy)
+    resumed = data_resume.Resumed(restored, int(words[0]), workers,
+                                  data_resume.InputLayout.from_words(words[1:]))
+    trainer.driver.resumed = resumed  # the train input continues the checkpoint's layout
     checkpoint_state.assign(groups, state)
     trainer.step = restored
     if chief:
         _warn_on_input_changes(trainer.config, manifest)
-    logging.info("resumed from step %d (%s)", restored,
-                 trainer.workdir if chief else "the chief's checkpoint, broadcast")
+    logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
+                 restored, trainer.workdir if chief else "the chief's checkpoint, broadcast",
+                 resumed.from_workers, workers)
     return restored
 
 
-def _input_word(manifest: dict) -> int:
-    """The checkpoint's input pipelines and whether they sharded themselves, in one int."""
-    return 2 * int(manifest.get("workers", 0)) + int(bool(manifest.get("input_pipeline_sharded")))
+def _input_words(manifest: dict) -> np.ndarray:
+    """The checkpoint's worker count and input layout (zeros: none), as 4 int32 words."""
+    layout = data_resume.InputLayout.from_manifest(manifest)
+    return np.concatenate([np.array([int(manifest.get("workers", 0))], np.int32),
+                           layout.to_words() if layout else np.zeros(3, np.int32)])
 
 
 def _warn_on_input_changes(cfg, manifest: dict) -> None:
@@ -183,10 +190,13 @@ def _warn_on_input_changes(cfg, manifest: dict) -> None:
 class Checkpointer(Callback):
     """Saves on the ``checkpoint.*`` policy and exports the best (see the module doc).
 
-    Inactive without a workdir. The orbax managers exist on the chief only.
+    Inactive without a workdir. The orbax managers exist on the chief only. With
+    ``telemetry`` (an object with ``write_event(trainer, record)``), the first
+    ``fit()`` after a restore writes ``{"kind": "resume", "step", "from_workers",
+    "to_workers"}`` through it (metrics.jsonl and one console line).
     """
 
-    def __init__(self, config, workdir: str | None, chief: bool):
+    def __init__(self, config, workdir: str | None, chief: bool, telemetry: Any = None):
         cfg = config.checkpoint
         self.enabled = workdir is not None
         self.k = config.perf.grad_accum_steps
@@ -198,6 +208,8 @@ class Checkpointer(Callback):
         self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
+        self.telemetry = telemetry
+        self._reported: Any = None  # the restore last written as a resume record
 
     def next_boundary(self, step: int) -> float:
         if not (self.enabled and self.every):
@@ -237,6 +249,7 @@ class Checkpointer(Callback):
 
     # --- hooks
     def on_fit_start(self, trainer: Any) -> None:
+        self._record_resume(trainer)
         if self.enabled and self.best_source == "eval" and not trainer.has_eval_dataset():
             raise ConfigError(f"config.checkpoint.best_metric={self.best_metric!r} needs an "
                               f"eval dataset; override build_eval_dataset or use a "
@@ -250,6 +263,16 @@ class Checkpointer(Callback):
                     f"config.checkpoint.best_metric={self.best_metric!r} is not a value eval "
                     f"produces ({', '.join(produced)}: eval/loss and build_metrics()'s "
                     f"names); pick one of them.")
+
+    def _record_resume(self, trainer: Any) -> None:
+        """The resume record of the latest restore, once (needs telemetry)."""
+        resumed = trainer.driver.resumed
+        if self.telemetry is None or resumed is None or resumed is self._reported:
+            return
+        self._reported = resumed
+        self.telemetry.write_event(trainer, {
+            "kind": "resume", "step": resumed.step, "from_workers": resumed.from_workers,
+            "to_workers": resumed.to_workers})
 
     def on_loop_end(self, trainer: Any) -> None:
         if not self.enabled:

@@ -12,8 +12,10 @@ The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the group
   ``skipped_steps``, ``last_skipped_step``).
 
 The manifest (JSON) holds the step (the input position: global batches consumed),
-``global_batch_size``, ``seed``, replica/worker counts, and each group's variable
-NAMES, shapes and dtypes in the stored order.
+``global_batch_size``, ``seed``, replica/worker counts, the input layout
+(``input_layout``: the pipelines whose streams the input follows, see
+:mod:`trainer.data_resume`), and each group's variable NAMES, shapes and dtypes in
+the stored order.
 
 Matching is by NAME within a group, never by position: a variable's name is its Keras
 path (``sequential/dense/kernel``, ``adam/iteration``) or, for a plain ``tf.Variable``,
@@ -118,9 +120,10 @@ def manifest(trainer: Any, groups: Groups) -> dict:
         "seed": int(trainer.config.seed),
         "replicas": int(trainer.strategy.num_replicas_in_sync),
         "workers": host_collectives.num_workers(trainer.strategy),
-        # Whether the train dataset sharded itself by input pipeline (by file): its stream
-        # then depends on the number of workers (trainer.data refuses to resume otherwise).
-        "input_pipeline_sharded": bool(trainer.driver.input_report.get("pipeline_sharded")),
+        # The input pipelines whose streams the train input follows (trainer.data_resume):
+        # a resume on another number of workers continues them.
+        **({"input_layout": layout.to_manifest()}
+           if (layout := trainer.driver.input_report.get("input_layout")) else {}),
         "groups": {g: [[name, list(v.shape), dtype_name(v)] for name, v in entries]
                    for g, entries in groups.items()},
     }
