@@ -195,6 +195,7 @@ def distribute(
     resume_sharded: bool = False,
     service: str = "",
     report: dict | None = None,
+    must_end: bool = False,
 ) -> tf.distribute.DistributedDataset:
     """Returns the distributed dataset for ``dataset_fn``.
 
@@ -213,6 +214,8 @@ def distribute(
       service: a tf.data service dispatcher address, or "" (see the module docstring).
       report: if given, gets ``report["pipeline_sharded"]``: whether ``dataset_fn`` read
         ``ctx.input_pipeline_id`` (sharded itself, e.g. by file); the checkpoint records it.
+      must_end: the dataset is read to its end (an eval pass with ``eval.steps=-1``): an
+        INFINITE one (a ``.repeat()`` without a count) is refused with an InputError.
 
     Raises:
       ValueError: ``service`` with ``deterministic=True``, or a user-sharded resume
@@ -250,6 +253,13 @@ def distribute(
                              f"fewer examples than one per-replica batch ({per_replica}) and "
                              f"drops the remainder (.repeat() cannot help an empty dataset). "
                              f"Check the data source, or call .repeat() BEFORE .batch().")
+        if must_end and tf.executing_eagerly() and (
+                int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY):
+            raise InputError(
+                f"{what} returns an infinite dataset (cardinality INFINITE, e.g. a .repeat() "
+                f"without a count) and eval.steps=-1 asks for a full pass over it, which "
+                f"would never end. Remove the .repeat() from {what}, or set eval.steps to "
+                f"the number of batches each evaluation reads (e.g. --config.eval.steps=100).")
         if report is not None:
             report["pipeline_sharded"] = tracked.read_pipeline_id
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
