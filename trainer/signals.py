@@ -19,10 +19,11 @@ What a signal does:
 
 How: Python runs a signal handler only in the main thread, between two bytecodes; a
 main thread blocked in TensorFlow (a ``tf.function`` reading a slow dataset, a
-collective) would not see the signal until that call returns, possibly never. The
-handlers installed here do nothing themselves; the interpreter's C-level handler also
-writes the signal number to a pipe (``signal.set_wakeup_fd``), and a daemon thread
-reading that pipe acts at once. TensorFlow's multi-worker coordination service installs
+collective) would not see the signal until that call returns, possibly never. So the
+interpreter's C-level handler also writes the signal number to a pipe
+(``signal.set_wakeup_fd``), and a daemon thread reading that pipe acts at once. Each
+delivery reaches both the thread and the Python handler; whichever sees it first
+handles it (counted, so one signal is never taken for two). TensorFlow's multi-worker coordination service installs
 its own SIGTERM handler when the strategy starts; ``fit()`` re-installs these.
 
 Pure Python, no TensorFlow import (the bottom layer).
@@ -49,13 +50,21 @@ class _State:
         self.previous_fd = -1
         self.received: int | None = None
         self.callback: Callable[[int], None] | None = None
+        # Deliveries seen by each channel (the watcher's pipe, the Python handler) and
+        # handled: each delivery reaches both; the first channel to see it handles it.
+        self.seen = {"pipe": 0, "handler": 0}
+        self.handled = 0
 
 
 _STATE = _State()
 
 
-def _ignore(signum, frame) -> None:
-    """The Python-level handler: the watcher thread does the work (module docstring)."""
+def _on_signal(signum, frame) -> None:
+    """The Python-level handler (main thread, once the current C call returns): handles
+    the signal unless the watcher thread already did. It keeps the stop deterministic
+    where the thread could be late: a signal that arrives during a loop call is seen
+    before the loop's stop agreement that follows the call."""
+    _deliver(signum, "handler")
 
 
 def installed() -> bool:
@@ -74,13 +83,13 @@ def install() -> bool:
     case a library replaced them). Main thread only: raises ValueError elsewhere."""
     if installed():
         for signum in SIGNALS:
-            signal.signal(signum, _ignore)
+            signal.signal(signum, _on_signal)
         return False
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     try:
         _STATE.previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        _STATE.previous = {signum: signal.signal(signum, _ignore) for signum in SIGNALS}
+        _STATE.previous = {signum: signal.signal(signum, _on_signal) for signum in SIGNALS}
     except ValueError:
         os.close(read_fd)
         os.close(write_fd)
@@ -118,14 +127,19 @@ def _watch(read_fd: int) -> None:
                 return
             for signum in data:
                 if signum in SIGNALS:
-                    _handle(signum)
+                    _deliver(signum, "pipe")
     finally:
         os.close(read_fd)
 
 
-def _handle(signum: int) -> None:
+def _deliver(signum: int, channel: str) -> None:
+    """One delivery of ``signum`` seen by ``channel``; acts unless already handled."""
     name = signal.Signals(signum).name
     with _STATE.lock:
+        _STATE.seen[channel] += 1
+        if _STATE.seen[channel] <= _STATE.handled:
+            return  # the other channel handled this delivery
+        _STATE.handled = _STATE.seen[channel]
         first = _STATE.received is None
         if first:
             _STATE.received = signum
