@@ -44,7 +44,7 @@ class _State:
     """The one process-wide installation (signals are process-wide)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # the main thread's handler may interrupt a holder
         self.pipe: tuple[int, int] | None = None
         self.previous: dict[int, object] = {}
         self.previous_fd = -1
