@@ -2,7 +2,10 @@
 
 Loaded by :func:`trainer.main.load_fit_command` once the flags, config and workdir
 passed their checks. User errors raised here (configuration, checkpoint, input,
-workdir) end in one message through :func:`trainer.errors.call`.
+workdir) end in one message through :func:`trainer.errors.call`. On a multi-worker
+run every task first checks that it sees the chief's workdir
+(:mod:`trainer.checkpoint.shared_workdir`), and a peer task lost during ``fit()`` ends
+every survivor with one ``Lost peer`` line and exit status 170 (:mod:`trainer.lost_peer`).
 
 The result of a run is one plain line on stdout, written by the chief, for scripts::
 

@@ -28,6 +28,7 @@ from typing import Callable
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from trainer import host_collectives
 from trainer.errors import WorkdirError
@@ -70,6 +71,8 @@ def check(strategy: tf.distribute.Strategy, workdir: str | None, timeout_s: floa
     if workdir is None or timeout_s <= 0 or host_collectives.num_workers(strategy) == 1:
         return
     chief = host_collectives.is_chief(strategy)
+    logging.info("checking that every task sees the workdir %s (up to %g s, "
+                 "checkpoint.shared_workdir_timeout_s)", workdir, timeout_s)
     nonce = np.frombuffer(os.urandom(8), np.int32).copy() if chief else None
     if chief:
         tf.io.gfile.makedirs(workdir)
