@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.helpers import REPO, free_loopback_ports, last_lines, subprocess_env
 
 EXIT_PEER_LOST = 170  # documented in README ("Exit codes"), checked literally
@@ -109,3 +111,18 @@ def test_workers_without_a_shared_workdir_all_end_with_one_message_naming_task_a
     print(f"\ncheck start -> last task's exit: "
           f"{(ended_at - datetime.datetime.combine(ended_at.date(), checked_at)).total_seconds():.2f} s"
           f" (process start -> exit {max(ended) - started:.2f} s)")
+
+
+def test_the_shared_workdir_timeout_must_be_a_number_of_seconds_at_least_0():
+    from trainer import config as config_lib
+
+    for bad in (-1.0, -0.5):  # ml_collections itself refuses a non-number
+        config = config_lib.get_config()
+        config.checkpoint.shared_workdir_timeout_s = bad
+        with pytest.raises(config_lib.ConfigError, match=r"config\.checkpoint\."
+                                                         r"shared_workdir_timeout_s=.* must be "
+                                                         r"a number of seconds >= 0"):
+            config_lib.validate(config)
+    config = config_lib.get_config()
+    config.checkpoint.shared_workdir_timeout_s = 0  # off
+    config_lib.validate(config)
