@@ -42,8 +42,7 @@ _ERROR_TYPES = {"UnavailableError", "AbortedError", "DeadlineExceededError",
 _SIGNS = ("stopped sending heartbeats", "are unhealthy", "Collective ops is aborted by",
           "Connection reset by peer", "Socket closed", "failed to connect",
           "Connection refused", "connections to all backends failing",
-          "DEADLINE_EXCEEDED", "Deadline Exceeded", "deadline exceeded", "peer is not alive",
-          "Unable to find a context_id", "is not available")
+          "DEADLINE_EXCEEDED", "Deadline Exceeded", "deadline exceeded", "peer is not alive")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 _REMOTE = re.compile(r"remote target /job:(\w+)/replica:\d+/task:(\d+)")
 _UNHEALTHY = re.compile(r"unhealthy[^:]*:((?:\s*/job:\w+/replica:\d+/task:\d+,?)+)")
