@@ -88,3 +88,16 @@ runpy.run_module(module, run_name='__main__', alter_sys=True)
 def last_lines(text: str, n: int = 3) -> str:
     """The last ``n`` non-empty lines of ``text`` (where a user error must be told)."""
     return "\n".join([line for line in text.splitlines() if line.strip()][-n:])
+
+
+def free_loopback_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (for a hand-written TF_CONFIG)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

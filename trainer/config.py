@@ -114,6 +114,10 @@ def get_config() -> ml_collections.ConfigDict:
             # ~10x less CPU per async save, readable by numpy, not by a plain orbax
             # restore). False: orbax's stock handlers, readable by any orbax user.
             fast_io=False,
+            # Multi-worker: at start every non-chief task waits up to this long for a
+            # file the chief writes in the workdir, so a workdir that is not shared is an
+            # error naming the task and path (trainer.checkpoint.shared_workdir); 0: off.
+            shared_workdir_timeout_s=30.0,
         )
     )
     config.telemetry = ml_collections.ConfigDict(
@@ -280,6 +284,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"perf.grad_accum_steps={accum}: steps count micro-batches and an optimizer "
                 f"update happens every {accum}; use a multiple of {accum}.")
     _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
+    timeout = config.checkpoint.shared_workdir_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ConfigError(f"config.checkpoint.shared_workdir_timeout_s={timeout!r} must be a "
+                          f"number of seconds >= 0 (0 turns the shared-workdir check off).")
     _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
     best = config.checkpoint.best_metric
     if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")

@@ -245,6 +245,9 @@ class ContinuousEvaluator:
                          self.stream.path)
         waited_for: set[int] = set()
         since = self.clock()
+        logging.info("continuous_eval: watching %s for checkpoints up to step %d (stops "
+                     "after %g s without a new one)", self.trainer.workdir, self.final,
+                     self.timeout_s)
         try:
             while last < self.final:
                 pending = [s for s in self._committed() if s > last]

@@ -204,6 +204,7 @@ def distribute(
     resume_layout: data_resume.InputLayout | None = None,
     service: str = "",
     report: dict | None = None,
+    must_end: bool = False,
 ) -> tf.distribute.DistributedDataset:
     """Returns the distributed dataset for ``dataset_fn``.
 
@@ -223,6 +224,8 @@ def distribute(
       report: if given, gets ``report["input_layout"]``: the
         :class:`trainer.data_resume.InputLayout` whose streams this input continues
         (the checkpoint records it).
+      must_end: the dataset is read to its end (an eval pass with ``eval.steps=-1``): an
+        INFINITE one (a ``.repeat()`` without a count) is refused with an InputError.
 
     Raises:
       ValueError: ``service`` with ``deterministic=True`` (it would silently lose
@@ -261,6 +264,13 @@ def distribute(
                              f"fewer examples than one per-replica batch ({batch}) and "
                              f"drops the remainder (.repeat() cannot help an empty dataset). "
                              f"Check the data source, or call .repeat() BEFORE .batch().")
+        if must_end and tf.executing_eagerly() and (
+                int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY):
+            raise InputError(
+                f"{what} returns an infinite dataset (cardinality INFINITE, e.g. a .repeat() "
+                f"without a count) and eval.steps=-1 asks for a full pass over it, which "
+                f"would never end. Remove the .repeat() from {what}, or set eval.steps to "
+                f"the number of batches each evaluation reads (e.g. --config.eval.steps=100).")
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
         return ds, tracked.read_pipeline_id

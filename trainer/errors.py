@@ -6,7 +6,8 @@ message says what is wrong, where (file, field, path, step, hook) and what to do
 command lines (``trainer.main``, ``trainer.doctor``) run through :func:`call`, which
 prints a user error as the LAST lines of the output, without a Python traceback, and
 returns its exit status (:data:`EXIT_USAGE` = 2 for a command-line misuse, else
-:data:`EXIT_ERROR` = 1). Anything else is a bug (here or in a Trainer subclass): its
+:data:`EXIT_ERROR` = 1; :data:`EXIT_PEER_LOST` = 170, retryable, when a peer task of a
+multi-worker run was lost). Anything else is a bug (here or in a Trainer subclass): its
 traceback is printed, followed by one line saying it is an internal error.
 
 ``--traceback`` on the command line, or ``TF_TRAINER_TRACEBACK=1`` in the environment,
@@ -23,6 +24,11 @@ import os
 import sys
 import traceback
 from typing import Callable
+
+# EXIT_PEER_LOST (170): a peer task of a multi-worker run was lost (killed, its host down
+# or cut off): the group must restart, which resumes from the last checkpoint. 128-255, so
+# schedulers retry it (Slurm requeue, a TFJob's ExitCode policy, --max_restarts).
+from tf_cluster.exit_codes import EXIT_PEER_LOST  # noqa: F401 (shared with the launchers)
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -58,6 +64,16 @@ class WorkdirError(UserError):
     """The workdir cannot be created or written (a file, permissions, disk)."""
 
     prefix = "Workdir error"
+
+
+class PeerLostError(UserError):
+    """A peer task of the run stopped responding; the group must restart (exit 170).
+
+    The message names the task and its TF_CONFIG address, the step and the last
+    checkpoint (:mod:`trainer.lost_peer` builds it from TensorFlow's error)."""
+
+    prefix = "Lost peer"
+    exit_code = EXIT_PEER_LOST
 
 
 # OSError numbers that mean "the place you asked me to write to cannot take it":

@@ -2,7 +2,10 @@
 
 Loaded by :func:`trainer.main.load_fit_command` once the flags, config and workdir
 passed their checks. User errors raised here (configuration, checkpoint, input,
-workdir) end in one message through :func:`trainer.errors.call`.
+workdir) end in one message through :func:`trainer.errors.call`. On a multi-worker
+run every task first checks that it sees the chief's workdir
+(:mod:`trainer.checkpoint.shared_workdir`), and a peer task lost during ``fit()`` ends
+every survivor with one ``Lost peer`` line and exit status 170 (:mod:`trainer.lost_peer`).
 
 The result of a run is one plain line on stdout, written by the chief, for scripts::
 
@@ -26,8 +29,9 @@ import psutil
 import tensorflow as tf
 from absl import logging
 
-from trainer import continuous_eval, distribute, errors
-from trainer.checkpoint.store import LATEST_DIR
+from trainer import continuous_eval, distribute, errors, lost_peer
+from trainer.checkpoint import shared_workdir
+from trainer.checkpoint.store import LATEST_DIR, candidates
 from trainer.checkpoint.preemption import EXIT_PREEMPTED, Preempted
 from trainer.trainer import resolve_trainer_class
 
@@ -50,6 +54,15 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
         raise (errors.write_error(error, f"--workdir={workdir}") or error) from error
 
 
+def _last_checkpoint(workdir: str) -> int | None:
+    """The newest committed checkpoint step in ``workdir`` (None: none, or unreadable)."""
+    try:
+        found = candidates(workdir, warn_incomplete=False)
+    except Exception:  # noqa: BLE001 - only a hint in a message about another failure
+        return None
+    return max((step for step, _ in found), default=None)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
         step: int | None = None,
         eval_timeout_s: float = continuous_eval.DEFAULT_TIMEOUT_S) -> int:
@@ -61,6 +74,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
         logging.info("final: %s", json.dumps(results, sort_keys=True))
         return 0
     trainer = resolve_trainer_class(config.trainer)(config, workdir)
+    shared_workdir.check(trainer.strategy, workdir, config.checkpoint.shared_workdir_timeout_s)
     if distribute.is_chief(trainer.strategy):
         _write_config(config, workdir)
     tf_logger = logging.logging.getLogger("tensorflow")
@@ -70,6 +84,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
     except Preempted as preempted:
         logging.warning("%s Exit code %d.", preempted, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
+    except Exception as error:  # a lost peer task becomes one line and exit 170
+        lost = lost_peer.translate(error, trainer.step, _last_checkpoint(workdir))
+        if lost is None:
+            raise
+        raise lost from error
     logging.info("final: %s", json.dumps(results, sort_keys=True))
     if trainer.is_chief:
         checkpoint = os.path.join(workdir, LATEST_DIR, str(trainer.step))

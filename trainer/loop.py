@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checks, data, data_resume, host_collectives
+from trainer import checks, data, data_resume, eval_pass, host_collectives
 from trainer.callbacks import Callback, CallbackList
 from trainer.compiled_loops import CompiledLoops
 from trainer.checkpoint.preemption import Preempted
@@ -187,7 +187,8 @@ class LoopDriver:
                                resume_layout=(self.resumed.layout
                                               if train and self.resumed else None),
                                service=config.data.get("service", "") if train else "",
-                               report=self.input_report if train else None)
+                               report=self.input_report if train else None,
+                               must_end=not train and config.eval.steps < 0)
 
     def _train_iterator(self):
         """The distributed train iterator, positioned at ``trainer.step``.
@@ -207,25 +208,33 @@ class LoopDriver:
 
     # ------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
-        """One pass over the eval dataset (``eval.steps`` batches when > 0)."""
+        """One pass over the eval dataset (``eval.steps`` batches when > 0); raises
+        :class:`trainer.eval_pass.EvalAbandoned` when a preemption abandons it."""
         t = self.trainer
         if not t.has_eval_dataset():
             raise ValueError(f"{type(t).__name__} has no eval dataset: override "
                              f"build_eval_dataset(ctx) to evaluate.")
-        if self._eval_dataset is None:
-            self._eval_dataset = self._distribute(
-                t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
-            self.ensure_built(self._eval_dataset, "build_eval_dataset")
+        self._eval_input()
         self.eval_readout.reset()
         try:
-            self.loops.evaluate(iter(self._eval_dataset),
-                                tf.constant(t.config.eval.steps, tf.int64))
+            eval_pass.run_pass(self.loops.evaluate, iter(self._eval_dataset),
+                               t.config.eval.steps, lambda: self._preempt,
+                               f"eval at step {t.step}",
+                               host_collectives.num_workers(t.strategy))
         except Exception as error:  # a user's mistake becomes one InputError
             found = checks.loop_error(error, "build_eval_dataset", f"eval at step {t.step}")
             if found is None:
                 raise
             raise found from error
         return self.eval_readout.take()
+
+    def _eval_input(self) -> None:
+        """Builds the distributed eval dataset once (and the model from it if needed)."""
+        if self._eval_dataset is None:
+            t = self.trainer
+            self._eval_dataset = self._distribute(
+                t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
+            self.ensure_built(self._eval_dataset, "build_eval_dataset")
 
     def train_graph(self) -> tf.Graph | None:
         """The graph of the compiled train loop as ``fit()`` traced it (no retrace);
@@ -278,6 +287,8 @@ class LoopDriver:
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
         iterator = self._fit_iterator = self._train_iterator()
+        if t.has_eval_dataset():  # its mistakes (e.g. no end) surface before training
+            self._eval_input()
         loops = self.loops
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None

@@ -21,8 +21,12 @@ Exit codes: 0 done (also when a callback requested the stop); 2 for a usage erro
 flag, an override key, a missing config file); 1 with a message for any other user
 error (config value, config file, workdir, checkpoint, data vs model, port, device)
 and, with a traceback, for an internal error; 143
-(``trainer.checkpoint.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM, once the current
-step is checkpointed: run the same command again to resume. ``--traceback`` (or
+(``trainer.checkpoint.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM or SIGINT
+during training, once the current step is checkpointed: run the same command again to
+resume; 128 + the signal (143, 130) after a signal in another phase (nothing new to
+save) or a second signal (:mod:`trainer.signals`); 170
+(``trainer.errors.EXIT_PEER_LOST``, retryable) when a peer task of a multi-worker run
+was lost (:mod:`trainer.lost_peer`). ``--traceback`` (or
 ``TF_TRAINER_TRACEBACK=1``) shows the Python traceback of a user error too.
 
 The one deferred import of this package: :func:`load_fit_command` loads the TensorFlow
@@ -40,7 +44,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from trainer import cli, errors, fast_exit
+from trainer import cli, errors, fast_exit, signals
 from trainer import config as config_lib
 
 PROGRAM = "python -m trainer.main"
@@ -97,7 +101,9 @@ def main(argv: list[str]) -> int:
 def run() -> None:
     """Console-script entry point (``tf-trainer``). Errors end as the module docstring
     says (:mod:`trainer.errors`); the process ends without destroying TensorFlow's
-    objects one by one (see :mod:`trainer.fast_exit`)."""
+    objects one by one (see :mod:`trainer.fast_exit`). SIGTERM/SIGINT are answered from
+    here on, in every phase (:mod:`trainer.signals`)."""
+    signals.install()
     app.run(fast_exit.then_exit(lambda argv: errors.call(main, argv)),
             flags_parser=lambda argv: cli.parse_flags(argv, OWN_FLAGS, PROGRAM))
 

@@ -217,9 +217,11 @@ def _worker_group(root, name: str, flags=(), action: str = "") -> dict:
         env = {"TF_CONFIG": json.dumps({"cluster": cluster,
                                         "task": {"type": "worker", "index": index}}),
                "CKPT_TEST_ACTION": action}
+        # The shared-workdir check is off: this group stands for hosts WITHOUT one.
         group[index] = Run(root, f"{name}-{index}",
-                           ["--config.distribute.strategy=multi_worker", *flags], env=env,
-                           workdir=f"workdir-{index}")
+                           ["--config.distribute.strategy=multi_worker",
+                            "--config.checkpoint.shared_workdir_timeout_s=0", *flags],
+                           env=env, workdir=f"workdir-{index}")
     return wait_all(group)
 
 

@@ -1,7 +1,8 @@
-"""Preemption: SIGTERM during ``fit()`` becomes a checkpoint and a retryable exit.
+"""Preemption: SIGTERM (or SIGINT) during ``fit()`` becomes a checkpoint and a retryable exit.
 
-:class:`PreemptionWatcher` (a Callback) installs a SIGTERM handler for the duration of
-``fit()``. The handler only sets a flag on the loop driver; at the next loop boundary
+:class:`PreemptionWatcher` (a Callback) registers a stop callback with
+:mod:`trainer.signals` for the duration of ``fit()``. It only sets a flag on the loop
+driver (an eval pass in progress is abandoned within seconds); at the next loop boundary
 every worker agrees on it (the driver's stop all-reduce), the final checkpoint is saved
 synchronously (``on_train_end``), all workers pass a barrier and ``fit()`` raises
 :class:`Preempted`. ``trainer.main`` then exits with :data:`EXIT_PREEMPTED` = 143
@@ -11,7 +12,7 @@ retryable: Kubeflow's ``restartPolicy: ExitCode`` retries 128-255, Slurm requeue
 
 TF's ``PreemptionCheckpointHandler`` is not used: it is bound to ``tf.train.Checkpoint``
 and does not initialise on CPU or GCP TPU; this signal path works on every strategy.
-A second SIGTERM kills at once (the default handler is back after the first).
+A second signal exits at once (:mod:`trainer.signals`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from absl import logging
 
 from tf_cluster.exit_codes import EXIT_PREEMPTED  # trainer.main's exit code after a preemption save
+from trainer import signals
 from trainer.callbacks import Callback
 
 
@@ -35,34 +37,43 @@ class Preempted(RuntimeError):
 
 
 class PreemptionWatcher(Callback):
-    """Turns SIGTERM into ``trainer.driver.request_preemption()`` during ``fit()``.
+    """Turns SIGTERM/SIGINT into ``trainer.driver.request_preemption()`` during ``fit()``.
 
-    Inactive without a workdir (nothing could be saved) and outside the main thread
+    Through :mod:`trainer.signals` (installed here for the duration of ``fit()`` unless
+    the command line already did): the signal is seen even while the main thread is
+    blocked in TensorFlow. Inactive without a workdir (nothing could be saved: the
+    command line's default, exiting at once, applies) and outside the main thread
     (Python delivers signals there only).
     """
 
     def __init__(self):
-        self._previous: Any = None
-        self._installed = False
+        self._installed_here = False
+        self._active = False
 
     def on_fit_start(self, trainer: Any) -> None:
         if trainer.workdir is None:
             return
         driver = trainer.driver
 
-        def on_sigterm(signum, frame) -> None:
+        def on_signal(signum: int) -> None:
             driver.request_preemption()
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-            logging.warning("SIGTERM: saving a checkpoint at the next loop boundary, then "
-                            "exiting with code %d.", EXIT_PREEMPTED)
+            logging.warning("%s: saving a checkpoint at the next loop boundary (an eval pass "
+                            "in progress is abandoned), then exiting with code %d; a second "
+                            "signal exits at once.", signal.Signals(signum).name,
+                            EXIT_PREEMPTED)
 
         try:
-            self._previous = signal.signal(signal.SIGTERM, on_sigterm)
-            self._installed = True
+            self._installed_here = signals.install()
         except ValueError:  # not the main thread: preemption stays the caller's business
             logging.info("fit() runs outside the main thread: SIGTERM is not handled.")
+            return
+        signals.set_stop_callback(on_signal)
+        self._active = True
 
     def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
-            self._installed = False
+        if not self._active:
+            return
+        signals.set_stop_callback(None)
+        if self._installed_here:
+            signals.uninstall()
+        self._active, self._installed_here = False, False

@@ -27,7 +27,7 @@ from types import ModuleType
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trainer import cli, errors, fast_exit
+from trainer import cli, errors, fast_exit, signals
 from trainer import config as config_lib
 from trainer.doctor.report import SECTIONS, format_table
 
@@ -73,8 +73,10 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    """Console-script entry point (``tf-trainer-doctor``)."""
+    """Console-script entry point (``tf-trainer-doctor``). SIGTERM/SIGINT end it at once
+    with 128 + the signal, in every phase (:mod:`trainer.signals`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    signals.install()
     config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
     flags.DEFINE_integer("steps", 100, "Timed steps per measurement.")
     flags.DEFINE_bool("json", False, "Print one JSON object instead of the table.")

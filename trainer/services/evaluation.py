@@ -4,7 +4,8 @@
 (0: only at the end), evaluates there (``trainer.evaluate()``: a full pass, or
 ``eval.steps`` batches) and hands ``{"eval/loss": ..., "eval/NAME": ...}`` to every
 callback's ``on_eval_end``. The last step of a run is always evaluated, also when the
-run stops early. Inactive when the Trainer has no eval dataset.
+run stops early. Inactive when the Trainer has no eval dataset. A pass abandoned by a
+stop signal (:mod:`trainer.eval_pass`) reports nothing; the loop then saves and exits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from absl import logging
+
 from trainer.callbacks import Callback
+from trainer.eval_pass import EvalAbandoned
 
 
 class PeriodicEvaluation(Callback):
@@ -30,7 +34,11 @@ class PeriodicEvaluation(Callback):
         return (step // self.every + 1) * self.every
 
     def _evaluate(self, trainer: Any) -> None:
-        logs = {f"eval/{k}": v for k, v in trainer.evaluate().items()}
+        try:
+            logs = {f"eval/{k}": v for k, v in trainer.evaluate().items()}
+        except EvalAbandoned as abandoned:  # a stop signal: the loop saves and exits
+            logging.warning("%s", abandoned)
+            return
         self._evaluated_at = trainer.step
         trainer.callbacks.on_eval_end(trainer, logs)
 
