@@ -8,7 +8,7 @@ Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its 
 settings there. Every other section has a fixed set of keys, and :func:`validate`
 rejects an unknown key (a typo such as ``train.step``) with a suggestion.
 
-The whole schema, field by field, is documented in README.md ("Config schema").
+The whole schema, field by field, is documented in docs/configuration.md.
 """
 
 from __future__ import annotations
