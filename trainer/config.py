@@ -111,7 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
             best_mode="max",  # "max" | "min"
             async_save=True,
             # True: arrays as aligned .npy files written with O_DIRECT (trainer.checkpoint.array_files;
-            # ~10x less CPU per async save, readable by numpy, not by a plain orbax
+            # much less CPU per async save, readable by numpy, not by a plain orbax
             # restore). False: orbax's stock handlers, readable by any orbax user.
             fast_io=False,
         )

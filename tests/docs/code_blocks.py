@@ -22,7 +22,8 @@ is marked by an HTML comment on the line right before its fence,
 Rewrites before running: ``/tmp/`` paths go to a temporary directory,
 ``--config.data.data_dir=`` points at a prepared data directory of random images
 (nothing is downloaded), and training commands get :data:`TINY` settings (a few steps,
-a small batch, a smaller network) for every field they do not set themselves.
+a small batch, a smaller network) for every field they do not set themselves; a
+command that sets ``train.steps`` itself keeps its config's loop and logging sizes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ TINY_MODEL = {  # config file -> smaller network settings
     "cifar10": {"model.blocks_per_stage": 1, "model.widths": "(8, 16)"},
     "lm": {"model.d_model": 32, "model.mlp_dim": 64, "model.layers": 1, "data.seq_len": 32},
 }
+LOOP_SIZES = ("train.steps_per_loop", "train.log_every_steps")
 DOCTOR_TINY = ["--steps=5", "--max_batch_doublings=1"]
 
 
@@ -168,6 +170,8 @@ def rewrite(text: str, tmp: Path, data_dir: str) -> list[str]:
         return out
     config = re.search(r"--config=\S*?(\w+)\.py", text)
     tiny = {**TINY, **TINY_MODEL.get(config.group(1) if config else "", {})}
+    if "train.steps" in overridden(argv):  # its own length: keep the config's loop sizes
+        tiny = {k: v for k, v in tiny.items() if k not in LOOP_SIZES}
     return out + [f"--config.{k}={v}" for k, v in tiny.items() if k not in overridden(argv)]
 
 

@@ -84,15 +84,18 @@ def run_python(page: Page, group: list[Block]) -> Failures:
             for b in group if b.id not in results or results[b.id] is not None]
 
 
-def page_tasks(page_path: Path, tmp: Path, data_dir: str) -> list[Callable[[], Failures]]:
+Task = tuple[int, Callable[[], Failures]]  # (processes it starts, the run)
+
+
+def page_tasks(page_path: Path, tmp: Path, data_dir: str) -> list[Task]:
     runnable = [b for b in blocks(page_path) if b.runs]
     if not runnable:
         return []
     page = Page(page_path, tmp, data_dir)
-    tasks = []
+    tasks: list[Task] = []
     python = [b for b in runnable if b.language == "python"]
     if python:
-        tasks.append(lambda: run_python(page, python))
+        tasks.append((1, lambda: run_python(page, python)))
     groups: dict[str, list[Command]] = {}
     for block in runnable:
         if block.language == "console":  # "$ echo $?" refers to the command before
@@ -100,8 +103,17 @@ def page_tasks(page_path: Path, tmp: Path, data_dir: str) -> list[Callable[[], F
         elif block.language == "bash":
             for command in commands(block):
                 groups.setdefault(workdir_of(command), []).append(command)
-    tasks += [lambda group=group: run_commands(page, group) for group in groups.values()]
+    tasks += [(sum(processes(c) for c in group), lambda group=group: run_commands(page, group))
+              for group in groups.values()]
     return tasks
+
+
+def processes(command: Command) -> int:
+    """About how many TensorFlow processes the command starts (to start big ones first)."""
+    if "--emit" in command.text:
+        return 0
+    counts = [int(n) for n in re.findall(r"--(?:workers|data_service_workers) (\d+)", command.text)]
+    return 1 + sum(counts) + 2 * ("trainer.doctor" in command.text)
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +121,11 @@ def block_failures(tmp_path_factory) -> dict[str, list[str]]:
     tmp = tmp_path_factory.mktemp("docs")
     data_dir = write_fake_tfds(str(tmp / "tfds"))
     pages = sorted({b.page for b in RUNNABLE})
-    tasks = [task for page in pages for task in page_tasks(page, tmp, data_dir)]
+    tasks = sorted((task for page in pages for task in page_tasks(page, tmp, data_dir)),
+                   key=lambda task: -task[0])
     failures: dict[str, list[str]] = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for found in pool.map(lambda task: task(), tasks):
+        for found in pool.map(lambda task: task[1](), tasks):
             for block_id, message in found:
                 failures.setdefault(block_id, []).append(message)
     return failures
