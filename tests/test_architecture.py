@@ -17,7 +17,7 @@ from tests.helpers import REPO
 
 PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
-# start-up fast or the dependency optional (README: orbax/JAX and tfds cost ~0.4 s each).
+# start-up fast or the dependency optional (orbax/JAX and tfds take a noticeable time to import).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
                 "sklearn", "mlflow", "tensorboard_plugin_profile")
 

@@ -57,7 +57,7 @@ def config_help() -> str:
             sections.append(f"{key}={value!r}")
     return ("Experiment config file: a Python file defining get_config() (e.g. "
             "models/configs/digits.py). Override any field with --config.SECTION.FIELD=VALUE. "
-            "Fields and defaults (README 'Config schema' explains each): "
+            "Fields and defaults (docs/configuration.md explains each): "
             + "; ".join(sections) + ".")
 
 

@@ -11,8 +11,8 @@ its end, adds the mean loss to ``train_loss`` (one metric update per call, weigh
 the steps) and returns the last outputs. A value carried from one iteration to the next
 costs a handful of control-flow ops per replica per step, a variable write one: on the
 overhead-bound MLP with 2 Mirrored replicas, carrying the outputs and the loss sum cost
-~3% of the step (benchmarks/README.md). Contexts: the loops are called in cross-replica
-context; the step functions run in replica context.
+a measurable share of the step (benchmarks/README.md). Contexts: the loops are called in
+cross-replica context; the step functions run in replica context.
 """
 
 from __future__ import annotations

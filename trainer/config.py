@@ -8,7 +8,7 @@ Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its 
 settings there. Every other section has a fixed set of keys, and :func:`validate`
 rejects an unknown key (a typo such as ``train.step``) with a suggestion.
 
-The whole schema, field by field, is documented in README.md ("Config schema").
+The whole schema, field by field, is documented in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
             best_mode="max",  # "max" | "min"
             async_save=True,
             # True: arrays as aligned .npy files written with O_DIRECT (trainer.checkpoint.array_files;
-            # ~10x less CPU per async save, readable by numpy, not by a plain orbax
+            # much less CPU per async save, readable by numpy, not by a plain orbax
             # restore). False: orbax's stock handlers, readable by any orbax user.
             fast_io=False,
             # Multi-worker: at start every non-chief task waits up to this long for a

@@ -49,7 +49,7 @@ Limits:
 * ``perf.jit_compile`` is not applied with several devices (XLA cannot compile one
   device's access to variables on another), as under Mirrored.
 * One process, its local devices. Devices compute concurrently only as far as TF's
-  executor runs independent ops in parallel; see README for measured numbers.
+  executor runs independent ops in parallel; measured numbers: benchmarks/README.md.
 
 To choose weights, ``python -m trainer.manual --config=C --measure`` times each device
 (:mod:`trainer.manual`).

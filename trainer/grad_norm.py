@@ -15,8 +15,8 @@ class GradientNormStats:
     communication, no host sync); the host reads the first replica's copy at log time.
 
     Sampling. Computing the norm is a full pass over the reduced gradients on every
-    replica's critical path, between the all-reduce and the end of the step: 2-3% of
-    an overhead-bound step (the 2-replica MLP of ``benchmarks/throughput.py``). So
+    replica's critical path, between the all-reduce and the end of the step: a few
+    percent of an overhead-bound step (benchmarks/README.md). So
     :meth:`maybe_record` computes it for every ``every``-th optimizer update only (a
     ``tf.cond`` on the optimizer's update count, the same on every replica) and the
     logged value is the mean over the window's sampled updates. Where the norm is

@@ -142,7 +142,7 @@ class GradientPath:
         self.plug(reducer or Reducer())
         # train.on_nonfinite="auto" checks only where dynamic loss scaling needs it: the
         # check gates every update on a reduction over all gradients (a tf.cond), which
-        # costs an overhead-bound step ~5-10% (benchmarks/README.md).
+        # costs an overhead-bound step several percent (benchmarks/README.md).
         self.checks_finite = (config.train.on_nonfinite != "auto"
                               or precision_state.dynamic)
         self.ema = ema

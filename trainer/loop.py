@@ -53,8 +53,8 @@ class MetricReadout:
     floats and reset.
 
     ``compiled``: read and reset in ONE ``tf.function`` call (op by op from the host it
-    cost ~15 ms per logging window with 2 replicas: 5% of a 100-step window of the
-    Mirrored MLP); ``result()`` must then be a function of the metric's variables, as
+    cost a noticeable share of a short logging window: benchmarks/README.md);
+    ``result()`` must then be a function of the metric's variables, as
     for every Keras metric. Otherwise eagerly, as ``keras.Model.evaluate`` reads them.
     Values are reduced over replicas and workers (Keras metric variables are
     ON_READ/SUM, read in cross-replica context): call on every worker. Host.

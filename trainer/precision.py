@@ -88,8 +88,8 @@ class PrecisionState:
             lambda: (self.skipped_steps.read_value(), self.scale.read_value()), autograph=False)
 
     def counters(self) -> tuple[int, float]:
-        """Host: ``(skipped_steps, loss scale)`` in one compiled read (two eager reads of
-        distributed variables cost ~0.7 ms each per logging window)."""
+        """Host: ``(skipped_steps, loss scale)`` in one compiled read (eager reads of
+        distributed variables cost more per logging window: benchmarks/README.md)."""
         skipped, scale = self._read_counters()
         return int(skipped), float(scale)
 

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import REPO, subprocess_env
 from tests.run_checkpoint import CRASH_EXIT
 
-EXIT_PREEMPTED = 143  # 128 + SIGTERM (schedulers retry it); documented in README, checked literally
+EXIT_PREEMPTED = 143  # 128 + SIGTERM (schedulers retry it); documented in docs/errors.md, checked literally
 TIMEOUT_S = 600
 CONFIG = f"--config={REPO / 'tests' / 'run_checkpoint.py'}"
 MIRRORED_2 = ["--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"]

@@ -7,11 +7,12 @@ a background thread (training continues; the next save waits for the previous on
 
 One step directory holds two items: ``state`` (the arrays of
 :mod:`trainer.checkpoint.state`) and ``manifest`` (JSON). Arrays are written by orbax's
-stock ``PyTreeCheckpointHandler`` (uncompressed: zstd saved 8% of a float training state
-for 4x the CPU per save), so any orbax user can read them; with
-``checkpoint.fast_io=True`` they are aligned ``.npy`` files written with O_DIRECT
-(:mod:`trainer.checkpoint.array_files`: ~10x less CPU per async save on VMs whose page cache is
-expensive; ``np.load`` reads them, plain orbax does not). Reading handles both formats.
+stock ``PyTreeCheckpointHandler`` (uncompressed: zstd saved little disk on a float
+training state for much more CPU per save; benchmarks/README.md), so any orbax user can
+read them; with ``checkpoint.fast_io=True`` they are aligned ``.npy`` files written with
+O_DIRECT (:mod:`trainer.checkpoint.array_files`: much less CPU per async save on VMs
+whose page cache is expensive; ``np.load`` reads them, plain orbax does not). Reading
+handles both formats.
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it when
 complete, so a crash mid-write leaves the previous steps intact. Reading ignores such

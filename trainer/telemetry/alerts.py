@@ -2,7 +2,7 @@
 
 Host-side and TensorFlow-free: :class:`RegressionDetector` judges each window's
 examples/s against the running median, :func:`likely_cause` names the telemetry signal
-that explains a slowdown (see README).
+that explains a slowdown (see docs/telemetry.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class RegressionDetector:
 
 
 def likely_cause(current: dict, baseline: dict) -> str:
-    """Names the likely cause of a slowdown from two telemetry records (see README).
+    """Names the likely cause of a slowdown from two telemetry records (see docs/telemetry.md).
 
     The input is named when at least 30% of the current step waits for it and, against
     the baseline, the extra wait per step accounts for at least half of the extra step

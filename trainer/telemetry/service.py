@@ -28,7 +28,7 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
   ``sys/``, ``precision/``; alerts as the text summary ``alerts`` and the scalar
   ``perf/regression_alert``.
 * ``workdir/metrics.jsonl``: one JSON object per logging window and per evaluation;
-  the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in README.md.
+  the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in docs/telemetry.md.
   ``telemetry.loggers`` chooses among these files ("jsonl", "tensorboard").
 
 Extension points (how other services add to and read the records, so that one record
@@ -65,7 +65,7 @@ from trainer.telemetry.summaries import SummaryWriters
 from trainer.telemetry.system_stats import SystemSampler
 
 #: Keys of every ``kind == "train"`` record of metrics.jsonl (values may be null where
-#: noted in README.md), plus ``train/NAME`` for each value the step/metrics report.
+#: noted in docs/telemetry.md), plus ``train/NAME`` for each value the step/metrics report.
 TRAIN_KEYS = (
     "kind", "step", "time", "train/loss",
     "perf/steps_per_s", "perf/examples_per_s", "perf/step_time_mean_s", "perf/step_time_p90_s",
