@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -25,6 +24,7 @@ import subprocess
 from typing import Mapping, Sequence
 
 from launch.cluster import SECURITY_NOTE, ClusterError, trainer_command
+from launch.gpus import gpu_device_files
 from tf_cluster.exit_codes import EXIT_PEER_LOST, EXIT_PREEMPTED
 from tf_cluster.tf_config import TFConfigError, build_tf_config
 
@@ -298,14 +298,6 @@ def tf_config_from_slurm(
     return build_tf_config(cluster, task_type, index)
 
 
-def _gpu_device_files(dev: str = "/dev") -> list[str]:
-    try:
-        names = os.listdir(dev)
-    except OSError:
-        return []
-    return sorted((n[len("nvidia"):] for n in names if re.fullmatch(r"nvidia\d+", n)), key=int)
-
-
 def slurm_visible_gpus(
     environ: Mapping[str, str], tasks_per_node: int, gpu_devices: Sequence[str] | None = None,
 ) -> str | None:
@@ -328,7 +320,7 @@ def slurm_visible_gpus(
     if visible is not None:
         gpus = [g for g in visible.split(",") if g.strip()]
     else:
-        gpus = list(_gpu_device_files() if gpu_devices is None else gpu_devices)
+        gpus = list(gpu_device_files() if gpu_devices is None else gpu_devices)
     if not gpus:
         return None
     if len(gpus) % tasks_per_node:
