@@ -79,10 +79,10 @@ import sys
 from typing import Callable, Sequence
 
 from launch import data_service, hosts, local_group, slurm, tfjob
-from launch.group import preflight_elsewhere
 from launch.cluster import (SECURITY_NOTE, ClusterError, check_private_hosts,
                             cluster_from_addresses, parse_hosts)
 from launch.flags import flag_value, sets_flag
+from launch.group import preflight_elsewhere
 from launch.supervision import Bounds, StopSignals
 
 EXIT_USAGE = 2
@@ -268,7 +268,9 @@ def _nondeterministic_input(args: argparse.Namespace) -> None:
                           f"does not).")
         return
     value = flag_value(args.trainer_flags, DETERMINISTIC_FLAG)
-    if value is None or value.strip().lower() not in _FALSE:
+    if value is None or value.startswith("--"):
+        value = "True"  # a bare --config.train.deterministic sets the bool field
+    if value.strip().lower() not in _FALSE:
         raise ClusterError(f"--data_service_workers needs {DETERMINISTIC_FLAG}=False (the "
                            f"tf.data service delivers batches in no fixed order) but the flags "
                            f"set {DETERMINISTIC_FLAG}={value}; drop that flag (the launcher "

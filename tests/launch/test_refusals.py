@@ -81,6 +81,11 @@ def test_mirrored_refuses_devices_it_cannot_give(args, env, last, tmp_path):
      "--config.train.deterministic=False (the tf.data service delivers batches in no fixed "
      "order) but the flags set --config.train.deterministic=True; drop that flag (the "
      "launcher then sets False) or drop --data_service_workers."),
+    (["--workers", "2", "--data_service_workers", "1", "--config.train.deterministic"], 2,
+     "python -m launch.multiworker: error: --data_service_workers needs "
+     "--config.train.deterministic=False (the tf.data service delivers batches in no fixed "
+     "order) but the flags set --config.train.deterministic=True; drop that flag (the "
+     "launcher then sets False) or drop --data_service_workers."),
     (["--workers", "2", "--config.data.service=127.0.0.1:5050"], 1,
      "Configuration error: config.data.service='127.0.0.1:5050' with "
      "train.deterministic=True: the tf.data service delivers batches in an order that "
