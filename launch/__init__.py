@@ -19,10 +19,12 @@ Engines:
 * :mod:`launch.slurm`: the sbatch script and what its tasks run inside the job;
 * :mod:`launch.tfjob`: a Kubeflow TFJob manifest.
 
-Shared: :mod:`launch.group` (preflight check, task specs, restarts),
+Shared: :mod:`launch.group` (the preflight check, also of emitted jobs; task specs,
+restarts),
 :mod:`launch.supervision` (a process group that lives and dies together),
 :mod:`launch.cluster` (host lists and their safety, task commands), :mod:`launch.flags`
-(reading the trainer flags as absl does). What the trainer shares with the launchers
+(reading the trainer flags as absl does), :mod:`launch.gpus` (the GPUs of this machine,
+found without TensorFlow). What the trainer shares with the launchers
 (TF_CONFIG's format, ports, TPU, exit statuses) is :mod:`tf_cluster`, below both.
 
 Nothing in this package imports TensorFlow at import time: the launchers start the

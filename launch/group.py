@@ -61,20 +61,30 @@ class RestartPolicy:
 
 
 def preflight(module: str, trainer_flags: Sequence[str], log: Callable[[str], None],
-              environ: dict[str, str] | None = None) -> int:
+              environ: dict[str, str] | None = None, replicas: int = 0,
+              tf_config: dict | None = None, refused: str = "no task was started",
+              hint: str = "") -> int:
     """Checks the tasks' shared flags once, before any task starts; returns 0 or the
     check's exit status (2 usage, 1 config/workdir) after logging its message once.
 
     For ``trainer.main`` (:data:`CHECKED_MODULE`) this runs ``python -m trainer.main
     FLAGS --config.distribute.strategy=multi_worker --check_only``: the trainer's own
     TensorFlow-free checks of the flags, config file and workdir (about a second; this
-    package never imports ``trainer``). Other modules are not checked.
+    package never imports ``trainer``); with ``replicas`` (the number of training tasks
+    the launcher will start) also ``--check_replicas=N``: the global batch sizes must
+    divide over them. The check runs without TF_CONFIG, or with ``tf_config``. Other
+    modules are not checked. ``refused`` (what did not happen) and ``hint`` shape the
+    log line before the check's message.
     """
     if module != CHECKED_MODULE:
         return 0
     argv = [*trainer_command(module, trainer_flags, python=sys.executable), "--check_only"]
+    if replicas:
+        argv.append(f"--check_replicas={replicas}")
     env = {k: v for k, v in (os.environ if environ is None else environ).items()
            if k != "TF_CONFIG"}
+    if tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(tf_config)
     try:
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=_CHECK_TIMEOUT_S)
@@ -85,10 +95,35 @@ def preflight(module: str, trainer_flags: Sequence[str], log: Callable[[str], No
     if proc.returncode == 0:
         return 0
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()][-3:]
-    log("[launcher] no task was started: the trainer flags fail " + module + "'s checks.")
+    log(f"[launcher] {refused}: the trainer flags fail {module}'s checks{hint}.")
     for line in lines:
         log(line)
     return proc.returncode
+
+
+def preflight_elsewhere(module: str, trainer_flags: Sequence[str], log: Callable[[str], None],
+                        replicas: int = 0) -> int:
+    """:func:`preflight` for tasks that run on other machines (an emitted SLURM script or
+    TFJob); returns 0 or the check's exit status.
+
+    The check runs as a non-chief worker would (TF_CONFIG of a two-worker cluster):
+    those write nothing, so the workdir, on the cluster's storage, is neither created
+    nor checked here. Without a ``--config`` file on this machine (none given, or one
+    only in the container image) nothing is checked: the job checks its flags when it
+    starts (the launcher notes a config it cannot find).
+    """
+    config = flag_value(trainer_flags, "--config")
+    if module != CHECKED_MODULE or config is None:
+        return 0
+    if not os.path.isfile(config):
+        log(f"[launcher] note: --config={config} is not on this machine; the trainer flags "
+            f"were not checked (the job checks them when it starts).")
+        return 0
+    worker = build_tf_config({"worker": ["checking-worker-0:1", "checking-worker-1:1"]},
+                             "worker", 1)
+    return preflight(module, trainer_flags, log, replicas=replicas, tf_config=worker,
+                     refused="nothing was written",
+                     hint=" (checked on this machine; --no_check skips the check)")
 
 
 def task_specs(

@@ -240,7 +240,8 @@ def _builder(args: argparse.Namespace, layout: HostLayout,
 def run_host_group(args: argparse.Namespace, layout: HostLayout,
                    stop: Callable[[], int | None], log: Callable[[str], None]) -> int:
     """Runs this host's tasks of ``layout`` with restarts; returns the exit status."""
-    checked = preflight(args.module, args.trainer_flags, log)
+    checked = preflight(args.module, args.trainer_flags, log,
+                        replicas=len(layout.hosts) * layout.tasks_per_node)
     if checked:
         return checked
     log("[launcher] cluster (every host builds the same): " + json.dumps(layout.cluster))

@@ -80,7 +80,7 @@ def run_local_group(args: argparse.Namespace, stop: Callable[[], int | None],
     ``pick_ports(count)`` picks the ports of one (re)start (default
     :func:`pick_free_ports` on 127.0.0.1).
     """
-    checked = preflight(args.module, args.trainer_flags, log)
+    checked = preflight(args.module, args.trainer_flags, log, replicas=args.workers)
     if checked:
         return checked
     build = _builder(args, log, pick_ports or pick_free_ports)

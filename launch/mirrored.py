@@ -5,9 +5,15 @@
 * ``--gpus 0,1``: ``CUDA_VISIBLE_DEVICES=0,1`` is set in the environment before
   TensorFlow loads (the trainer is exec'ed with it), so TensorFlow sees exactly those
   GPUs, renumbered ``/gpu:0..``; without ``--gpus`` the environment is left as it is.
-* ``--virtual_devices N``: passes ``--config.distribute.virtual_devices=N``: the first
-  physical device (the CPU on a machine without GPUs) is split into N logical devices,
-  and Mirrored runs one replica on each. It needs at most one GPU in ``--gpus``.
+  Every id must be a GPU this machine offers (:func:`launch.gpus.found_gpus`:
+  ``CUDA_VISIBLE_DEVICES`` when set, else ``/dev/nvidiaN``, else ``nvidia-smi -L``);
+  otherwise the launcher stops with the GPUs it found, instead of TensorFlow quietly
+  falling back to one CPU replica.
+* ``--virtual_devices N`` (N >= 1): passes ``--config.distribute.virtual_devices=N``:
+  the first physical device (the CPU on a machine without GPUs) is split into N logical
+  devices, and Mirrored runs one replica on each. It needs at most one GPU in ``--gpus``.
+
+A refused argument exits 2 with the reason as the last line, before the trainer starts.
 
 Then it execs ``python -m trainer.main FLAGS --config.distribute.strategy=mirrored``,
 after printing the devices it chose; the trainer prints its own device report.
@@ -21,6 +27,7 @@ import sys
 from typing import Sequence
 
 from launch.flags import sets_flag
+from launch.gpus import FoundGpus, found_gpus, missing_gpus
 
 _OWN_FLAGS = ("--config.distribute.strategy", "--config.distribute.virtual_devices")
 
@@ -36,26 +43,46 @@ def parse_gpus(text: str) -> list[int]:
     return ids
 
 
-def plan(gpus: str | None, virtual_devices: int, trainer_flags: Sequence[str],
-         environ: dict[str, str], module: str = "trainer.main") -> tuple[list[str], dict[str, str], str]:
+def check_gpus_found(gpus: str, ids: Sequence[int], found: FoundGpus) -> None:
+    """Raises ValueError naming the GPUs found unless every id of ``ids`` is one."""
+    missing = missing_gpus(ids, found)
+    if not missing:
+        return
+    if not found.ids:
+        raise ValueError(f"--gpus={gpus}: no GPU found ({found.source}). Drop "
+                         f"--gpus to run on the CPU (--virtual_devices N splits it into N "
+                         f"replicas).")
+    raise ValueError(f"--gpus={gpus}: no GPU {', '.join(map(str, missing))} here; GPUs found: "
+                     f"{found.describe()}. Give ids among them, or drop --gpus to use them all.")
+
+
+def plan(gpus: str | None, virtual_devices: int | None, trainer_flags: Sequence[str],
+         environ: dict[str, str], module: str = "trainer.main",
+         found: FoundGpus | None = None) -> tuple[list[str], dict[str, str], str]:
     """Returns ``(argv, env, description)`` of the trainer process to exec.
 
+    ``virtual_devices`` None leaves the config's value. ``found``: the GPUs the ids of
+    ``gpus`` must be among (default :func:`launch.gpus.found_gpus` of ``environ``).
+
     Raises:
-      ValueError: bad ``--gpus``, ``virtual_devices < 0``, virtual devices over several
-        GPUs, or trainer flags that set what this launcher sets.
+      ValueError: bad ``--gpus`` or GPUs not found, ``virtual_devices < 1``, virtual
+        devices over several GPUs, or trainer flags that set what this launcher sets.
     """
     for name in _OWN_FLAGS:
         if sets_flag(trainer_flags, name):
             raise ValueError(f"{name} is set by this launcher; remove it from the trainer flags.")
-    if virtual_devices < 0:
-        raise ValueError(f"--virtual_devices={virtual_devices} must be >= 0.")
+    if virtual_devices is not None and virtual_devices < 1:
+        raise ValueError(f"--virtual_devices={virtual_devices} must be >= 1 (the number of "
+                         f"replicas the first device is split into, e.g. 2); drop it to run "
+                         f"one replica per device.")
     env = dict(environ)
     argv = [sys.executable, "-m", module, *trainer_flags, "--config.distribute.strategy=mirrored"]
     if gpus is not None:
         ids = parse_gpus(gpus)
-        if virtual_devices > 1 and len(ids) > 1:
+        if virtual_devices and virtual_devices > 1 and len(ids) > 1:
             raise ValueError(f"--virtual_devices splits one device; with --gpus={gpus} give a "
                              f"single GPU id or drop --virtual_devices.")
+        check_gpus_found(gpus, ids, found_gpus(environ) if found is None else found)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
         devices = f"GPUs {env['CUDA_VISIBLE_DEVICES']} (CUDA_VISIBLE_DEVICES, seen as " + \
                   ", ".join(f"/gpu:{i}" for i in range(len(ids))) + ")"
@@ -76,8 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [--gpus 0,1] [--virtual_devices N] TRAINER_FLAGS...")
     parser.add_argument("--gpus", help="comma-separated GPU ids (sets CUDA_VISIBLE_DEVICES)")
-    parser.add_argument("--virtual_devices", type=int, default=0,
-                        help="split the first device into N logical devices")
+    parser.add_argument("--virtual_devices", type=int, default=None,
+                        help="split the first device into N >= 1 logical devices")
     parser.add_argument("--module", default="trainer.main", help="entry point run with python -m")
     args, trainer_flags = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     try:

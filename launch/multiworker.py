@@ -12,8 +12,10 @@ Local group (every task on this machine, loopback only)::
 
 ``--data_service_workers K`` adds a tf.data service to the group: a dispatcher and K
 service workers (:mod:`launch.data_service`), stopped with it; the training tasks get
-``--config.data.service=127.0.0.1:PORT`` (they need ``--config.train.deterministic=False``,
-see :mod:`trainer.data`). A service process that dies stops the group like a task.
+``--config.data.service=127.0.0.1:PORT``. The service delivers batches in no fixed order,
+so the launcher also passes ``--config.train.deterministic=False`` (one log line says so)
+unless the flags set it; ``--config.train.deterministic=True`` with the service is
+refused (see :mod:`trainer.data`). A service process that dies stops the group like a task.
 
 ``--workers N`` is the number of training processes; with ``--chief`` the first one is
 the ``chief`` task, the others ``worker:0..N-2``. Every training task runs
@@ -41,7 +43,11 @@ Exit status: 0 when every training task exited 0; otherwise the failing task's s
 task was declared hung, ``128 + N`` when the launcher itself got signal N, 2 for a usage
 error. Before starting any task the
 launcher runs ``trainer.main``'s TensorFlow-free checks once (``--check_only``: flags,
-config file, workdir) and reports a failure once, with that check's status (2 or 1).
+config file, workdir, and ``--check_replicas=N``: the global batch sizes divide over the
+N training tasks of the cluster) and reports a failure once, with that check's status
+(2 or 1). Values a scheduler would reject (a ``--time`` SLURM cannot read, an image
+reference or a job name Kubernetes cannot take, a port outside 1..65535) are refused
+with exit 2 and the accepted forms, before anything is written.
 
 Per-host launcher, once on every host of a cluster (see :mod:`launch.hosts`; tasks on
 ports ``--port`` (default 23456) .. ``--port + K - 1`` of each host)::
@@ -76,11 +82,14 @@ from launch import data_service, hosts, local_group, slurm, tfjob
 from launch.cluster import (SECURITY_NOTE, ClusterError, check_private_hosts,
                             cluster_from_addresses, parse_hosts)
 from launch.flags import flag_value, sets_flag
+from launch.group import preflight_elsewhere
 from launch.supervision import Bounds, StopSignals
 
 EXIT_USAGE = 2
 EMIT_PORT = 12345  # --port's default for --emit (the per-host launcher's is hosts.DEFAULT_PORT)
 _STRATEGY_FLAG = "--config.distribute.strategy"
+DETERMINISTIC_FLAG = "--config.train.deterministic"
+_FALSE = ("false", "f", "0", "no")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
@@ -176,6 +185,9 @@ def _emit_flags(parser: argparse.ArgumentParser) -> None:
     emit.add_argument("--memory", default=None,
                       help="--emit tfjob: memory request per replica ('16Gi')")
     emit.add_argument("--job_name", default="tf-trainer", help="SLURM job / TFJob name")
+    emit.add_argument("--no_check", dest="check", action="store_false",
+                      help="--emit slurm / tfjob: do not run trainer.main's checks of the "
+                           "flags here (for a config or Trainer that exists only in the image)")
     emit.add_argument("--output", default="-", help="file to write the output to ('-': stdout)")
 
 
@@ -228,6 +240,9 @@ def _check_common(args: argparse.Namespace) -> None:
     args.warnings = []
     if args.max_restarts is None:
         args.max_restarts = 0
+    args.notes = []
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise ClusterError(f"--port={args.port} must be a TCP port in 1..65535.")
     if args.data_service_workers < 0:
         raise ClusterError(f"--data_service_workers={args.data_service_workers} must be >= 0.")
     if args.data_service_workers:
@@ -239,6 +254,27 @@ def _check_common(args: argparse.Namespace) -> None:
         if flag_value(args.trainer_flags, data_service.SERVICE_FLAG) is not None:
             raise ClusterError(f"{data_service.SERVICE_FLAG} is set by this launcher with "
                                f"--data_service_workers; remove one of them.")
+        _nondeterministic_input(args)
+
+
+def _nondeterministic_input(args: argparse.Namespace) -> None:
+    """The tf.data service needs ``train.deterministic=False``: the launcher passes it
+    (with a note) unless the flags set it; an explicit True is refused."""
+    if not sets_flag(args.trainer_flags, DETERMINISTIC_FLAG):
+        args.trainer_flags.append(f"{DETERMINISTIC_FLAG}=False")
+        args.notes.append(f"--data_service_workers: passing {DETERMINISTIC_FLAG}=False to the "
+                          f"tasks (the tf.data service delivers batches in no fixed order; "
+                          f"model, optimizer and step still resume exactly, the batch order "
+                          f"does not).")
+        return
+    value = flag_value(args.trainer_flags, DETERMINISTIC_FLAG)
+    if value is None or value.startswith("--"):
+        value = "True"  # a bare --config.train.deterministic sets the bool field
+    if value.strip().lower() not in _FALSE:
+        raise ClusterError(f"--data_service_workers needs {DETERMINISTIC_FLAG}=False (the "
+                           f"tf.data service delivers batches in no fixed order) but the flags "
+                           f"set {DETERMINISTIC_FLAG}={value}; drop that flag (the launcher "
+                           f"then sets False) or drop --data_service_workers.")
 
 
 def _check_spawning(args: argparse.Namespace) -> None:
@@ -319,12 +355,30 @@ def _emit(args: argparse.Namespace, log: Callable[[str], None]) -> str:
         warn=lambda message: log(f"[launcher] warning: {message}"))
 
 
+def _emitted_replicas(args: argparse.Namespace) -> int:
+    """The replicas of the emitted job when its size is fixed (0 when not known): every
+    training task has ``--gpus_per_worker`` GPUs, or one CPU."""
+    if args.emit == "slurm":
+        min_nodes, nodes = args.node_range
+        if min_nodes != nodes:
+            return 0
+        workers = nodes * args.tasks_per_node
+    else:
+        workers = args.workers
+    return workers * max(args.gpus_per_worker, 1)
+
+
 def _write(args: argparse.Namespace, log: Callable[[str], None]) -> int:
     try:
         text = _emit(args, log)
     except (ClusterError, ValueError) as error:
         log(f"launch.multiworker: {error}")
         return EXIT_USAGE
+    if args.check and args.emit in ("slurm", "tfjob"):
+        checked = preflight_elsewhere(args.module, args.trainer_flags, log,
+                                      replicas=_emitted_replicas(args))
+        if checked:
+            return checked
     if args.output == "-":
         sys.stdout.write(text)
     else:
@@ -347,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     if args.mode == "emit":
         return _write(args, log)
+    for note in args.notes:
+        log(f"[launcher] {note}")
     for warning in args.warnings:
         log(f"[launcher] warning: {warning}")
     with StopSignals() as stop:

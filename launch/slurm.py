@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -25,12 +24,20 @@ import subprocess
 from typing import Mapping, Sequence
 
 from launch.cluster import SECURITY_NOTE, ClusterError, trainer_command
+from launch.gpus import gpu_device_files
 from tf_cluster.exit_codes import EXIT_PEER_LOST, EXIT_PREEMPTED
 from tf_cluster.tf_config import TFConfigError, build_tf_config
 
 DEFAULT_WARNING_S = 300
 _SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.:,+/@%=-]+$")
 _NODE_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds; or no limit.
+_TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE)$")
+TIME_FORMS = ("'minutes', 'minutes:seconds', 'hours:minutes:seconds', 'days-hours', "
+              "'days-hours:minutes' or 'days-hours:minutes:seconds' (e.g. 90, 4:00:00, "
+              "1-00:00:00), or UNLIMITED")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def _sbatch_value(flag: str, value: str) -> str:
@@ -38,6 +45,27 @@ def _sbatch_value(flag: str, value: str) -> str:
         raise ClusterError(f"{flag}={value!r} cannot go on an #SBATCH line (spaces, quotes or "
                            f"newlines); give a plain value such as '1-00:00:00' or 'gpu'.")
     return value
+
+
+def check_site_values(time_limit: str | None, partition: str | None,
+                      account: str | None) -> None:
+    """Raises ClusterError for a ``--time``, ``--partition`` or ``--account`` that sbatch
+    would reject, saying the accepted forms (after the characters no ``#SBATCH`` line
+    can hold)."""
+    for flag, value in (("--time", time_limit), ("--partition", partition),
+                        ("--account", account)):
+        if value is not None:
+            _sbatch_value(flag, value)
+    if time_limit is not None and not _TIME.match(time_limit):
+        raise ClusterError(f"--time={time_limit!r} is not a SLURM time limit; give "
+                           f"{TIME_FORMS}.")
+    if partition is not None and not all(_NAME.match(p) for p in partition.split(",")):
+        raise ClusterError(f"--partition={partition!r} is not a SLURM partition name or a "
+                           f"comma-separated list of them (letters, digits, '_', '-', '.'; "
+                           f"e.g. gpu or gpu,cpu).")
+    if account is not None and not _NAME.match(account):
+        raise ClusterError(f"--account={account!r} is not a SLURM account name (letters, "
+                           f"digits, '_', '-', '.'; e.g. ml-team).")
 
 
 def slurm_nodes(workers: int | None, nodes: str | None, min_nodes: int | None,
@@ -112,8 +140,9 @@ def emit_slurm(
     (bash runs traps only between foreground commands).
 
     Raises:
-      ClusterError: for counts that do not fit or values that cannot go on an
-        ``#SBATCH`` line.
+      ClusterError: for counts that do not fit, ports beyond 65535, values sbatch
+        would reject (:func:`check_site_values`) or that cannot go on an ``#SBATCH``
+        line.
     """
     min_nodes = nodes if min_nodes is None else min_nodes
     if not 1 <= min_nodes <= nodes or tasks_per_node < 1:
@@ -124,6 +153,11 @@ def emit_slurm(
                            f"limit at which SLURM sends the warning signal).")
     if gpus_per_task < 0:
         raise ClusterError(f"--gpus_per_worker={gpus_per_task} must be >= 0.")
+    if not 1 <= port <= 65535 - (tasks_per_node - 1):
+        raise ClusterError(f"--port={port}: the tasks of a node listen on ports {port}.."
+                           f"{port + tasks_per_node - 1}, which must lie in 1..65535; give "
+                           f"--port in 1..{65535 - (tasks_per_node - 1)}.")
+    check_site_values(time_limit, partition, account)
     tf_config_cmd = ["python", "-m", "launch.tf_config", "--from_slurm", f"--port={port}",
                      f"--tasks_per_node={tasks_per_node}"]
     if chief:
@@ -298,14 +332,6 @@ def tf_config_from_slurm(
     return build_tf_config(cluster, task_type, index)
 
 
-def _gpu_device_files(dev: str = "/dev") -> list[str]:
-    try:
-        names = os.listdir(dev)
-    except OSError:
-        return []
-    return sorted((n[len("nvidia"):] for n in names if re.fullmatch(r"nvidia\d+", n)), key=int)
-
-
 def slurm_visible_gpus(
     environ: Mapping[str, str], tasks_per_node: int, gpu_devices: Sequence[str] | None = None,
 ) -> str | None:
@@ -328,7 +354,7 @@ def slurm_visible_gpus(
     if visible is not None:
         gpus = [g for g in visible.split(",") if g.strip()]
     else:
-        gpus = list(_gpu_device_files() if gpu_devices is None else gpu_devices)
+        gpus = list(gpu_device_files() if gpu_devices is None else gpu_devices)
     if not gpus:
         return None
     if len(gpus) % tasks_per_node:

@@ -22,6 +22,15 @@ from launch.flags import flag_value, sets_flag
 DEFAULT_TFJOB_BACKOFF_LIMIT = 10
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 _REMOTE_WORKDIR = re.compile(r"^[a-z][a-z0-9+.-]*://")
+# A container image reference: [registry[:port]/]path[:tag][@digest] (the OCI grammar).
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def parse_volume(text: str) -> tuple[str, str]:
@@ -35,9 +44,10 @@ def parse_volume(text: str) -> tuple[str, str]:
         raise ClusterError(f"--volume={text!r} is not CLAIM:MOUNT; give the name of a "
                            f"PersistentVolumeClaim and an absolute mount path, e.g. "
                            f"'runs:/mnt/runs'.")
-    if not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", claim):
+    if len(claim) > 253 or not _DNS_SUBDOMAIN.match(claim):
         raise ClusterError(f"--volume claim {claim!r} is not a valid Kubernetes name "
-                           f"(lower-case letters, digits, '-' and '.').")
+                           f"(lower-case letters, digits, '-' and '.', starting and ending "
+                           f"with a letter or digit, at most 253 characters).")
     return claim, mount.rstrip("/") or "/"
 
 
@@ -95,6 +105,7 @@ def emit_tfjob(
     if backoff_limit is None:
         backoff_limit = DEFAULT_TFJOB_BACKOFF_LIMIT
     _check_values(num_tasks, trainer_flags, image, backoff_limit, gpus_per_worker, cpu, memory)
+    check_job_name(name, num_tasks, chief, evaluator)
     claim, mount = parse_volume(volume) if volume else (None, None)
     error, warning = _workdir_findings(flag_value(trainer_flags, "--workdir"), mount)
     if error:
@@ -123,6 +134,20 @@ def emit_tfjob(
     return json.dumps(manifest, indent=2) + "\n"
 
 
+def check_job_name(name: str, num_tasks: int, chief: bool, evaluator: bool) -> None:
+    """Raises ClusterError unless ``name`` makes valid names for the TFJob and for the
+    services the operator creates, ``NAME-REPLICATYPE-INDEX`` (DNS-1123 labels: at most
+    63 lower-case letters, digits and '-', starting and ending with a letter or digit)."""
+    longest = max([f"worker-{num_tasks - 1}"] + ["chief-0"] * chief + ["evaluator-0"] * evaluator,
+                  key=len)
+    room = 63 - len(longest) - 1
+    if not _DNS_LABEL.match(name) or len(name) > room:
+        raise ClusterError(f"--job_name={name!r} cannot name a TFJob: it must be a DNS-1123 "
+                           f"label (lower-case letters, digits and '-', starting and ending "
+                           f"with a letter or digit) of at most {room} characters here (the "
+                           f"operator names services {name}-{longest}), e.g. 'mnist-run1'.")
+
+
 def _check_values(num_tasks: int, trainer_flags: Sequence[str], image: str,
                   backoff_limit: int, gpus_per_worker: int, cpu: str | None,
                   memory: str | None) -> None:
@@ -131,6 +156,10 @@ def _check_values(num_tasks: int, trainer_flags: Sequence[str], image: str,
     if not image:
         raise ClusterError("--emit tfjob needs --image: the container image with this package "
                            "and your model installed.")
+    if len(image) > 4096 or not _IMAGE.match(image):
+        raise ClusterError(f"--image={image!r} is not a container image reference; write "
+                           f"[REGISTRY[:PORT]/]PATH[:TAG][@sha256:DIGEST] with a lower-case "
+                           f"PATH, e.g. 'registry.example:5000/team/trainer:1.2'.")
     if backoff_limit < 0:
         raise ClusterError(f"--max_restarts={backoff_limit} must be >= 0.")
     if gpus_per_worker < 0:

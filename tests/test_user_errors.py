@@ -82,6 +82,18 @@ CLI_CASES = [
      r"Configuration error: config\.train\.steps=0 must be a positive integer"),
     ("trainer_module_typo", "trainer.main", ["--config.trainer=models.digitz:DigitsTrainer"], 1,
      r"config\.trainer='models\.digitz:DigitsTrainer': module 'models\.digitz' cannot be found"),
+    ("data_service_with_deterministic_input", "trainer.main",
+     ["--config.data.service=127.0.0.1:5050"], 1,
+     r"Configuration error: config\.data\.service='127\.0\.0\.1:5050' with "
+     r"train\.deterministic=True: .* Set --config\.train\.deterministic=False"),
+    ("batch_over_the_launchers_replicas", "trainer.main", ["--check_only", "--check_replicas=3"],
+     1, r"Configuration error: config\.train\.global_batch_size=64 is not divisible by 3 "
+        r"replicas; use a multiple of 3 \(e\.g\. 63 or 66\)\.$"),
+    ("eval_batch_over_the_launchers_replicas", "trainer.main",
+     ["--check_only", "--check_replicas=4", "--config.eval.global_batch_size=30"], 1,
+     r"config\.eval\.global_batch_size=30 is not divisible by 4 replicas"),
+    ("check_replicas_negative", "trainer.main", ["--check_only", "--check_replicas=-1"], 2,
+     r"Usage error: --check_replicas=-1: -1 is not a non-negative integer"),
     ("unknown_flag", "trainer.main", ["--workdirr=/tmp/x"], 2,
      r"unknown flag --workdirr\. Did you mean --workdir\?"),
     ("positional_argument", "trainer.main", ["train"], 2, r"unexpected arguments: train"),
@@ -151,6 +163,10 @@ def test_check_only_passes_a_good_command_without_tensorflow(tmp_path):
                                   "--check_only")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok: ")
+    divides = run_without_tensorflow("trainer.main", f"--config={DIGITS}",
+                                     f"--workdir={tmp_path}", "--check_only",
+                                     "--check_replicas=4")  # 64 over 4 replicas
+    assert divides.returncode == 0, divides.stderr[-3000:]
 
 
 def test_traceback_is_shown_on_request_and_the_message_stays_last(tmp_path):

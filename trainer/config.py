@@ -305,6 +305,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
     _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
     _check_loggers(config.telemetry.loggers)
+    _check_data_service(config)
     if not config.telemetry.peak_tflops >= 0:
         raise ConfigError(f"config.telemetry.peak_tflops={config.telemetry.peak_tflops!r} must "
                           f"be >= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table).")
@@ -323,6 +324,17 @@ def _check_early_stopping(es: ml_collections.ConfigDict) -> None:
     if not es.min_delta >= 0:
         raise ConfigError(f"config.train.early_stopping.min_delta={es.min_delta!r} must be "
                           f">= 0.")
+
+
+def _check_data_service(config: ml_collections.ConfigDict) -> None:
+    """``data.service`` needs ``train.deterministic=False`` (see :mod:`trainer.data`)."""
+    service = config.data.get("service", "")
+    if service and config.train.deterministic:
+        raise ConfigError(
+            f"config.data.service={service!r} with train.deterministic=True: the tf.data "
+            f"service delivers batches in an order that depends on its workers' timing, so "
+            f"the run can be neither reproduced nor resumed at the exact batch. Set "
+            f"--config.train.deterministic=False to accept that, or drop the service.")
 
 
 def _check_loggers(loggers) -> None:
@@ -366,6 +378,16 @@ def parse_profile_steps(spec: str) -> list[tuple[int, int]]:
                               f"precedes the previous one; list windows in increasing order.")
         windows.append((start, stop))
     return windows
+
+
+def check_batches_divisible(config: ml_collections.ConfigDict, num_replicas: int) -> None:
+    """Raises ConfigError unless ``train.global_batch_size`` and ``eval.global_batch_size``
+    (when set; 0 means the train batch) divide over ``num_replicas`` replicas."""
+    check_batch_divisible("train.global_batch_size", config.train.global_batch_size,
+                          num_replicas)
+    if config.eval.global_batch_size:
+        check_batch_divisible("eval.global_batch_size", config.eval.global_batch_size,
+                              num_replicas)
 
 
 def check_batch_divisible(field: str, global_batch_size: int, num_replicas: int) -> int:

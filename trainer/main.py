@@ -1,13 +1,14 @@
 """Command-line entry point, intentionally kept short and free of TensorFlow.
 
     python -m trainer.main --config=models/configs/digits.py --workdir=/tmp/digits \
-        [--config.train.steps=500 ...] [--check_only] [--traceback]
+        [--config.train.steps=500 ...] [--check_only [--check_replicas=N]] [--traceback]
 
 First, without importing TensorFlow (about a second): the flags and ``--config.``
 overrides are parsed, the config file is loaded and validated, ``config.trainer``'s
 module is found and the workdir is checked (created, and writable). A mistake there
 ends in one message (:mod:`trainer.cli`). ``--check_only`` stops after these checks
-(the launchers run it once before starting their tasks). Then :mod:`trainer.fit_command`
+(the launchers run it once before starting their tasks, with ``--check_replicas=N``: the
+global batch sizes must divide over the N training tasks they will start). Then :mod:`trainer.fit_command`
 (TensorFlow) builds the Trainer subclass named by ``config.trainer``, writes
 ``workdir/config.json`` (chief only) and calls ``fit()``, which resumes from the latest
 checkpoint in ``workdir``; the run ends with one plain ``result:`` line on stdout.
@@ -63,10 +64,16 @@ _EVAL_TIMEOUT_S = flags.DEFINE_float(
 _CHECK_ONLY = flags.DEFINE_bool(
     "check_only", False, "Check the flags, config file and workdir without importing "
                          "TensorFlow, print 'ok' and exit 0 (or the error).")
+_CHECK_REPLICAS = flags.DEFINE_integer(
+    "check_replicas", 0, "With --check_only: also check that train.global_batch_size and "
+                         "eval.global_batch_size divide over this many replicas (a launcher "
+                         "passes the number of training tasks it will start; 0: no check).",
+    lower_bound=0)
 flags.DEFINE_bool("traceback", False, "Also print the Python traceback of a user error "
                                       "(or set TF_TRAINER_TRACEBACK=1).")
 flags.mark_flags_as_required(["config", "workdir"])
-OWN_FLAGS = ("config", "workdir", "mode", "step", "eval_timeout_s", "check_only", "traceback")
+OWN_FLAGS = ("config", "workdir", "mode", "step", "eval_timeout_s", "check_only",
+             "check_replicas", "traceback")
 
 
 def load_fit_command() -> ModuleType:
@@ -82,6 +89,8 @@ def check(argv: list[str]) -> ml_collections.ConfigDict:
                                 f"form --name=value ({PROGRAM} --help lists them).")
     config = cli.loaded_config(_CONFIG, sys.argv, OWN_FLAGS, PROGRAM)
     config_lib.validate(config)
+    if _CHECK_REPLICAS.value:
+        config_lib.check_batches_divisible(config, _CHECK_REPLICAS.value)
     cli.check_trainer_path(config.trainer)
     cli.check_workdir(_WORKDIR.value)
     return config

@@ -21,7 +21,10 @@ from tf_cluster import exit_codes
 from tf_cluster.tf_config import cluster_tasks, validate_tf_config
 
 EXIT_PREEMPTED = 143  # trainer.main after a preemption save; checked literally
-FLAGS = ["--config=models/configs/digits.py", "--workdir=/shared/run", "--config.train.steps=9"]
+# A global batch that divides over every worker count these tests emit (the launcher
+# checks it with trainer.main --check_only --check_replicas).
+FLAGS = ["--config=models/configs/digits.py", "--workdir=/shared/run", "--config.train.steps=9",
+         "--config.train.global_batch_size=48"]
 
 
 def emit(args, capsys):
@@ -306,9 +309,11 @@ def operator_retries(restart_policy, exit_code):
 
 
 VOLUME_FLAGS = ["--config=models/configs/digits.py", "--workdir=/mnt/runs/digits"]
+# A global batch that divides over every replica count these tests emit (checked).
+BATCH_48 = "--config.train.global_batch_size=48"
 
 
-def tfjob(args, capsys, flags=VOLUME_FLAGS):
+def tfjob(args, capsys, flags=(*VOLUME_FLAGS, BATCH_48)):
     code, out, err = emit(["--emit", "tfjob", "--image", "img", *args, *flags], capsys)
     assert code == 0, err
     return json.loads(out), err

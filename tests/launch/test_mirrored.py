@@ -25,7 +25,8 @@ def echoed(result):
 
 
 def test_gpus_set_cuda_visible_devices_in_the_trainer_environment():
-    result = run_mirrored(["--gpus", "0,2", *ECHO, "--config=c.py"])
+    result = run_mirrored(["--gpus", "0,2", *ECHO, "--config=c.py"],
+                          {"CUDA_VISIBLE_DEVICES": "0,1,2"})
     assert result.returncode == 0, result.stderr
     assert echoed(result) == {"argv": ["--config=c.py", "--config.distribute.strategy=mirrored"],
                               "CUDA_VISIBLE_DEVICES": "0,2"}
@@ -51,7 +52,7 @@ def test_virtual_devices_are_passed_to_the_trainer():
     (["--gpus", "0,x"], "must be comma-separated GPU ids"),
     (["--gpus", "1,1"], "distinct ids"),
     (["--gpus", "0,1", "--virtual_devices", "2"], "splits one device"),
-    (["--virtual_devices", "-1"], "must be >= 0"),
+    (["--virtual_devices", "-1"], "must be >= 1"),
     (["--config.distribute.strategy=one_device"], "set by this launcher"),
 ])
 def test_bad_arguments_exit_2_with_the_reason(args, message):

@@ -119,6 +119,7 @@ def test_a_bad_flag_is_reported_once_before_any_task_starts(tmp_path):
 
 def test_a_worker_exiting_at_start_does_not_leave_its_peers_waiting(tmp_path):
     run = multiworker(["--workers", "3", *SHORT_GRACE], tmp_path,
+                      ["--config.train.global_batch_size=48"],  # divides over 3 (checked)
                       env_extra={"LAUNCH_TEST_EXIT_AT_START": "worker:1"})
     code = run.finish(BOUND_S)
     assert code == 2, run.output[-4000:]
