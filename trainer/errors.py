@@ -48,7 +48,7 @@ class UsageError(UserError):
     exit_code = EXIT_USAGE
 
 
-class HookError(UserError):
+class HookError(UserError, ValueError):
     """A mistake in the user's code: a hook of the Trainer subclass returned the wrong
     kind of value, or raised. The message names the class, the hook, what it returned
     (or raised) and what it must return; :mod:`trainer.hook_checks` raises it."""
@@ -56,7 +56,7 @@ class HookError(UserError):
     prefix = "Hook error"
 
 
-class InputError(HookError, ValueError):
+class InputError(HookError):
     """The data a hook returns does not fit the model or the loss; names the hook."""
 
     prefix = "Input error"

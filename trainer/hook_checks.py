@@ -181,8 +181,9 @@ def _step_outputs(value: Any, args: tuple, hook: str) -> str | None:
         unknown = [k for k, v in value.items() if not tf.TensorShape(
             getattr(v, "shape", ())).is_fully_defined()]
         if unknown:
-            return (f" (its {unknown[0]!r} has shape {value[unknown[0]].shape}, not fully "
-                    f"known while tracing: return scalars, e.g. tf.reduce_mean of it)")
+            return (f" (its {unknown[0]!r} with shape {tuple(value[unknown[0]].shape)} is "
+                    f"not fully known while tracing: return scalars, e.g. tf.reduce_mean "
+                    f"of it)")
     return None
 
 
