@@ -51,7 +51,8 @@ def default_data_dir() -> str:
 
 def not_prepared_message(name: str, data_dir: str) -> str:
     """How to prepare ``name`` for ``data_dir`` (``""``: the TFDS default directory)."""
-    where = data_dir or f"{default_data_dir()} (TFDS's default: $TFDS_DATA_DIR or ~/tensorflow_datasets)"
+    where = data_dir or (f"{default_data_dir()} (TFDS's default: $TFDS_DATA_DIR or "
+                         f"~/tensorflow_datasets)")
     target = data_dir or "DIR"
     return (
         f"TFDS dataset '{name}' is not prepared in {where} and config.data.download is "

@@ -119,9 +119,13 @@ def _metrics(value: Any, args: tuple) -> str | None:
         if not wrong:
             return None
         name, metric = next(iter(wrong.items()))
-        fix = (f"wrap a function: keras.metrics.MeanMetricWrapper({getattr(metric, '__name__', 'fn')}, "
-               f"name={name!r})" if callable(metric) and not isinstance(metric, type)
-               else "instantiate it" if isinstance(metric, type) else "use a keras.metrics.Metric")
+        if isinstance(metric, type):
+            fix = "instantiate it"
+        elif callable(metric):
+            fix = (f"wrap a function: keras.metrics.MeanMetricWrapper("
+                   f"{getattr(metric, '__name__', 'fn')}, name={name!r})")
+        else:
+            fix = "use a keras.metrics.Metric"
         return f" ({name!r} is {describe(metric)}: {fix})"
     if isinstance(value, (list, tuple)):
         return " (name them: {'accuracy': metric, ...})"
@@ -135,9 +139,9 @@ def _callbacks(value: Any, args: tuple) -> str | None:
         wrong = [c for c in value if not isinstance(c, Callback)]
         if not wrong:
             return None
-        keras_cb = isinstance(wrong[0], keras.callbacks.Callback)
-        return (f" ({describe(wrong[0])} is not a trainer.Callback"
-                f"{': subclass trainer.Callback, not keras.callbacks.Callback' if keras_cb else ''})")
+        keras_cb = (": subclass trainer.Callback, not keras.callbacks.Callback"
+                    if isinstance(wrong[0], keras.callbacks.Callback) else "")
+        return f" ({describe(wrong[0])} is not a trainer.Callback{keras_cb})"
     if isinstance(value, Callback):
         return f" (wrap it: [{type(value).__name__}()])"
     return ""
