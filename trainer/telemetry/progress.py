@@ -51,7 +51,7 @@ def event_line(record: dict) -> str:
     if kind == "restore":
         return f"restored from checkpoint step {step} ({record.get('workdir')})"
     if kind == "stop":
-        return f"stopped at step {step}: {record['reason']}"
+        return f"training stopped at step {step}: {record['reason']}"
     if kind == "rollback":
         return (f"rollback at step {record['from_step']}: {record['reason']}; restored the "
                 f"checkpoint of step {step} (rollback {record['rollbacks']} of at most "
