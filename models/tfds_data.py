@@ -4,7 +4,9 @@
 machine without internet. Here the download happens only when the config asks for it
 (``config.data.download=True``); otherwise a split that is not prepared in
 ``config.data.data_dir`` raises :class:`DataNotPreparedError` at once, saying how to
-prepare it. ``tensorflow_datasets`` is imported inside :func:`load_split` (it costs
+prepare it, and a data directory that cannot be written when a download needs it
+raises :class:`DataDirError`; both are user errors (:class:`trainer.errors.UserError`:
+one message, no traceback). ``tensorflow_datasets`` is imported inside :func:`load_split` (it costs
 ~0.3 s and is not needed by the other models).
 
 Data settings read from ``config.data`` (free-form section):
@@ -16,19 +18,41 @@ Data settings read from ``config.data`` (free-form section):
 
 from __future__ import annotations
 
+import errno
+import os
+
 import ml_collections
 import tensorflow as tf
 
 import trainer.data
+from trainer.errors import UserError
+
+# errno of a directory that cannot take the files (read-only, permissions, a file in the path).
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC,
+               errno.EDQUOT)
 
 
-class DataNotPreparedError(FileNotFoundError):
+class DataNotPreparedError(UserError, FileNotFoundError):
     """A TFDS dataset is not prepared in the data directory and downloading is off."""
+
+    prefix = "Data error"
+
+
+class DataDirError(UserError, OSError):
+    """The TFDS data directory cannot be written while a download needs it."""
+
+    prefix = "Data error"
+
+
+def default_data_dir() -> str:
+    """The directory TFDS uses when ``config.data.data_dir`` is empty."""
+    return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
 
 
 def not_prepared_message(name: str, data_dir: str) -> str:
     """How to prepare ``name`` for ``data_dir`` (``""``: the TFDS default directory)."""
-    where = data_dir or "~/tensorflow_datasets (or $TFDS_DATA_DIR)"
+    where = data_dir or (f"{default_data_dir()} (TFDS's default: $TFDS_DATA_DIR or "
+                         f"~/tensorflow_datasets)")
     target = data_dir or "DIR"
     return (
         f"TFDS dataset '{name}' is not prepared in {where} and config.data.download is "
@@ -47,6 +71,8 @@ def load_split(name: str, split: str, data_config: ml_collections.ConfigDict) ->
 
     Raises:
       DataNotPreparedError: the split is not in ``data_dir`` and ``download`` is False.
+      DataDirError: the download cannot write to ``data_dir`` (read-only, permissions,
+        a file in the path, full disk).
     """
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
@@ -60,6 +86,16 @@ def load_split(name: str, split: str, data_config: ml_collections.ConfigDict) ->
         if download or "could not find data" not in str(error):
             raise
         raise DataNotPreparedError(not_prepared_message(name, data_dir or "")) from error
+    except OSError as error:
+        if error.errno not in _UNWRITABLE:
+            raise
+        where = data_dir or default_data_dir()
+        raise DataDirError(
+            f"TFDS cannot write the data directory {where} to download '{name}': "
+            f"{os.strerror(error.errno)} ({error.filename or where}). Set "
+            f"--config.data.data_dir=DIR (or $TFDS_DATA_DIR) to a directory this user can "
+            f"write, or prepare the data elsewhere: `tfds build {name} --data_dir=DIR`."
+        ) from error
 
 
 def read_split(builder, split: str, ctx: tf.distribute.InputContext | None = None, *,

@@ -45,6 +45,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from trainer.errors import UserError
+
 
 class Callback:
     """Base class of callbacks; every hook does nothing by default."""
@@ -88,8 +90,8 @@ class CallbackList:
         self.user = list(user)
         for callback in self.user:
             if not isinstance(callback, Callback):
-                raise TypeError(f"callbacks must be trainer.Callback instances; got "
-                                f"{type(callback).__name__}.")
+                raise UserError(f"Trainer(callbacks=...) must hold trainer.Callback "
+                                f"instances; got {type(callback).__name__}.")
 
     def __iter__(self):
         return iter(self.services + self.user)

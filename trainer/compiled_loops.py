@@ -26,11 +26,6 @@ from trainer.tracing import no_autograph
 _MEAN = tf.distribute.ReduceOp.MEAN
 
 
-def _check_outputs(outputs, hook: str) -> None:
-    if not isinstance(outputs, dict) or "loss" not in outputs:
-        raise TypeError(f"{hook} must return a dict with a 'loss' entry; got {outputs!r}.")
-
-
 class StepOutputSlots:
     """Per-replica variables a train step writes its outputs into (replica context).
 
@@ -41,11 +36,6 @@ class StepOutputSlots:
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, local_outputs: dict):
-        for name, value in local_outputs.items():
-            if not value.shape.is_fully_defined():
-                raise ValueError(f"train_step returned {name!r} with shape {value.shape}, "
-                                 f"which is not fully known while tracing; return scalars "
-                                 f"(e.g. tf.reduce_mean of it).")
         on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         with strategy.scope():
@@ -81,7 +71,8 @@ class CompiledLoops:
 
     Args:
       strategy: the run's strategy.
-      train_step, eval_step: replica functions ``batch -> dict`` (``"loss"`` required).
+      train_step, eval_step: replica functions ``batch -> dict`` (``"loss"`` required;
+        checked by :mod:`trainer.hook_checks`, which the Trainer wraps them in).
       step_counter: incremented after every train step.
       train_loss, eval_loss: ``keras.metrics.Mean`` of the steps' ``"loss"`` (train: the
         mean over the call's steps of each replica's ``"loss"``, averaged over elements).
@@ -92,20 +83,12 @@ class CompiledLoops:
         self.slots: StepOutputSlots | None = None  # created by prepare()
 
         @no_autograph
-        def replica_train(batch):
-            outputs = train_step(batch)
-            _check_outputs(outputs, "train_step")
-            return outputs
-
-        @no_autograph
         def replica_eval(batch):
-            outputs = eval_step(batch)
-            _check_outputs(outputs, "eval_step")
-            eval_loss.update_state(outputs["loss"])
+            eval_loss.update_state(eval_step(batch)["loss"])
 
         @tf.function(autograph=False)
         def one_step(iterator):
-            outputs = strategy.run(replica_train, args=(next(iterator),))
+            outputs = strategy.run(train_step, args=(next(iterator),))
             step_counter.assign_add(1, read_value=False)
             return outputs
 

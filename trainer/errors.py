@@ -54,7 +54,15 @@ class UsageError(UserError):
     exit_code = EXIT_USAGE
 
 
-class InputError(UserError, ValueError):
+class HookError(UserError, ValueError):
+    """A mistake in the user's code: a hook of the Trainer subclass returned the wrong
+    kind of value, or raised. The message names the class, the hook, what it returned
+    (or raised) and what it must return; :mod:`trainer.hook_checks` raises it."""
+
+    prefix = "Hook error"
+
+
+class InputError(HookError):
     """The data a hook returns does not fit the model or the loss; names the hook."""
 
     prefix = "Input error"
@@ -109,13 +117,18 @@ def write_error(error: OSError, what: str) -> WorkdirError | None:
     return WorkdirError(f"cannot write {where}: {reason} [{os.strerror(error.errno)}]; {fix}.")
 
 
+_AUTOGRAPH_REWRITE = "in user code:"  # how AutoGraph starts an error message it rewrote
+
+
 def user_error_in(error: BaseException) -> UserError | None:
     """A fresh copy of the first :class:`UserError` in ``error``'s cause/context chain,
-    or None. (AutoGraph re-raises an error of a traced function as another type with the
-    trace in its message; the user's error is then in the chain.)"""
+    or None. (AutoGraph re-raises an error of a traced function, as another type or as
+    the same type with the trace in its message, "in user code: ..."; the user's error
+    as raised is then further down the chain, and is the one returned.)"""
     seen: list[BaseException] = []
     while error is not None and error not in seen:
-        if isinstance(error, UserError):
+        rewritten = str(error).startswith(_AUTOGRAPH_REWRITE)
+        if isinstance(error, UserError) and not rewritten:
             try:
                 return type(error)(*error.args)
             except TypeError:

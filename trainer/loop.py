@@ -154,7 +154,7 @@ class LoopDriver:
         model = t.model
         unbuilt = not model.built or not model.trainable_variables
         if unbuilt and dist_dataset is None:
-            dist_dataset = self._distribute(t.build_train_dataset,
+            dist_dataset = self._distribute(t.hooks.dataset("build_train_dataset"),
                                             t.config.train.global_batch_size)
         features = None
         if dist_dataset is not None:
@@ -200,8 +200,8 @@ class LoopDriver:
         t = self.trainer
         if self._iterator_at is not None and self._iterator_at[0] == t.step:
             return self._iterator_at[1]
-        dataset = self._distribute(t.build_train_dataset, t.config.train.global_batch_size,
-                                   skip_batches=t.step)
+        dataset = self._distribute(t.hooks.dataset("build_train_dataset"),
+                                   t.config.train.global_batch_size, skip_batches=t.step)
         self.ensure_built(dataset)
         self._dataset = dataset
         return iter(dataset)
@@ -233,7 +233,8 @@ class LoopDriver:
         if self._eval_dataset is None:
             t = self.trainer
             self._eval_dataset = self._distribute(
-                t.build_eval_dataset, t.eval_global_batch_size, what="build_eval_dataset")
+                t.hooks.dataset("build_eval_dataset"), t.eval_global_batch_size,
+                what="build_eval_dataset")
             self.ensure_built(self._eval_dataset, "build_eval_dataset")
 
     def train_graph(self) -> tf.Graph | None:
@@ -295,6 +296,9 @@ class LoopDriver:
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start(t)
+        if t.step >= total:
+            t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step {t.step} "
+                                  f">= train.steps={total}: nothing to train")
         try:
             while t.step < total:
                 next_log = next_boundary(t.step, cfg.train.log_every_steps)
@@ -327,15 +331,16 @@ class LoopDriver:
                                      "accumulation window of %d steps.", t.step, k)
                         continue
                     self.stopped_by = "preemption" if preempt else self._stop_reason
+                    if preempt:
+                        t.events.preemption(t.step)
+                    else:
+                        t.events.stop(t.step, self._stop_reason)
                     break
             if window_steps and self.stopped_by != "preemption":  # a stop inside a window
                 callbacks.on_log(t, self._window_logs(outputs, window_steps, window_seconds))
             callbacks.on_train_end(t)
             if self.stopped_by == "preemption":
                 raise Preempted(t.step)
-            if self.stopped_by:
-                logging.info("training stopped at step %d of %d: %s", t.step, total,
-                             self.stopped_by)
         except BaseException:
             self._iterator_at = (t.step, iterator)
             callbacks.on_fit_end(t, dict(self.history.results))

@@ -35,6 +35,8 @@ from trainer.callbacks import Callback, CallbackList
 from trainer.checkpoint.service import Checkpointer
 from trainer.data import split_batch
 from trainer.data_parallel import ManualDataParallel
+from trainer.events import RunEvents
+from trainer.hook_checks import Hooks
 from trainer.services.early_stopping import EarlyStopping
 from trainer.ema import ExponentialMovingAverage
 from trainer.services.evaluation import PeriodicEvaluation
@@ -47,7 +49,7 @@ from trainer.checkpoint.preemption import PreemptionWatcher
 from trainer.telemetry.profiler import ProfilerWindows
 from trainer.steps import DefaultSteps
 from trainer.telemetry.service import Telemetry
-from trainer.tracing import no_autograph, user_hook
+from trainer.tracing import no_autograph
 
 
 class Trainer:
@@ -70,7 +72,9 @@ class Trainer:
       train_metrics, eval_metrics, train_loss, eval_loss, step_counter, precision;
       gradients (the gradient path), steps (the default steps), driver (the loop),
       callbacks (a :class:`trainer.callbacks.CallbackList`), ema (the weights' moving
-      average, :mod:`trainer.ema`, or None).
+      average, :mod:`trainer.ema`, or None); hooks (calls this class's hooks with the
+      checks of :mod:`trainer.hook_checks`); events (the run's restore/stop/rollback/
+      preemption events, :class:`trainer.events.RunEvents`).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None,
@@ -90,6 +94,8 @@ class Trainer:
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
         self.step = 0
+        self.hooks = Hooks(self)  # every hook call goes through its checks
+        self.events = RunEvents()  # restore, stop, rollback, preemption
         self.ema = (ExponentialMovingAverage(config.optimizer.ema_decay)
                     if config.optimizer.ema_decay > 0 else None)  # built with the model
         with self.strategy.scope(), keras_compat.fresh_names():
@@ -101,14 +107,11 @@ class Trainer:
             # Before build_model: it may call build_optimizer_variables (a 2nd optimizer).
             self.gradients = GradientPath(config, self.strategy, self.precision,
                                           self.step_counter, None, reducer, self.ema)
-            self.model = self.build_model()
-            if not isinstance(self.model, keras.Model):
-                raise TypeError(f"build_model must return a keras.Model, got "
-                                f"{type(self.model).__name__}.")
+            self.model = self.hooks.call("build_model")
             self.gradients.model = self.model
-            self.optimizer = self.build_optimizer()
-            self.train_metrics = self.build_metrics()
-            self.eval_metrics = self.build_metrics()
+            self.optimizer = self.hooks.call("build_optimizer")
+            self.train_metrics = self.hooks.call("build_metrics")
+            self.eval_metrics = self.hooks.call("build_metrics")
             self.train_loss = keras.metrics.Mean(name="train_loss")
             self.eval_loss = keras.metrics.Mean(name="eval_loss")
         logging.info("%s", optimizers.describe(config, self.optimizer))
@@ -118,19 +121,19 @@ class Trainer:
                 "overflow, which dynamic loss scaling normally skips; use 'skip'.")
         self.steps = DefaultSteps(
             config, self.model, self.optimizer, self.gradients,
-            user_hook(self.compute_loss, Trainer.compute_loss),
-            user_hook(self.update_metrics, Trainer.update_metrics),
+            self.hooks.traced("compute_loss", Trainer.compute_loss),
+            self.hooks.traced("update_metrics", Trainer.update_metrics),
             self.train_metrics, self.eval_metrics)
-        self.driver = LoopDriver(self, user_hook(self.train_step, Trainer.train_step),
-                                 user_hook(self.eval_step, Trainer.eval_step))
+        self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
+                                 self.hooks.traced("eval_step", Trainer.eval_step))
         flops, loggers = FlopsMeter(config), build_loggers(config)
-        telemetry = Telemetry(config, sources=[flops], sinks=loggers)
-        checkpointer = Checkpointer(config, workdir, self.is_chief, telemetry)
+        telemetry = Telemetry(config, sources=[flops], sinks=loggers, events=self.events)
+        checkpointer = Checkpointer(config, workdir, self.is_chief, self.events)
         services = [self.driver.history, flops, telemetry, *loggers, ProfilerWindows(config),
-                    NonFiniteGuard(config, checkpointer, telemetry),
+                    NonFiniteGuard(config, checkpointer, self.events),
                     PeriodicEvaluation(config, self.has_eval_dataset()), EarlyStopping(config),
                     checkpointer, PreemptionWatcher()]
-        self.callbacks = CallbackList(services, [*callbacks, *self.build_callbacks()])
+        self.callbacks = CallbackList(services, [*callbacks, *self.hooks.call("build_callbacks")])
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> keras.Model:
@@ -295,7 +298,10 @@ class Trainer:
         ``trainer.checkpoint.state.CheckpointError`` naming the variable when the
         checkpoint is missing, unreadable or does not fit the model.
         """
-        return checkpointing.restore(self, step)
+        restored = checkpointing.restore(self, step)
+        if restored is not None:
+            self.events.restore(restored, self.workdir)
+        return restored
 
     def export(self, path: str) -> None:
         """Writes the model's inference function to ``path`` as a SavedModel.

@@ -191,12 +191,12 @@ class Checkpointer(Callback):
     """Saves on the ``checkpoint.*`` policy and exports the best (see the module doc).
 
     Inactive without a workdir. The orbax managers exist on the chief only. With
-    ``telemetry`` (an object with ``write_event(trainer, record)``), the first
-    ``fit()`` after a restore writes ``{"kind": "resume", "step", "from_workers",
-    "to_workers"}`` through it (metrics.jsonl and one console line).
+    ``events`` (the run's :class:`trainer.events.RunEvents`), the first ``fit()`` after
+    a restore reports ``{"kind": "resume", "step", "from_workers", "to_workers"}``
+    (metrics.jsonl and one console line).
     """
 
-    def __init__(self, config, workdir: str | None, chief: bool, telemetry: Any = None):
+    def __init__(self, config, workdir: str | None, chief: bool, events: Any = None):
         cfg = config.checkpoint
         self.enabled = workdir is not None
         self.k = config.perf.grad_accum_steps
@@ -208,7 +208,7 @@ class Checkpointer(Callback):
         self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
-        self.telemetry = telemetry
+        self.events = events
         self._reported: Any = None  # the restore last written as a resume record
 
     def next_boundary(self, step: int) -> float:
@@ -265,14 +265,13 @@ class Checkpointer(Callback):
                     f"names); pick one of them.")
 
     def _record_resume(self, trainer: Any) -> None:
-        """The resume record of the latest restore, once (needs telemetry)."""
+        """The resume event of the latest restore, once (needs events)."""
         resumed = trainer.driver.resumed
-        if self.telemetry is None or resumed is None or resumed is self._reported:
+        if self.events is None or resumed is None or resumed is self._reported:
             return
         self._reported = resumed
-        self.telemetry.write_event(trainer, {
-            "kind": "resume", "step": resumed.step, "from_workers": resumed.from_workers,
-            "to_workers": resumed.to_workers})
+        self.events.emit("resume", resumed.step, from_workers=resumed.from_workers,
+                         to_workers=resumed.to_workers)
 
     def on_loop_end(self, trainer: Any) -> None:
         if not self.enabled:

@@ -7,7 +7,7 @@ the best value so far (``mode`` ``"min"`` or ``"max"``); a value better by more 
 never improves stops the run after exactly ``patience + 1`` evaluations
 (``patience=0``: at the first). The stop goes through
 ``trainer.request_stop``: every worker stops at the same step and the final checkpoint
-is written; one line says why and which step was best. With ``checkpoint.best_metric``
+is written; the stop event (:mod:`trainer.events`) says why and which step was best. With ``checkpoint.best_metric``
 set to the same metric, the best checkpoint is kept in ``workdir/checkpoints_best``.
 A metric the evaluation does not produce is an error at the first evaluation, naming
 the ones it does produce.
@@ -16,8 +16,6 @@ the ones it does produce.
 from __future__ import annotations
 
 from typing import Any
-
-from absl import logging
 
 from trainer.callbacks import Callback
 from trainer.config import ConfigError
@@ -60,5 +58,4 @@ class EarlyStopping(Callback):
             reason = (f"early stopping: {self.metric} did not improve by more than "
                       f"{self.min_delta:g} for {self.patience + 1} evaluation(s); best "
                       f"{self.best:.6g} at step {self.best_step}")
-            logging.info("%s", reason)
             trainer.request_stop(reason)

@@ -12,8 +12,9 @@ loop boundaries:
   that checkpoint's step) and training goes on. The data iterator does NOT go back: the
   window that produced the blow-up is skipped, as large-model practice does (so the
   input position no longer equals the step: a later resume from a checkpoint written
-  after a rollback repeats those batches). A ``{"kind": "rollback", "step": restored,
-  "from_step": ...}`` record goes to ``metrics.jsonl``. At most ``train.max_rollbacks``
+  after a rollback repeats those batches). A rollback event (:mod:`trainer.events`)
+  reports it: one console line and a ``{"kind": "rollback", "step": restored,
+  "from_step": ...}`` record in ``metrics.jsonl``. At most ``train.max_rollbacks``
   times; then, or with no checkpoint yet, :class:`NonFiniteError`. Every worker takes
   the same decision: the streak and the loss are all-reduced values.
 * every mode: the first logging window whose train loss is NaN/inf logs one warning
@@ -31,8 +32,8 @@ from absl import logging
 from trainer.checkpoint import service as checkpointing
 from trainer.callbacks import Callback
 from trainer.checkpoint.service import Checkpointer
+from trainer.events import RunEvents
 from trainer.precision import NonFiniteError
-from trainer.telemetry.service import Telemetry
 
 __all__ = ["NonFiniteError", "NonFiniteGuard"]
 
@@ -43,15 +44,15 @@ class NonFiniteGuard(Callback):
     Args:
       config: the run's config (``train.*``).
       checkpointer: the run's checkpoint service (rollback restores what it saved).
-      telemetry: where the rollback record is written.
+      events: the run's events (a rollback is reported there).
     """
 
-    def __init__(self, config, checkpointer: Checkpointer, telemetry: Telemetry):
+    def __init__(self, config, checkpointer: Checkpointer, events: RunEvents):
         cfg = config.train
         self.mode = cfg.on_nonfinite
         self.rollback_after, self.max_rollbacks = cfg.rollback_after, cfg.max_rollbacks
         self.loss_upper_bound = cfg.loss_upper_bound
-        self.checkpointer, self.telemetry = checkpointer, telemetry
+        self.checkpointer, self.events = checkpointer, events
         self.rollbacks = 0
         self._skipped_before = 0
         self._warned = False
@@ -105,11 +106,7 @@ class NonFiniteGuard(Callback):
         trainer.gradients.reset_accumulators()
         trainer.driver.train_readout.reset()  # the window's means held the blown-up steps
         trainer.precision.nonfinite_streak.assign(0)
-        logging.warning("step %d: %s; rolled back to the checkpoint of step %d (rollback %d "
-                        "of at most %d); the input goes on from where it was.", step, why,
-                        restored, self.rollbacks, self.max_rollbacks)
-        self.telemetry.write_event(trainer, {"kind": "rollback", "step": restored,
-                                             "from_step": step, "reason": why})
+        self.events.rollback(restored, step, why, self.rollbacks, self.max_rollbacks)
 
     def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
         loss = logs.get("train/loss", 0.0)

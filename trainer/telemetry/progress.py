@@ -5,6 +5,8 @@
 stderr is a TTY and no launcher set ``TF_CONFIG``, else ``lines``). The environment
 variable ``TF_TRAINER_PROGRESS`` overrides the config (launchers set it to ``lines``).
 
+:func:`event_line` is the console line of a run event (:mod:`trainer.events`).
+
 The bar and log lines never share a line: while a bar is shown, every handler of the
 root logger (absl's among them) erases it before writing a record (:meth:`Progress.close`
 removes that filter).
@@ -41,6 +43,24 @@ def duration(seconds: float | None) -> str:
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def event_line(record: dict) -> str:
+    """The console line of a run event record (see :mod:`trainer.events`)."""
+    kind, step = record["kind"], record["step"]
+    if kind == "restore":
+        return f"restored from checkpoint step {step} ({record.get('workdir')})"
+    if kind == "stop":
+        return f"training stopped at step {step}: {record['reason']}"
+    if kind == "rollback":
+        return (f"rollback at step {record['from_step']}: {record['reason']}; restored the "
+                f"checkpoint of step {step} (rollback {record['rollbacks']} of at most "
+                f"{record['max_rollbacks']}); the input goes on from where it was")
+    if kind == "preemption":
+        return (f"preempted at step {step}: SIGTERM; the checkpoint of step {step} is "
+                f"saved, run the same command again to resume")
+    return f"{kind} at step {step}: " + ", ".join(
+        f"{k}={v}" for k, v in record.items() if k not in ("kind", "step", "time"))
 
 
 class _EraseBar(logging.Filter):

@@ -22,13 +22,19 @@ train pipeline kept filling its prefetch buffer, so that window runs partly on s
 Outputs (files only on the chief, and only when the Trainer has a workdir):
 
 * console: :mod:`trainer.telemetry.progress` (``telemetry.progress``). Only the chief prints
-  progress; alerts print everywhere.
+  progress; alerts print everywhere. The setup report (:func:`setup_report`) and the
+  run's events (:mod:`trainer.events`: restore, stop, rollback, preemption) are printed
+  there too, so a plain script or a notebook calling ``fit()`` shows them; where the
+  progress is off (or not the chief) they go to the log instead.
 * TensorBoard (:mod:`trainer.telemetry.summaries`): ``workdir/train`` and ``workdir/eval``;
   train/eval values as ``loss``, ``accuracy``…, the rest under ``perf/``, ``mem/``,
   ``sys/``, ``precision/``; alerts as the text summary ``alerts`` and the scalar
   ``perf/regression_alert``.
 * ``workdir/metrics.jsonl``: one JSON object per logging window and per evaluation;
-  the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in docs/telemetry.md.
+  the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in docs/telemetry.md;
+  and one per event (its ``kind``: ``restore``, ``resume``, ``stop``, ``rollback``,
+  ``preemption``). An event reported outside ``fit()`` (``Trainer.restore`` before it) is
+  written and printed at the start of the next ``fit()``.
   ``telemetry.loggers`` chooses among these files ("jsonl", "tensorboard").
 
 Extension points (how other services add to and read the records, so that one record
@@ -60,7 +66,7 @@ from trainer import distribute
 from trainer.telemetry import probes
 from trainer.telemetry.alerts import RegressionDetector, likely_cause
 from trainer.callbacks import Callback
-from trainer.telemetry.progress import Progress, duration, progress_mode
+from trainer.telemetry.progress import Progress, duration, event_line, progress_mode
 from trainer.telemetry.summaries import SummaryWriters
 from trainer.telemetry.system_stats import SystemSampler
 
@@ -84,8 +90,31 @@ TRAIN_KEYS = (
 EVAL_KEYS = ("kind", "step", "time", "eval/loss")
 
 
+def controls(cfg: ml_collections.ConfigDict) -> str:
+    """The training controls that are on (EMA, early stopping, non-finite handling,
+    gradient accumulation), or ``none``."""
+    on = []
+    if cfg.optimizer.ema_decay > 0:
+        on.append(f"EMA of the weights (decay {cfg.optimizer.ema_decay:g})")
+    es = cfg.train.early_stopping
+    if es.metric:
+        on.append(f"early stopping on {es.metric} ({es.mode}, patience {es.patience}, "
+                  f"min_delta {es.min_delta:g})")
+    train = cfg.train
+    if train.on_nonfinite == "rollback":
+        bound = (f" or loss > {train.loss_upper_bound:g}" if train.loss_upper_bound > 0
+                 else "")
+        on.append(f"rollback after {train.rollback_after} non-finite step(s){bound}, at "
+                  f"most {train.max_rollbacks} time(s)")
+    elif train.on_nonfinite in ("skip", "stop"):
+        on.append(f"non-finite updates: {train.on_nonfinite}")
+    if cfg.perf.grad_accum_steps > 1:
+        on.append(f"gradient accumulation over {cfg.perf.grad_accum_steps} steps")
+    return "; ".join(on) or "none"
+
+
 def setup_report(trainer: Any) -> str:
-    """One screen: devices and strategy, precision, XLA, batch, outputs."""
+    """One screen: devices and strategy, precision, XLA, batch, controls, outputs."""
     cfg = trainer.config
     replicas = trainer.strategy.num_replicas_in_sync
     policy = keras.mixed_precision.global_policy().name
@@ -106,6 +135,7 @@ def setup_report(trainer: Any) -> str:
         f"  batch: global {cfg.train.global_batch_size}, per replica "
         f"{cfg.train.global_batch_size // replicas}; steps {trainer.step}->{cfg.train.steps}, "
         f"{cfg.train.steps_per_loop} per loop call, log every {cfg.train.log_every_steps}",
+        f"  controls: {controls(cfg)}",
         f"  outputs: {outputs}",
     ]
     if cfg.telemetry.profile_steps:
@@ -121,11 +151,18 @@ class Telemetry(Callback):
       stream: where progress goes (default ``sys.stderr``).
       sources: objects whose ``values(trainer, logs)`` join every train record.
       sinks: objects whose ``write(record)`` gets every record (chief only).
+      events: the run's :class:`trainer.events.RunEvents`; each event is written to
+        ``metrics.jsonl`` and printed (see the module docstring).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, stream: TextIO | None = None,
-                 sources: Sequence[Any] = (), sinks: Sequence[Any] = ()):
+                 sources: Sequence[Any] = (), sinks: Sequence[Any] = (),
+                 events: Any = None):
         self.config = config
+        self._fitting = False
+        self._pending_events: list[dict[str, Any]] = []  # reported outside fit()
+        if events is not None:
+            events.subscribe(self.on_event)
         self.stream = stream or sys.stderr
         self.sources, self.sinks = list(sources), list(sinks)
         self._source_keys: set[str] = set()  # left out of the progress line
@@ -164,7 +201,11 @@ class Telemetry(Callback):
                          "(perf/input_wait_fraction is null).")
         if self._probe_schedule is None:
             self._probe_schedule = probes.ProbeSchedule(every, cfg.telemetry.probe_budget)
-        logging.info("%s", setup_report(trainer))
+        self._fitting = True
+        self._say(setup_report(trainer))
+        pending, self._pending_events = self._pending_events, []
+        for record in pending:
+            self.on_event(record)
 
     def _take_loop(self, trainer: Any) -> None:
         """Records the loop that just ended (once, from whichever hook comes first)."""
@@ -200,16 +241,27 @@ class Telemetry(Callback):
         self.progress.line(f"eval  step {trainer.step}: " + ", ".join(
             f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
-    def write_event(self, trainer: Any, record: dict[str, Any]) -> None:
-        """Writes a non-window record (e.g. ``{"kind": "rollback", ...}``) to
-        ``metrics.jsonl`` (chief with a workdir) and prints it as one line."""
-        record = {"time": time.time(), **record}
+    def on_event(self, record: dict[str, Any]) -> None:
+        """A run event (:mod:`trainer.events`): one ``metrics.jsonl`` record (chief with
+        a workdir) and one console line; kept for the next ``fit()`` outside one."""
+        if not self._fitting:
+            self._pending_events.append(record)
+            return
+        if record["kind"] == "rollback":  # the step went back: the next loop is new
+            self._seen_step = record["step"]
         if self._active_writers:
             self._active_writers.write_jsonl(record)
-        self.progress.line(f"{record['kind']} at step {trainer.step}: " + ", ".join(
-            f"{k}={v}" for k, v in record.items() if k not in ("kind", "time")))
+        self._say(event_line(record))
+
+    def _say(self, text: str) -> None:
+        """On the console through the progress (chief), else in the log."""
+        if self.progress.mode == "off":
+            logging.info("%s", text)
+        else:
+            self.progress.line(text)
 
     def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
+        self._fitting = False
         self.progress.close()
         if self._active_writers:
             self._active_writers.flush()
