@@ -45,6 +45,7 @@ deterministic order with the service is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from typing import Any, Callable
@@ -55,6 +56,23 @@ from absl import logging
 from trainer.errors import InputError
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizes:
+    """A global batch and its split over the replicas in sync: the one place the
+    per-replica batch is computed. The Trainer builds its train and eval ones once
+    (:func:`trainer.distribute.batch_sizes`, which refuses a global batch the replicas
+    do not divide) and hands them to whoever needs them (``trainer.batch``,
+    ``run.batch``)."""
+
+    global_size: int  # examples per step over all replicas and workers
+    replicas: int  # replicas in sync
+
+    @property
+    def per_replica(self) -> int:
+        """Examples per replica per step (what ``build_*_dataset`` batches by)."""
+        return self.global_size // self.replicas
 SERVICE_PROCESSING_MODE = "distributed_epoch"
 SERVICE_JOB_NAME = "train"
 _DISPATCHER_TIMEOUT_S = 20.0
@@ -186,7 +204,7 @@ def _check_batch(ds: tf.data.Dataset, per_replica: int, what: str) -> None:
 def distribute(
     strategy: tf.distribute.Strategy,
     dataset_fn: DatasetFn,
-    global_batch_size: int,
+    batch: BatchSizes,
     *,
     deterministic: bool = True,
     what: str = "build_train_dataset",
@@ -201,7 +219,7 @@ def distribute(
     Args:
       strategy: the run's strategy.
       dataset_fn: ``ctx -> tf.data.Dataset`` yielding per-replica batches.
-      global_batch_size: examples per step over all replicas.
+      batch: the global batch and its per-replica share (:class:`BatchSizes`).
       deterministic: tf.data deterministic order.
       what: the hook's name, for error messages.
       skip_batches: global steps already consumed (resume): each pipeline skips its
@@ -217,34 +235,19 @@ def distribute(
     Raises:
       ValueError: ``service`` with ``deterministic=True``, or a user-sharded resume
         over another number of pipelines (both would silently lose exactness).
+      InputError: ``dataset_fn`` returns no ``tf.data.Dataset``, or unbatched, wrongly
+        batched or empty data (raised when the strategy calls it).
       ConnectionError: no dispatcher answers at ``service`` (within seconds).
     """
-    per_replica = global_batch_size // strategy.num_replicas_in_sync
+    per_replica = batch.per_replica
     if service:
-        if deterministic:
-            raise ValueError(
-                f"config.data.service={service!r} with train.deterministic=True: the tf.data "
-                f"service delivers batches in an order that depends on its workers' timing, "
-                f"so the run can be neither reproduced nor resumed at the exact batch. Set "
-                f"--config.train.deterministic=False to accept that (model, optimizer and "
-                f"step still resume exactly), or --config.data.service='' for exact order.")
-        check_dispatcher(service)
-        logging.info("%s: through the tf.data service at %s (processing mode %s, job %r)",
-                     what, service, SERVICE_PROCESSING_MODE, SERVICE_JOB_NAME)
-        if skip_batches:
-            logging.warning(
-                "resuming at step %d with the tf.data service: the model, optimizer and step "
-                "are restored exactly; the input continues from the service's stream, not "
-                "from batch %d of the interrupted run.", skip_batches, skip_batches)
+        _check_service(service, deterministic, what, skip_batches)
+        return strategy.distribute_datasets_from_function(
+            lambda ctx: _through_service(dataset_fn, ctx, per_replica, what, service))
 
     def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if service:
-            return _through_service(ctx)
         tracked = _TrackedInputContext(ctx)
-        ds = dataset_fn(tracked)
-        if not isinstance(ds, tf.data.Dataset):
-            raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
-        _check_batch(ds, per_replica, what)
+        ds = _checked_dataset(dataset_fn(tracked), per_replica, what)
         if tf.executing_eagerly() and int(ds.cardinality()) == 0:
             raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
                              f"fewer examples than one per-replica batch ({per_replica}) and "
@@ -254,35 +257,72 @@ def distribute(
             report["pipeline_sharded"] = tracked.read_pipeline_id
         if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
             ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
         if skip_batches:
-            if ((tracked.read_pipeline_id or resume_sharded) and resume_pipelines is not None
-                    and resume_pipelines != ctx.num_input_pipelines):
-                raise ValueError(
-                    f"{what} shards (or sharded) its input by pipeline (e.g. by file) and the "
-                    f"checkpoint at step {skip_batches} was written by a run with "
-                    f"{resume_pipelines} input pipeline(s); this run has "
-                    f"{ctx.num_input_pipelines}, so each pipeline's stream differs and the "
-                    f"input cannot resume exactly. Resume with {resume_pipelines} worker(s), "
-                    f"or start in a fresh --workdir; runs that shard by data "
-                    f"(config.data.sharding='data') resume exactly on any number of workers.")
-            ds = ds.skip(skip_batches * replicas_per_pipeline)
+            ds = _skip_consumed(ds, ctx, skip_batches, tracked.read_pipeline_id or resume_sharded,
+                                resume_pipelines, what)
         return _finish(ds, deterministic)
 
-    def _through_service(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        single = tf.distribute.InputContext(1, 0, ctx.num_replicas_in_sync)
-        ds = dataset_fn(single)
-        if not isinstance(ds, tf.data.Dataset):
-            raise TypeError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
-        _check_batch(ds, per_replica, what)
-        options = tf.data.Options()
-        options.deterministic = False
-        ds = ds.with_options(options).apply(tf.data.experimental.service.distribute(
-            processing_mode=SERVICE_PROCESSING_MODE, service=service,
-            job_name=SERVICE_JOB_NAME))
-        return _finish(ds, False)
-
     return strategy.distribute_datasets_from_function(fn)
+
+
+def _checked_dataset(ds: Any, per_replica: int, what: str) -> tf.data.Dataset:
+    """``ds`` once it is a ``tf.data.Dataset`` of per-replica batches (else InputError)."""
+    if not isinstance(ds, tf.data.Dataset):
+        raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
+    _check_batch(ds, per_replica, what)
+    return ds
+
+
+def _skip_consumed(ds: tf.data.Dataset, ctx: tf.distribute.InputContext, skip_batches: int,
+                   sharded_by_pipeline: bool, resume_pipelines: int | None,
+                   what: str) -> tf.data.Dataset:
+    """This pipeline's stream after the ``skip_batches`` global steps already consumed;
+    refuses a pipeline-sharded resume over another number of pipelines (ValueError)."""
+    if (sharded_by_pipeline and resume_pipelines is not None
+            and resume_pipelines != ctx.num_input_pipelines):
+        raise ValueError(
+            f"{what} shards (or sharded) its input by pipeline (e.g. by file) and the "
+            f"checkpoint at step {skip_batches} was written by a run with "
+            f"{resume_pipelines} input pipeline(s); this run has "
+            f"{ctx.num_input_pipelines}, so each pipeline's stream differs and the "
+            f"input cannot resume exactly. Resume with {resume_pipelines} worker(s), "
+            f"or start in a fresh --workdir; runs that shard by data "
+            f"(config.data.sharding='data') resume exactly on any number of workers.")
+    replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+    return ds.skip(skip_batches * replicas_per_pipeline)
+
+
+def _check_service(service: str, deterministic: bool, what: str, skip_batches: int) -> None:
+    """Refuses deterministic order with the service, waits for its dispatcher, and says
+    what a resume through it means."""
+    if deterministic:
+        raise ValueError(
+            f"config.data.service={service!r} with train.deterministic=True: the tf.data "
+            f"service delivers batches in an order that depends on its workers' timing, "
+            f"so the run can be neither reproduced nor resumed at the exact batch. Set "
+            f"--config.train.deterministic=False to accept that (model, optimizer and "
+            f"step still resume exactly), or --config.data.service='' for exact order.")
+    check_dispatcher(service)
+    logging.info("%s: through the tf.data service at %s (processing mode %s, job %r)",
+                 what, service, SERVICE_PROCESSING_MODE, SERVICE_JOB_NAME)
+    if skip_batches:
+        logging.warning(
+            "resuming at step %d with the tf.data service: the model, optimizer and step "
+            "are restored exactly; the input continues from the service's stream, not "
+            "from batch %d of the interrupted run.", skip_batches, skip_batches)
+
+
+def _through_service(dataset_fn: DatasetFn, ctx: tf.distribute.InputContext, per_replica: int,
+                     what: str, service: str) -> tf.data.Dataset:
+    """The input built once (a single-pipeline context), read through the service."""
+    single = tf.distribute.InputContext(1, 0, ctx.num_replicas_in_sync)
+    ds = _checked_dataset(dataset_fn(single), per_replica, what)
+    options = tf.data.Options()
+    options.deterministic = False
+    ds = ds.with_options(options).apply(tf.data.experimental.service.distribute(
+        processing_mode=SERVICE_PROCESSING_MODE, service=service,
+        job_name=SERVICE_JOB_NAME))
+    return _finish(ds, False)
 
 
 def _finish(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:

@@ -1,7 +1,7 @@
 """Preemption: SIGTERM during ``fit()`` becomes a checkpoint and a retryable exit.
 
 :class:`PreemptionWatcher` (a Callback) installs a SIGTERM handler for the duration of
-``fit()``. The handler only sets a flag on the loop driver; at the next loop boundary
+``fit()``. The handler only sets a flag (``run.request_preemption()``); at the next loop boundary
 every worker agrees on it (the driver's stop all-reduce), the final checkpoint is saved
 synchronously (``on_train_end``), all workers pass a barrier and ``fit()`` raises
 :class:`Preempted`. ``trainer.main`` then exits with :data:`EXIT_PREEMPTED` = 143
@@ -21,22 +21,16 @@ from typing import Any
 
 from absl import logging
 
-from trainer.callbacks import Callback
+from trainer.errors import Preempted
+from trainer.run_context import RunContext, Service
+
+__all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionWatcher"]
 
 EXIT_PREEMPTED = 143  # trainer.main's exit code after a preemption save; restart to resume
 
 
-class Preempted(RuntimeError):
-    """Raised by ``fit()`` after SIGTERM once the state at ``step`` is saved."""
-
-    def __init__(self, step: int):
-        super().__init__(f"preempted at step {step}; a checkpoint of that step was saved. "
-                         f"Restart the same command to resume.")
-        self.step = step
-
-
-class PreemptionWatcher(Callback):
-    """Turns SIGTERM into ``trainer.driver.request_preemption()`` during ``fit()``.
+class PreemptionWatcher(Service):
+    """Turns SIGTERM into ``run.request_preemption()`` during ``fit()``.
 
     Inactive without a workdir (nothing could be saved) and outside the main thread
     (Python delivers signals there only).
@@ -46,13 +40,12 @@ class PreemptionWatcher(Callback):
         self._previous: Any = None
         self._installed = False
 
-    def on_fit_start(self, trainer: Any) -> None:
-        if trainer.workdir is None:
+    def on_fit_start(self, run: RunContext) -> None:
+        if run.workdir is None:
             return
-        driver = trainer.driver
 
         def on_sigterm(signum, frame) -> None:
-            driver.request_preemption()
+            run.request_preemption()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
             logging.warning("SIGTERM: saving a checkpoint at the next loop boundary, then "
                             "exiting with code %d.", EXIT_PREEMPTED)
@@ -63,7 +56,7 @@ class PreemptionWatcher(Callback):
         except ValueError:  # not the main thread: preemption stays the caller's business
             logging.info("fit() runs outside the main thread: SIGTERM is not handled.")
 
-    def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if self._installed:
             signal.signal(signal.SIGTERM, self._previous or signal.SIG_DFL)
             self._installed = False
