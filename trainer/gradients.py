@@ -132,8 +132,8 @@ class GradientPath:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy,
-                 batch: data.BatchSizes, precision_state: precision.PrecisionState, step_counter: tf.Variable,
-                 model: keras.Model, reducer: Reducer | None = None,
+                 batch: data.BatchSizes, precision_state: precision.PrecisionState,
+                 step_counter: tf.Variable, model: keras.Model, reducer: Reducer | None = None,
                  ema: ExponentialMovingAverage | None = None):
         self.config = config
         self.strategy = strategy

@@ -1,6 +1,6 @@
 """Preemption: SIGTERM during ``fit()`` becomes a checkpoint and a retryable exit.
 
-:class:`PreemptionWatcher` (a Callback) installs a SIGTERM handler for the duration of
+:class:`PreemptionWatcher` (a service) installs a SIGTERM handler for the duration of
 ``fit()``. The handler only sets a flag (``run.request_preemption()``); at the next loop boundary
 every worker agrees on it (the driver's stop all-reduce), the final checkpoint is saved
 synchronously (``on_train_end``), all workers pass a barrier and ``fit()`` raises

@@ -1,4 +1,4 @@
-"""Checkpointing as a service: the save policy (a Callback), resume, and the best export.
+"""Checkpointing as a service: the save policy (a service), resume, and the best export.
 
 Saves happen at every multiple of ``checkpoint.every_steps``, at ``train.steps`` and
 when training stops early (``request_stop`` or preemption: then synchronously, and all
@@ -97,10 +97,11 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     """Restores the latest (or the given) checkpoint in ``run.workdir``.
 
     Builds the model and optimizer variables if need be (``run.ensure_built``). Sets the
-    variables, and the step and input resume position (``run.resumed``); returns the step, or None when there is no
-    checkpoint (``step=None`` only). Call it on every worker: the chief reads, the
-    others receive the state over collectives. Raises :class:`CheckpointError` (naming
-    the variable) when a checkpoint is missing, unreadable or does not fit the model.
+    variables, and the step and input resume position (``run.resumed``); returns the
+    step, or None when there is no checkpoint (``step=None`` only). Call it on every
+    worker: the chief reads, the others receive the state over collectives. Raises
+    :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
+    unreadable or does not fit the model.
     """
     strategy = run.strategy
     multi = host_collectives.num_workers(strategy) > 1

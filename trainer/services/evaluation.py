@@ -4,7 +4,8 @@
 (0: only at the end), evaluates there (``run.evaluate()``, as ``Trainer.evaluate()``: a
 full pass, or ``eval.steps`` batches) and announces ``{"eval/loss": ..., "eval/NAME": ...}``
 (``run.announce_eval``): every callback's ``on_eval_end`` gets them once this hook
-returns. The last step of a run is always evaluated, also when the run stops early. Inactive when the Trainer has no eval dataset.
+returns. The last step of a run is always evaluated, also when the run stops early.
+Inactive when the Trainer has no eval dataset.
 """
 
 from __future__ import annotations

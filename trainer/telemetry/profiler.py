@@ -1,7 +1,7 @@
 """Profiler windows: ``telemetry.profile_steps="200:210"`` (or ``"200:210,500:505"``).
 
-:class:`ProfilerWindows` is a service (:class:`trainer.run_context.Service`). Window ``"a:b"`` covers
-the steps that take the global step from ``a`` to ``b`` (``b - a`` steps). Through
+:class:`ProfilerWindows` is a service (:class:`trainer.run_context.Service`). Window
+``"a:b"`` covers the steps that take the global step from ``a`` to ``b`` (``b - a`` steps). Through
 ``next_boundary`` it makes train loops END at ``a`` and at ``b`` (so a window that
 crosses a ``steps_per_loop`` boundary just splits that loop in two), starts
 ``tf.profiler.experimental`` right after the loop that reaches ``a`` and stops it
