@@ -165,3 +165,26 @@ def test_no_function_is_longer_than_80_lines(path):
         if (relative, node.name) not in LONG_FUNCTIONS_ALLOWED:
             assert lines <= MAX_FUNCTION_LINES, (
                 f"{relative}:{node.lineno} {node.name}() has {lines} lines; split it by job")
+
+
+def _members(path: Path, cls: str) -> set[str]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            names = set()
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+            return names
+    raise AssertionError(f"no class {cls} in {path}")
+
+
+def test_the_loop_context_implements_every_member_the_run_context_documents():
+    documented = _members(REPO / "trainer" / "run_context.py", "RunContext")
+    implemented = _members(REPO / "trainer" / "loop_context.py", "LoopContext")
+    assert documented - implemented == set()
+    # Beyond the protocol only the constructor and the dispatcher's side.
+    assert implemented - documented == {"__init__", "take_announcements"}
