@@ -88,9 +88,9 @@ class MlflowLogger(Service):
             self.run_id = active.info.run_id
         else:
             name = os.path.basename(os.path.normpath(run.workdir)) if run.workdir else None
-            run = mlflow.start_run(run_id=self.run_id, run_name=None if self.run_id else name)
+            started = mlflow.start_run(run_id=self.run_id, run_name=None if self.run_id else name)
             self._own_run, new = True, self.run_id is None
-            self.run_id = run.info.run_id
+            self.run_id = started.info.run_id
         if new:
             mlflow.log_params(flatten_config(self.config))
             if run.workdir:
