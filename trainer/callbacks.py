@@ -133,6 +133,7 @@ class CallbackList:
         return min((c.next_boundary(step) for c in self), default=math.inf)
 
     def on_fit_start(self) -> None:
+        self._run.take_announcements()  # none left from a fit() that raised mid-hook
         self._call("on_fit_start")
 
     def on_loop_end(self) -> None:
