@@ -140,7 +140,7 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
             kind = f"bench_{name}"  # a directory of its own
             # Its store reads checkpoint.async_save / fast_io when it opens a directory.
             saver = Checkpointer(trainer.config, trainer.workdir, trainer.is_chief)
-            saver.save(trainer, kind=kind, wait=True)  # fills the host buffers
+            saver.save(trainer.context, kind=kind, wait=True)  # fills the host buffers
             # So the step saves again: close the store (it remembers the step), delete
             # the step and reopen the directory outside the timed save.
             saver.store.close()
@@ -149,9 +149,9 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
                 raise RuntimeError(f"step {trainer.step} is still in {kind} after deleting it")
             time.sleep(PAUSE_S)  # the freed pages go back to the host, as between saves
             start, cpu = time.perf_counter(), time.process_time()
-            saver.save(trainer, kind=kind)
+            saver.save(trainer.context, kind=kind)
             out[f"{name}_hold_s"].append(time.perf_counter() - start)
-            saver.on_fit_end(trainer, {})  # waits for the commit, closes the store
+            saver.on_fit_end(trainer.context, {})  # waits for the commit, closes the store
             out[f"{name}_total_s"].append(time.perf_counter() - start)
             out[f"{name}_cpu_s"].append(time.process_time() - cpu)
             shutil.rmtree(os.path.join(trainer.workdir, kind))

@@ -141,9 +141,10 @@ def compare_paths(builder, rounds: int, seconds: float) -> dict:
     from trainer import data
 
     strategy = tf.distribute.get_strategy()
+    batch = data.BatchSizes(BATCH, strategy.num_replicas_in_sync)
     makers = {
-        "framework": lambda: data.distribute(strategy, framework_fn(builder), BATCH),
-        "framework_nondet": lambda: data.distribute(strategy, framework_fn(builder), BATCH,
+        "framework": lambda: data.distribute(strategy, framework_fn(builder), batch),
+        "framework_nondet": lambda: data.distribute(strategy, framework_fn(builder), batch,
                                                     deterministic=False),
         "hand_tuned": lambda: hand_tuned(builder),
     }
@@ -217,10 +218,11 @@ def compare_service(builder, workers: int, rounds: int, seconds: float) -> dict:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         strategy = tf.distribute.get_strategy()
+        batch = data.BatchSizes(BATCH, strategy.num_replicas_in_sync)
         makers = {
-            "local": lambda: data.distribute(strategy, framework_fn(builder), BATCH,
+            "local": lambda: data.distribute(strategy, framework_fn(builder), batch,
                                              deterministic=False),
-            "service": lambda: data.distribute(strategy, framework_fn(builder), BATCH,
+            "service": lambda: data.distribute(strategy, framework_fn(builder), batch,
                                                deterministic=False,
                                                service=f"127.0.0.1:{port}"),
         }

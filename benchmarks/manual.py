@@ -92,9 +92,8 @@ def overlap(t, rounds: int, steps: int = K) -> dict[str, float]:
     from trainer.data_parallel import split_sizes
 
     manual = t.gradients.reducer
-    dataset = data.distribute(t.strategy, t.build_train_dataset,
-                              t.config.train.global_batch_size)
-    t.driver.ensure_built(dataset)
+    dataset = data.distribute(t.strategy, t.build_train_dataset, t.batch)
+    t.context.ensure_built(dataset)
     batch = next(iter(dataset))
     sizes = split_sizes(tf.nest.flatten(batch)[0].shape[0], manual.weights)
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]

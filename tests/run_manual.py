@@ -99,9 +99,8 @@ def _placement(trainer) -> dict[str, list[str]]:
 
     from trainer import data
 
-    dataset = data.distribute(trainer.strategy, trainer.build_train_dataset,
-                              trainer.config.train.global_batch_size)
-    trainer.driver.ensure_built(dataset)
+    dataset = data.distribute(trainer.strategy, trainer.build_train_dataset, trainer.batch)
+    trainer.context.ensure_built(dataset)
     step = trainer.gradients.reducer.wrap_train(trainer.train_step)
     traced = tf.function(lambda batch: trainer.strategy.run(step, args=(batch,)))
     graph = traced.get_concrete_function(dataset.element_spec).graph

@@ -120,3 +120,81 @@ def test_the_command_lines_check_flags_without_tensorflow():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+# The loop driver is the Trainer's (trainer.py builds it, loop.py is it, loop_context.py is
+# its face towards the services). The doctor times the driver's compiled train loop itself.
+DRIVER_OWNERS = ("trainer/trainer.py", "trainer/loop.py", "trainer/loop_context.py",
+                 "trainer/doctor/measure.py")
+SERVICE_PACKAGES = ("trainer/checkpoint", "trainer/telemetry", "trainer/services")
+
+
+@pytest.mark.parametrize("path", sources("trainer"), ids=lambda p: str(p.relative_to(REPO)))
+def test_only_the_trainer_and_the_loop_touch_the_loop_driver(path):
+    relative = str(path.relative_to(REPO))
+    if relative in DRIVER_OWNERS:
+        return
+    for node in ast.walk(ast.parse(path.read_text())):
+        assert not (isinstance(node, ast.Attribute) and node.attr == "driver"), (
+            f"{relative}:{node.lineno} reads .driver; services see the run context "
+            f"(trainer.run_context.RunContext) instead")
+        if isinstance(node, ast.ImportFrom) and node.module == "trainer.loop":
+            assert relative == "trainer/trainer.py", (
+                f"{relative}:{node.lineno} imports the loop driver's module")
+
+
+@pytest.mark.parametrize("path", [p for p in sources("trainer")
+                                  if str(p.relative_to(REPO)).startswith(SERVICE_PACKAGES)],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_services_get_the_run_context_and_dispatch_no_callbacks(path):
+    """A service is a run_context.Service (its hooks get the context, not the Trainer),
+    never reads the callback list (it announces; the dispatcher dispatches)."""
+    relative = str(path.relative_to(REPO))
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            assert node.module != "trainer.callbacks", (
+                f"{relative}:{node.lineno} imports trainer.callbacks; a service derives "
+                f"from trainer.run_context.Service")
+        assert not (isinstance(node, ast.Attribute) and node.attr == "callbacks"), (
+            f"{relative}:{node.lineno} reads .callbacks; announce through the run context")
+
+
+# A config schema literal is long by nature: the one function allowed over the limit.
+LONG_FUNCTIONS_ALLOWED = {("trainer/config.py", "get_config")}
+MAX_FUNCTION_LINES = 80
+
+
+@pytest.mark.parametrize("path", sources("trainer", "launch"),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_no_function_is_longer_than_80_lines(path):
+    relative = str(path.relative_to(REPO))
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        lines = node.end_lineno - node.lineno + 1
+        if (relative, node.name) not in LONG_FUNCTIONS_ALLOWED:
+            assert lines <= MAX_FUNCTION_LINES, (
+                f"{relative}:{node.lineno} {node.name}() has {lines} lines; split it by job")
+
+
+def _members(path: Path, cls: str) -> set[str]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            names = set()
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign):
+                    names.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+            return names
+    raise AssertionError(f"no class {cls} in {path}")
+
+
+def test_the_loop_context_implements_every_member_the_run_context_documents():
+    documented = _members(REPO / "trainer" / "run_context.py", "RunContext")
+    implemented = _members(REPO / "trainer" / "loop_context.py", "LoopContext")
+    assert documented - implemented == set()
+    # Beyond the protocol only the constructor and the dispatcher's side.
+    assert implemented - documented == {"__init__", "take_announcements"}

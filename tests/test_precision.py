@@ -176,3 +176,19 @@ def test_step_counts_must_be_multiples_of_accumulation(field):
     config[section][name] = 42
     with pytest.raises(config_lib.ConfigError, match=f"{field}=42 is not a multiple"):
         config_lib.validate(config)
+
+
+@pytest.mark.parametrize("mode, dynamic, checks, stops, rolls_back, warns", [
+    ("auto", False, False, False, False, False),
+    ("auto", True, True, False, False, False),
+    ("skip", False, True, False, False, False),
+    ("stop", False, True, True, False, False),
+    ("stop", True, True, True, False, True),
+    ("rollback", False, True, False, True, False),
+])
+def test_on_nonfinite_means_one_thing_everywhere(mode, dynamic, checks, stops, rolls_back, warns):
+    """train.on_nonfinite is read in one place: what the gradient path checks, what the
+    non-finite guard does, and the start-up warning all come from precision.NonFinitePolicy."""
+    policy = precision.NonFinitePolicy(mode, dynamic)
+    assert (policy.checks_updates, policy.stops, policy.rolls_back) == (checks, stops, rolls_back)
+    assert (policy.warning() is not None) == warns

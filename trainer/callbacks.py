@@ -2,10 +2,11 @@
 
 ``from trainer import Callback``. Pass callbacks as ``Trainer(config, workdir,
 callbacks=[...])`` or return them from ``build_callbacks()``. The framework's own
-services (the FLOPs meter, telemetry and progress, the experiment loggers of
-``telemetry.loggers``, profiler windows, periodic evaluation, the non-finite guard,
-checkpointing, preemption) are callbacks too and run first, in that order; user callbacks follow in the order given (constructor list, then
-``build_callbacks()``).
+services (:class:`trainer.run_context.Service`: the run's history, the FLOPs meter,
+telemetry and progress, the experiment loggers, profiler windows, the non-finite guard,
+periodic evaluation, early stopping, checkpointing, preemption) receive the same hooks
+and run first, in the one order written (with why) in :func:`trainer.trainer.build_services`;
+user callbacks follow in the order given (constructor list, then ``build_callbacks()``).
 
 Every hook runs on the host, eagerly, in cross-replica context, between ``tf.function``
 calls, on EVERY worker (a callback that writes files checks ``trainer.is_chief``).
@@ -22,6 +23,11 @@ Hooks, in the order a run calls them:
   ``eval/loss``, ``eval/<metric>``.
 * ``on_checkpoint(trainer, step)``: a checkpoint for ``step`` was saved (or its async
   save issued).
+
+(Evaluation and checkpointing are services that run inside another hook: at a loop end,
+say. What they announce, ``on_eval_end`` and ``on_checkpoint``, is dispatched to every
+callback right after the announcing service's hook returns, before the next callback's
+hook: one dispatcher, one order.)
 * ``on_loop_end(trainer)``: after every compiled loop (``train.steps_per_loop`` steps);
   ``trainer.step`` is the global step.
 * ``on_fit_end(trainer, logs)``: once, with what ``fit()`` returns (also when ``fit()``
@@ -46,6 +52,7 @@ import math
 from typing import Any, Iterable
 
 from trainer.errors import UserError
+from trainer.run_context import Service
 
 
 class Callback:
@@ -78,16 +85,28 @@ class Callback:
 
 
 class CallbackList:
-    """Dispatches each hook to the framework's services, then to the user's callbacks.
+    """Dispatches each hook to the framework's services (with the run context), then to
+    the user's callbacks (with the Trainer).
 
-    An exception raised by a user callback propagates unchanged in type, its message
-    prefixed with the callback's class and hook; the framework's own exceptions pass
-    through untouched.
+    After each service's hook, what it announced (``run.announce_eval``,
+    ``run.announce_checkpoint``) is dispatched to every callback before the next one
+    runs. An exception raised by a user callback propagates unchanged in type, its
+    message prefixed with the callback's class and hook; the framework's own exceptions
+    pass through untouched.
+
+    Args:
+      services: the framework's services, in order.
+      user: the user's callbacks, in order.
+      trainer: what user callbacks receive.
+      run: what services receive; ``run.take_announcements()`` returns (and forgets)
+        the ``(hook, argument)`` pairs announced since the last call.
     """
 
-    def __init__(self, services: Iterable[Callback], user: Iterable[Callback] = ()):
+    def __init__(self, services: Iterable[Service], user: Iterable[Callback], trainer: Any,
+                 run: Any):
         self.services = list(services)
         self.user = list(user)
+        self._trainer, self._run = trainer, run
         for callback in self.user:
             if not isinstance(callback, Callback):
                 raise UserError(f"Trainer(callbacks=...) must hold trainer.Callback "
@@ -97,44 +116,45 @@ class CallbackList:
         return iter(self.services + self.user)
 
     def _call(self, hook: str, *args) -> None:
-        for callback in self.services:
-            getattr(callback, hook)(*args)
+        for service in self.services:
+            getattr(service, hook)(self._run, *args)
+            self._dispatch_announcements()
         for callback in self.user:
             try:
-                getattr(callback, hook)(*args)
+                getattr(callback, hook)(self._trainer, *args)
             except Exception as error:
                 _name_in_message(error, f"{type(callback).__name__}.{hook}")
                 raise
 
+    def _dispatch_announcements(self) -> None:
+        for hook, arg in self._run.take_announcements():
+            self._call(hook, arg)
+
     def next_boundary(self, step: int) -> float:
         return min((c.next_boundary(step) for c in self), default=math.inf)
 
-    def on_fit_start(self, trainer: Any) -> None:
-        self._call("on_fit_start", trainer)
+    def on_fit_start(self) -> None:
+        self._run.take_announcements()  # none left from a fit() that raised mid-hook
+        self._call("on_fit_start")
 
-    def on_loop_end(self, trainer: Any) -> None:
-        self._call("on_loop_end", trainer)
+    def on_loop_end(self) -> None:
+        self._call("on_loop_end")
 
-    def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
-        self._call("on_log", trainer, logs)
+    def on_log(self, logs: dict[str, float]) -> None:
+        self._call("on_log", logs)
 
-    def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
-        self._call("on_eval_end", trainer, logs)
+    def on_train_end(self) -> None:
+        self._call("on_train_end")
 
-    def on_checkpoint(self, trainer: Any, step: int) -> None:
-        self._call("on_checkpoint", trainer, step)
-
-    def on_train_end(self, trainer: Any) -> None:
-        self._call("on_train_end", trainer)
-
-    def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_fit_end(self, logs: dict[str, float]) -> None:
         """Calls every callback even when one raises; the first error is re-raised."""
         first: Exception | None = None
         for callback in self:
+            user = callback in self.user
             try:
-                callback.on_fit_end(trainer, logs)
+                callback.on_fit_end(self._trainer if user else self._run, logs)
             except Exception as error:  # noqa: BLE001 - re-raised below
-                if callback in self.user:
+                if user:
                     _name_in_message(error, f"{type(callback).__name__}.on_fit_end")
                 first = first or error
         if first is not None:

@@ -162,9 +162,8 @@ def train_loop_error(error: Exception, trainer: Any, dataset: Any,
     if not isinstance(error, tf.errors.OutOfRangeError):
         return loop_error(error, "build_train_dataset", steps)
     if step == 0 and dataset is not None and _is_empty(dataset):
-        per_replica = (trainer.config.train.global_batch_size
-                       // trainer.strategy.num_replicas_in_sync)
-        return InputError(empty_dataset_message("build_train_dataset", per_replica))
+        return InputError(empty_dataset_message("build_train_dataset",
+                                                trainer.batch.per_replica))
     at = f"at {steps}" if num_steps == 1 else f"during {steps}"
     return InputError(f"build_train_dataset ran out of data {at} of "
                       f"{trainer.config.train.steps}; end it with .repeat() so training can "

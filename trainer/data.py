@@ -54,6 +54,7 @@ deterministic order with the service is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from typing import Any, Callable
@@ -65,6 +66,23 @@ from trainer import data_resume
 from trainer.errors import InputError
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizes:
+    """A global batch and its split over the replicas in sync: the one place the
+    per-replica batch is computed. The Trainer builds its train and eval ones once
+    (:func:`trainer.distribute.batch_sizes`, which refuses a global batch the replicas
+    do not divide) and hands them to whoever needs them (``trainer.batch``,
+    ``run.batch``)."""
+
+    global_size: int  # examples per step over all replicas and workers
+    replicas: int  # replicas in sync
+
+    @property
+    def per_replica(self) -> int:
+        """Examples per replica per step (what ``build_*_dataset`` batches by)."""
+        return self.global_size // self.replicas
 SERVICE_PROCESSING_MODE = "distributed_epoch"
 SERVICE_JOB_NAME = "train"
 _DISPATCHER_TIMEOUT_S = 20.0
@@ -196,7 +214,7 @@ def _check_batch(ds: tf.data.Dataset, per_replica: int, what: str) -> None:
 def distribute(
     strategy: tf.distribute.Strategy,
     dataset_fn: DatasetFn,
-    global_batch_size: int,
+    batch: BatchSizes,
     *,
     deterministic: bool = True,
     what: str = "build_train_dataset",
@@ -211,7 +229,7 @@ def distribute(
     Args:
       strategy: the run's strategy.
       dataset_fn: ``ctx -> tf.data.Dataset`` yielding per-replica batches.
-      global_batch_size: examples per step over all replicas.
+      batch: the global batch and its per-replica share (:class:`BatchSizes`).
       deterministic: tf.data deterministic order.
       what: the hook's name, for error messages.
       skip_batches: global steps already consumed (resume): each pipeline skips its
@@ -230,38 +248,26 @@ def distribute(
     Raises:
       ValueError: ``service`` with ``deterministic=True`` (it would silently lose
         exactness).
+      InputError: ``dataset_fn`` returns no ``tf.data.Dataset``, or unbatched, wrongly
+        batched or empty data (raised when the strategy calls it).
       ConnectionError: no dispatcher answers at ``service`` (within seconds).
     """
-    per_replica = global_batch_size // strategy.num_replicas_in_sync
+    per_replica = batch.per_replica
     if service:
-        if deterministic:
-            raise ValueError(
-                f"config.data.service={service!r} with train.deterministic=True: the tf.data "
-                f"service delivers batches in an order that depends on its workers' timing, "
-                f"so the run can be neither reproduced nor resumed at the exact batch. Set "
-                f"--config.train.deterministic=False to accept that (model, optimizer and "
-                f"step still resume exactly), or --config.data.service='' for exact order.")
-        check_dispatcher(service)
-        logging.info("%s: through the tf.data service at %s (processing mode %s, job %r)",
-                     what, service, SERVICE_PROCESSING_MODE, SERVICE_JOB_NAME)
-        if skip_batches:
-            logging.warning(
-                "resuming at step %d with the tf.data service: the model, optimizer and step "
-                "are restored exactly; the input continues from the service's stream, not "
-                "from batch %d of the interrupted run.", skip_batches, skip_batches)
+        _check_service(service, deterministic, what, skip_batches)
+        return strategy.distribute_datasets_from_function(
+            lambda ctx: _through_service(dataset_fn, ctx, per_replica, what, service))
 
     def stream(ctx: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
         """One pipeline's per-replica batches as the framework shards them, and
-        whether ``dataset_fn`` sharded itself (read ``ctx.input_pipeline_id``)."""
+        whether ``dataset_fn`` sharded itself (read ``ctx.input_pipeline_id``). ``ctx``
+        may be an earlier run's (trainer.data_resume): its per-replica batch then."""
         tracked = _TrackedInputContext(ctx)
-        ds = dataset_fn(tracked)
-        if not isinstance(ds, tf.data.Dataset):
-            raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
-        batch = ctx.get_per_replica_batch_size(global_batch_size)
-        _check_batch(ds, batch, what)
+        size = ctx.get_per_replica_batch_size(batch.global_size)
+        ds = _checked_dataset(dataset_fn(tracked), size, what)
         if tf.executing_eagerly() and int(ds.cardinality()) == 0:
             raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
-                             f"fewer examples than one per-replica batch ({batch}) and "
+                             f"fewer examples than one per-replica batch ({size}) and "
                              f"drops the remainder (.repeat() cannot help an empty dataset). "
                              f"Check the data source, or call .repeat() BEFORE .batch().")
         if must_end and tf.executing_eagerly() and (
@@ -276,34 +282,59 @@ def distribute(
         return ds, tracked.read_pipeline_id
 
     def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if service:
-            return _through_service(ctx)
         ds, sharded = stream(ctx)
         old = data_resume.layout_to_continue(resume_layout, ctx, sharded)
         if report is not None:
             report["input_layout"] = old or data_resume.InputLayout.of(ctx, sharded)
         if old is not None:
-            ds = data_resume.continue_streams(stream, old, ctx, global_batch_size,
+            ds = data_resume.continue_streams(stream, old, ctx, batch.global_size,
                                               skip_batches, what)
-        elif skip_batches:
-            replicas_per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-            ds = ds.skip(skip_batches * replicas_per_pipeline)
+        elif skip_batches:  # the same layout: each pipeline skips its share
+            ds = ds.skip(skip_batches * (ctx.num_replicas_in_sync // ctx.num_input_pipelines))
         return _finish(ds, deterministic)
 
-    def _through_service(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        single = tf.distribute.InputContext(1, 0, ctx.num_replicas_in_sync)
-        ds = dataset_fn(single)
-        if not isinstance(ds, tf.data.Dataset):
-            raise TypeError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
-        _check_batch(ds, per_replica, what)
-        options = tf.data.Options()
-        options.deterministic = False
-        ds = ds.with_options(options).apply(tf.data.experimental.service.distribute(
-            processing_mode=SERVICE_PROCESSING_MODE, service=service,
-            job_name=SERVICE_JOB_NAME))
-        return _finish(ds, False)
-
     return strategy.distribute_datasets_from_function(fn)
+
+
+def _checked_dataset(ds: Any, per_replica: int, what: str) -> tf.data.Dataset:
+    """``ds`` once it is a ``tf.data.Dataset`` of per-replica batches (else InputError)."""
+    if not isinstance(ds, tf.data.Dataset):
+        raise InputError(f"{what} must return a tf.data.Dataset, got {type(ds).__name__}.")
+    _check_batch(ds, per_replica, what)
+    return ds
+
+
+def _check_service(service: str, deterministic: bool, what: str, skip_batches: int) -> None:
+    """Refuses deterministic order with the service, waits for its dispatcher, and says
+    what a resume through it means."""
+    if deterministic:
+        raise ValueError(
+            f"config.data.service={service!r} with train.deterministic=True: the tf.data "
+            f"service delivers batches in an order that depends on its workers' timing, "
+            f"so the run can be neither reproduced nor resumed at the exact batch. Set "
+            f"--config.train.deterministic=False to accept that (model, optimizer and "
+            f"step still resume exactly), or --config.data.service='' for exact order.")
+    check_dispatcher(service)
+    logging.info("%s: through the tf.data service at %s (processing mode %s, job %r)",
+                 what, service, SERVICE_PROCESSING_MODE, SERVICE_JOB_NAME)
+    if skip_batches:
+        logging.warning(
+            "resuming at step %d with the tf.data service: the model, optimizer and step "
+            "are restored exactly; the input continues from the service's stream, not "
+            "from batch %d of the interrupted run.", skip_batches, skip_batches)
+
+
+def _through_service(dataset_fn: DatasetFn, ctx: tf.distribute.InputContext, per_replica: int,
+                     what: str, service: str) -> tf.data.Dataset:
+    """The input built once (a single-pipeline context), read through the service."""
+    single = tf.distribute.InputContext(1, 0, ctx.num_replicas_in_sync)
+    ds = _checked_dataset(dataset_fn(single), per_replica, what)
+    options = tf.data.Options()
+    options.deterministic = False
+    ds = ds.with_options(options).apply(tf.data.experimental.service.distribute(
+        processing_mode=SERVICE_PROCESSING_MODE, service=service,
+        job_name=SERVICE_JOB_NAME))
+    return _finish(ds, False)
 
 
 def _finish(ds: tf.data.Dataset, deterministic: bool) -> tf.data.Dataset:

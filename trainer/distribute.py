@@ -33,7 +33,8 @@ from absl import logging
 from tf_cluster.ports import check_own_port
 from tf_cluster.tf_config import TFConfigError, validate_tf_config
 from tf_cluster.tpu import TPUConnectError, TPUNotFoundError, connect_tpu, tpu_attached
-from trainer.config import ConfigError
+from trainer.config import ConfigError, check_batch_divisible
+from trainer.data import BatchSizes
 from trainer.host_collectives import is_chief, num_workers
 
 __all__ = ["accelerator_devices", "build_strategy", "configure_devices", "describe",
@@ -328,3 +329,11 @@ def describe(strategy: tf.distribute.Strategy) -> str:
                      f"(chief: {is_chief(strategy)})")
     lines.append(f"  placement logging: {tf.debugging.get_log_device_placement()}")
     return "\n".join(lines)
+
+
+def batch_sizes(field: str, global_size: int, strategy: tf.distribute.Strategy) -> BatchSizes:
+    """``global_size`` split over ``strategy``'s replicas in sync; raises ConfigError
+    naming ``field`` and the fix when they do not divide it (before any step)."""
+    replicas = strategy.num_replicas_in_sync
+    check_batch_divisible(field, global_size, replicas)
+    return BatchSizes(global_size, replicas)

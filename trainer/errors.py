@@ -86,6 +86,16 @@ class PeerLostError(UserError):
 
 # OSError numbers that mean "the place you asked me to write to cannot take it":
 # errno -> (what it means, what to do).
+class Preempted(RuntimeError):
+    """Raised by ``fit()`` after SIGTERM once the state at ``step`` is saved (see
+    :mod:`trainer.checkpoint.preemption`)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"preempted at step {step}; a checkpoint of that step was saved. "
+                         f"Restart the same command to resume.")
+        self.step = step
+
+
 _WRITABLE = "choose a directory this user can write (--workdir)"
 _WRITE_ERRNOS = {
     errno.ENOSPC: ("the disk is full", "free space or choose another disk (--workdir)"),

@@ -45,7 +45,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from trainer import keras_compat, precision
+from trainer import data, keras_compat, precision
 from trainer.ema import ExponentialMovingAverage
 from trainer.grad_norm import GradientNormStats
 from trainer.errors import InputError
@@ -120,6 +120,7 @@ class GradientPath:
     Args:
       config: the run's config (``train``, ``optimizer.clipnorm``, ``perf`` are read).
       strategy: the run's strategy.
+      batch: the train batch (:class:`trainer.data.BatchSizes`).
       precision_state: loss scale and non-finite accounting (``trainer.precision``).
       step_counter: the global step variable (decides accumulation windows).
       model: the model whose ``losses`` (regularisation) join the objective and whose
@@ -131,11 +132,12 @@ class GradientPath:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy,
-                 precision_state: precision.PrecisionState, step_counter: tf.Variable,
-                 model: keras.Model, reducer: Reducer | None = None,
+                 batch: data.BatchSizes, precision_state: precision.PrecisionState,
+                 step_counter: tf.Variable, model: keras.Model, reducer: Reducer | None = None,
                  ema: ExponentialMovingAverage | None = None):
         self.config = config
         self.strategy = strategy
+        self.batch = batch
         self.precision = precision_state
         self.step_counter = step_counter
         self.model = model
@@ -143,8 +145,9 @@ class GradientPath:
         # train.on_nonfinite="auto" checks only where dynamic loss scaling needs it: the
         # check gates every update on a reduction over all gradients (a tf.cond), which
         # costs an overhead-bound step several percent (benchmarks/README.md).
-        self.checks_finite = (config.train.on_nonfinite != "auto"
-                              or precision_state.dynamic)
+        self.nonfinite = precision.NonFinitePolicy(config.train.on_nonfinite,
+                                                   precision_state.dynamic)
+        self.checks_finite = self.nonfinite.checks_updates
         self.ema = ema
         # At least one sampled update per logging window (windows hold whole updates).
         updates_per_window = config.train.log_every_steps // config.perf.grad_accum_steps
@@ -183,7 +186,7 @@ class GradientPath:
     @property
     def static_count(self) -> int:
         """C_static: examples per optimizer update when every batch is full."""
-        return self.config.train.global_batch_size * self.config.perf.grad_accum_steps
+        return self.batch.global_size * self.config.perf.grad_accum_steps
 
     @no_autograph
     def objective(self, per_example_loss: tf.Tensor) -> tf.Tensor:
@@ -237,8 +240,7 @@ class GradientPath:
             loss_sum, count = ctx.all_reduce(_SUM, [loss_sum, n_local])
             self._accumulate(optimizer, variables, grads, n_local)
             return loss_sum / count
-        per_replica = self.config.train.global_batch_size // self.strategy.num_replicas_in_sync
-        if per_example_loss.shape[0] == per_replica:  # statically full: C = C_static
+        if per_example_loss.shape[0] == self.batch.per_replica:  # statically full: C = C_static
             reduced = ctx.all_reduce(_SUM, grads + [loss_sum])
             self._update(optimizer, variables, reduced[:-1], None)
             return reduced[-1] / float(self.static_count)

@@ -14,7 +14,9 @@ local flag; after the callbacks of every loop boundary the workers agree on the 
 (one small all-reduce per loop on multi-worker runs, nothing on one worker), so every
 worker stops at the same step. Inside a gradient-accumulation window the stop waits for
 the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
-``fit()`` returns, or raises :class:`trainer.checkpoint.preemption.Preempted` after a preemption.
+``fit()`` returns, or raises :class:`trainer.errors.Preempted` after a preemption.
+
+The services see none of this object: they get its :class:`trainer.loop_context.LoopContext`.
 
 Contexts: the driver runs on the host in cross-replica context; the compiled loops call
 the steps in replica context.
@@ -22,7 +24,6 @@ the steps in replica context.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable
 
@@ -31,15 +32,10 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import checks, data, data_resume, eval_pass, host_collectives
-from trainer.callbacks import Callback, CallbackList
+from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
-from trainer.checkpoint.preemption import Preempted
-
-
-
-def next_boundary(step: int, every: int) -> float:
-    """The first multiple of ``every`` after ``step`` (inf when ``every`` is 0)."""
-    return (step // every + 1) * every if every > 0 else math.inf
+from trainer.errors import Preempted
+from trainer.run_context import RunContext, Service, next_multiple
 
 
 def _replica_spec(spec):
@@ -84,17 +80,17 @@ class MetricReadout:
         return {name: float(value) for name, value in self._read_and_reset().items()}
 
 
-class History(Callback):
+class History(Service):
     """What ``fit()`` returns: the latest ``train/*`` and ``eval/*`` values."""
 
     def __init__(self):
         self.results: dict[str, float] = {}
 
-    def on_log(self, trainer, logs: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
         self.results.update({k: v for k, v in logs.items() if k.startswith("train/")
                              and k not in ("train/learning_rate", "train/grad_norm")})
 
-    def on_eval_end(self, trainer, logs: dict[str, float]) -> None:
+    def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
         self.results.update({k: v for k, v in logs.items() if k.startswith("eval/")})
 
 
@@ -119,7 +115,7 @@ class LoopDriver:
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
-        # count and input layout; set by trainer.checkpoint.service.restore), or None.
+        # count and input layout; set through the run context's ``resumed``), or None.
         self.resumed: data_resume.Resumed | None = None
         # {"input_layout": InputLayout} of the current train dataset (the checkpoint
         # records it).
@@ -154,8 +150,7 @@ class LoopDriver:
         model = t.model
         unbuilt = not model.built or not model.trainable_variables
         if unbuilt and dist_dataset is None:
-            dist_dataset = self._distribute(t.hooks.dataset("build_train_dataset"),
-                                            t.config.train.global_batch_size)
+            dist_dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch)
         features = None
         if dist_dataset is not None:
             spec = _replica_spec(dist_dataset.element_spec)
@@ -177,11 +172,11 @@ class LoopDriver:
         if t.ema is not None:
             t.ema.build(t.strategy, model.trainable_variables)
 
-    def _distribute(self, dataset_fn, global_batch_size: int, what: str = "build_train_dataset",
-                    skip_batches: int = 0):
+    def _distribute(self, dataset_fn, batch: data.BatchSizes,
+                    what: str = "build_train_dataset", skip_batches: int = 0):
         config = self.trainer.config
         train = what == "build_train_dataset"
-        return data.distribute(self.trainer.strategy, dataset_fn, global_batch_size,
+        return data.distribute(self.trainer.strategy, dataset_fn, batch,
                                deterministic=config.train.deterministic, what=what,
                                skip_batches=skip_batches,
                                resume_layout=(self.resumed.layout
@@ -200,8 +195,8 @@ class LoopDriver:
         t = self.trainer
         if self._iterator_at is not None and self._iterator_at[0] == t.step:
             return self._iterator_at[1]
-        dataset = self._distribute(t.hooks.dataset("build_train_dataset"),
-                                   t.config.train.global_batch_size, skip_batches=t.step)
+        dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch,
+                                   skip_batches=t.step)
         self.ensure_built(dataset)
         self._dataset = dataset
         return iter(dataset)
@@ -233,8 +228,7 @@ class LoopDriver:
         if self._eval_dataset is None:
             t = self.trainer
             self._eval_dataset = self._distribute(
-                t.hooks.dataset("build_eval_dataset"), t.eval_global_batch_size,
-                what="build_eval_dataset")
+                t.hooks.dataset("build_eval_dataset"), t.eval_batch, what="build_eval_dataset")
             self.ensure_built(self._eval_dataset, "build_eval_dataset")
 
     def train_graph(self) -> tf.Graph | None:
@@ -295,13 +289,13 @@ class LoopDriver:
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
-        callbacks.on_fit_start(t)
+        callbacks.on_fit_start()
         if t.step >= total:
             t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step {t.step} "
                                   f">= train.steps={total}: nothing to train")
         try:
             while t.step < total:
-                next_log = next_boundary(t.step, cfg.train.log_every_steps)
+                next_log = next_multiple(t.step, cfg.train.log_every_steps)
                 num_steps = int(min(cfg.train.steps_per_loop, total - t.step,
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
                 start = time.perf_counter()
@@ -322,8 +316,8 @@ class LoopDriver:
                 if t.step in (next_log, total):
                     logs = self._window_logs(outputs, window_steps, window_seconds)
                     window_steps, window_seconds = 0, 0.0
-                    callbacks.on_log(t, logs)
-                callbacks.on_loop_end(t)
+                    callbacks.on_log(logs)
+                callbacks.on_loop_end()
                 stop, preempt = self._agree()
                 if (stop or preempt) and t.step < total:
                     if t.step % k:
@@ -337,17 +331,17 @@ class LoopDriver:
                         t.events.stop(t.step, self._stop_reason)
                     break
             if window_steps and self.stopped_by != "preemption":  # a stop inside a window
-                callbacks.on_log(t, self._window_logs(outputs, window_steps, window_seconds))
-            callbacks.on_train_end(t)
+                callbacks.on_log(self._window_logs(outputs, window_steps, window_seconds))
+            callbacks.on_train_end()
             if self.stopped_by == "preemption":
                 raise Preempted(t.step)
         except BaseException:
             self._iterator_at = (t.step, iterator)
-            callbacks.on_fit_end(t, dict(self.history.results))
+            callbacks.on_fit_end(dict(self.history.results))
             raise
         self._iterator_at = (t.step, iterator)
         results = dict(self.history.results)
-        callbacks.on_fit_end(t, results)
+        callbacks.on_fit_end(results)
         return results
 
     def _window_logs(self, outputs: dict, steps: int, seconds: float) -> dict[str, float]:
@@ -363,5 +357,5 @@ class LoopDriver:
         if grad_norm is not None:
             logs["train/grad_norm"] = grad_norm
         logs["perf/steps_per_s"] = steps / max(seconds, 1e-9)
-        logs["perf/examples_per_s"] = logs["perf/steps_per_s"] * t.config.train.global_batch_size
+        logs["perf/examples_per_s"] = logs["perf/steps_per_s"] * t.batch.global_size
         return logs

@@ -40,11 +40,10 @@ def measure(trainer: Trainer, repeats: int = 20) -> list[dict[str, float]]:
     if not isinstance(manual, ManualDataParallel):
         raise ConfigError("measure() needs distribute.strategy='manual' (set "
                           "--config.distribute.strategy=manual).")
-    cfg = trainer.config
-    dataset = data.distribute(trainer.strategy, trainer.build_train_dataset,
-                              cfg.train.global_batch_size, deterministic=True)
-    trainer.driver.ensure_built(dataset)
-    share = max(1, cfg.train.global_batch_size // len(manual.devices))
+    dataset = data.distribute(trainer.strategy, trainer.build_train_dataset, trainer.batch,
+                              deterministic=True)
+    trainer.context.ensure_built(dataset)
+    share = max(1, trainer.batch.global_size // len(manual.devices))
     batch = tf.nest.map_structure(lambda t: t[:share], next(iter(dataset)))
     results = []
     for device in manual.devices:

@@ -20,6 +20,8 @@ context on values that are identical on every replica.
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -126,6 +128,42 @@ class PrecisionState:
         if self.dynamic:
             self.scale.assign(tf.maximum(self.scale / 2.0, 1.0))
             self.good_steps.assign(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinitePolicy:
+    """What ``train.on_nonfinite`` means: the one place its values are interpreted.
+
+    ``mode``: "auto", "skip", "stop" or "rollback" (config validation checks it);
+    ``dynamic``: dynamic loss scaling (``mixed_float16``) is on."""
+
+    mode: str
+    dynamic: bool
+
+    @property
+    def checks_updates(self) -> bool:
+        """Every update is checked for NaN/inf (and skipped if so). "auto" checks only
+        where dynamic loss scaling needs it: the check gates every update on a reduction
+        over all gradients (a tf.cond), which costs an overhead-bound step ~5-10%
+        (benchmarks/README.md)."""
+        return self.mode != "auto" or self.dynamic
+
+    @property
+    def stops(self) -> bool:
+        """The run stops at the first loop that skipped an update."""
+        return self.mode == "stop"
+
+    @property
+    def rolls_back(self) -> bool:
+        """A blow-up restores the last checkpoint (:mod:`trainer.services.nonfinite`)."""
+        return self.mode == "rollback"
+
+    def warning(self) -> str | None:
+        """What to tell the user about this setting at start-up, or None."""
+        if self.dynamic and self.stops:
+            return ("train.on_nonfinite='stop' with mixed_float16 also stops at a loss-scale "
+                    "overflow, which dynamic loss scaling normally skips; use 'skip'.")
+        return None
 
 
 class NonFiniteError(FloatingPointError):

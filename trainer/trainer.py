@@ -2,10 +2,11 @@
 
 What a step is lives in the hooks (defaults: :mod:`trainer.steps`); the gradient path
 in :mod:`trainer.gradients`; *when* things happen in the loop driver
-(:mod:`trainer.loop`) and the services, which are callbacks (:mod:`trainer.callbacks`).
-Framework internals live on the objects a Trainer holds (``gradients``, ``steps``,
-``driver``, ``callbacks``, ``precision``), never as private attributes a subclass could
-clobber.
+(:mod:`trainer.loop`) and the services (:func:`build_services`: which, in what order,
+and why), which see the run through a narrow context (:mod:`trainer.run_context`), not
+the Trainer. Framework internals live on the objects a Trainer holds (``gradients``,
+``steps``, ``driver``, ``context``, ``callbacks``, ``precision``), never as private
+attributes a subclass could clobber.
 
 Contexts:
 
@@ -43,9 +44,12 @@ from trainer.services.evaluation import PeriodicEvaluation
 from trainer.telemetry.flops import FlopsMeter
 from trainer.gradients import GradientPath
 from trainer.telemetry.loggers import build_loggers
-from trainer.loop import LoopDriver
+from trainer.loop import History, LoopDriver
+from trainer.loop_context import LoopContext
 from trainer.services.nonfinite import NonFiniteGuard
 from trainer.checkpoint.preemption import PreemptionWatcher
+from trainer.precision import NonFinitePolicy
+from trainer.run_context import Service
 from trainer.telemetry.profiler import ProfilerWindows
 from trainer.steps import DefaultSteps
 from trainer.telemetry.service import Telemetry
@@ -69,8 +73,11 @@ class Trainer:
     Attributes:
       config, workdir, strategy; model, optimizer (built in ``strategy.scope()``);
       step: global steps done so far (a Python int on the host);
+      batch, eval_batch: the train and eval batch sizes (:class:`trainer.data.BatchSizes`:
+        ``global_size``, ``replicas``, ``per_replica``), checked at construction;
       train_metrics, eval_metrics, train_loss, eval_loss, step_counter, precision;
       gradients (the gradient path), steps (the default steps), driver (the loop),
+      context (what the services see: :class:`trainer.run_context.RunContext`),
       callbacks (a :class:`trainer.callbacks.CallbackList`), ema (the weights' moving
       average, :mod:`trainer.ema`, or None); hooks (calls this class's hooks with the
       checks of :mod:`trainer.hook_checks`); events (the run's restore/stop/rollback/
@@ -86,11 +93,10 @@ class Trainer:
         self.strategy = strategy or distribute.build_strategy(config.distribute)
         reducer = (ManualDataParallel(config, self.strategy)
                    if config.distribute.strategy == "manual" else None)
-        replicas = self.strategy.num_replicas_in_sync
-        config_lib.check_batch_divisible(
-            "train.global_batch_size", config.train.global_batch_size, replicas)
-        config_lib.check_batch_divisible(
-            "eval.global_batch_size", self.eval_global_batch_size, replicas)
+        self.batch = distribute.batch_sizes(
+            "train.global_batch_size", config.train.global_batch_size, self.strategy)
+        self.eval_batch = distribute.batch_sizes(
+            "eval.global_batch_size", self.eval_global_batch_size, self.strategy)
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
         self.step = 0
@@ -105,7 +111,7 @@ class Trainer:
                 config.precision.policy, config.precision.initial_loss_scale,
                 config.precision.growth_interval, self.step_counter)
             # Before build_model: it may call build_optimizer_variables (a 2nd optimizer).
-            self.gradients = GradientPath(config, self.strategy, self.precision,
+            self.gradients = GradientPath(config, self.strategy, self.batch, self.precision,
                                           self.step_counter, None, reducer, self.ema)
             self.model = self.hooks.call("build_model")
             self.gradients.model = self.model
@@ -115,10 +121,8 @@ class Trainer:
             self.train_loss = keras.metrics.Mean(name="train_loss")
             self.eval_loss = keras.metrics.Mean(name="eval_loss")
         logging.info("%s", optimizers.describe(config, self.optimizer))
-        if self.precision.dynamic and config.train.on_nonfinite == "stop":
-            logging.warning(
-                "train.on_nonfinite='stop' with mixed_float16 also stops at a loss-scale "
-                "overflow, which dynamic loss scaling normally skips; use 'skip'.")
+        if self.gradients.nonfinite.warning():
+            logging.warning("%s", self.gradients.nonfinite.warning())
         self.steps = DefaultSteps(
             config, self.model, self.optimizer, self.gradients,
             self.hooks.traced("compute_loss", Trainer.compute_loss),
@@ -126,14 +130,18 @@ class Trainer:
             self.train_metrics, self.eval_metrics)
         self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
                                  self.hooks.traced("eval_step", Trainer.eval_step))
-        flops, loggers = FlopsMeter(config), build_loggers(config)
-        telemetry = Telemetry(config, sources=[flops], sinks=loggers, events=self.events)
-        checkpointer = Checkpointer(config, workdir, self.is_chief, self.events)
-        services = [self.driver.history, flops, telemetry, *loggers, ProfilerWindows(config),
-                    NonFiniteGuard(config, checkpointer, self.events),
-                    PeriodicEvaluation(config, self.has_eval_dataset()), EarlyStopping(config),
-                    checkpointer, PreemptionWatcher()]
-        self.callbacks = CallbackList(services, [*callbacks, *self.hooks.call("build_callbacks")])
+        services, checkpointer = build_services(
+            config, workdir, self.is_chief, self.has_eval_dataset(), self.driver.history,
+            self.gradients.nonfinite, self.events)
+
+        def restore_after_saves() -> int | None:  # a rollback's restore
+            checkpointer.wait()  # the latest save may still be committing
+            return checkpointing.restore(self.context)
+
+        self.context = LoopContext(self, self.driver, restore_after_saves)
+        self.callbacks = CallbackList(services,
+                                      [*callbacks, *self.hooks.call("build_callbacks")],
+                                      self, self.context)
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> keras.Model:
@@ -298,7 +306,7 @@ class Trainer:
         ``trainer.checkpoint.state.CheckpointError`` naming the variable when the
         checkpoint is missing, unreadable or does not fit the model.
         """
-        restored = checkpointing.restore(self, step)
+        restored = checkpointing.restore(self.context, step)
         if restored is not None:
             self.events.restore(restored, self.workdir)
         return restored
@@ -313,6 +321,50 @@ class Trainer:
         self.driver.ensure_built()
         with self._averaged_weights():
             self.model.export(path, format="tf_saved_model", verbose=False)
+
+
+def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief: bool,
+                   has_eval: bool, history: History, nonfinite: NonFinitePolicy,
+                   events: RunEvents) -> tuple[list[Service], Checkpointer]:
+    """The framework's services in the ONE order they run (every hook, every boundary),
+    with why; user callbacks run after all of them, so they see each boundary's outcome
+    (its evaluation, its checkpoint). Returns them with the checkpoint service, which
+    a rollback's restore waits for. Services that report run events get ``events``
+    (telemetry writes and prints them).
+
+    The FLOPs meter is no service: telemetry asks it for values (a record source), and
+    the loggers are telemetry's sinks too.
+    """
+    loggers = build_loggers(config)
+    telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=loggers, events=events)
+    checkpointer = Checkpointer(config, workdir, chief, events)
+    return [
+        # What fit() returns: first, so it holds every window's and evaluation's values
+        # whatever a later service raises.
+        history,
+        # The window record and progress line before anything acts on the window, so
+        # metrics.jsonl shows the window that led to a rollback or stop before its event.
+        telemetry,
+        # Telemetry's sinks (MLflow): open their run after telemetry starts, close it after
+        # telemetry's last record; they hear the checkpoint saved at the end.
+        *loggers,
+        # Trace windows start and stop at loop ends before evaluation and saves run, so
+        # a window covers train steps only.
+        ProfilerWindows(config),
+        # Acts on the loop's outcome before anything uses the weights: a rollback
+        # restores before this boundary's evaluation and save; 'stop' raises before a save.
+        NonFiniteGuard(config, nonfinite, events),
+        # Evaluates before early stopping judges its values and before the checkpoint
+        # that keeps the best step needs them.
+        PeriodicEvaluation(config, has_eval),
+        # Judges the evaluation just announced; its stop is agreed after every hook.
+        EarlyStopping(config),
+        # Saves after every service that changes the state or reports on it at this
+        # boundary (rollback, evaluation); the final save follows the final evaluation.
+        checkpointer,
+        # Last: SIGTERM is handled from when every service has started until all ended.
+        PreemptionWatcher(),
+    ], checkpointer
 
 
 def resolve_trainer_class(path: str) -> type[Trainer]:

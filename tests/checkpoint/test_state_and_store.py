@@ -59,7 +59,7 @@ def trained(tmp_path_factory):
 
 def all_values(trainer) -> dict:
     return {f"{g}/{name}": np.asarray(v.numpy())
-            for g, entries in checkpoint_state.state_variables(trainer).items()
+            for g, entries in checkpoint_state.state_variables(trainer.context).items()
             for name, v in entries}
 
 
@@ -156,19 +156,19 @@ def test_restore_matches_variables_by_name_not_by_creation_count(tmp_path):
     restored = toy.ToyTrainer(adam_config(), str(tmp_path))
     assert restored.restore() == 10
     assert_same_state(restored, written)
-    names = [name for name, _ in checkpoint_state.state_variables(restored)["model"]]
-    assert names == [name for name, _ in checkpoint_state.state_variables(written)["model"]]
+    names = [name for name, _ in checkpoint_state.state_variables(restored.context)["model"]]
+    assert names == [name for name, _ in checkpoint_state.state_variables(written.context)["model"]]
 
 
 def test_snapshot_is_a_copy_and_refills_the_buffers_it_is_given():
     trainer = fresh_run(5)
-    first, manifest = checkpoint_state.snapshot(trainer)
+    first, manifest = checkpoint_state.snapshot(trainer.context)
     assert manifest["step"] == 5
     kernel = first["model"][0].copy()
     trainer.config.train.steps = 10
     trainer.fit()
     np.testing.assert_array_equal(first["model"][0], kernel)  # training did not touch it
-    second, _ = checkpoint_state.snapshot(trainer, reuse=first)
+    second, _ = checkpoint_state.snapshot(trainer.context, reuse=first)
     assert second["model"][0] is first["model"][0]  # the same host memory, refilled
     np.testing.assert_array_equal(second["model"][0], trainer.model.get_weights()[0])
     assert not np.array_equal(second["model"][0], kernel)

@@ -142,7 +142,7 @@ def test_resume_under_file_sharding_is_exact_and_continues_on_another_worker_cou
 
 def test_service_refuses_deterministic_order():
     with pytest.raises(ValueError, match="train.deterministic=False"):
-        data.distribute(tf.distribute.get_strategy(), lambda ctx: None, 8,
+        data.distribute(tf.distribute.get_strategy(), lambda ctx: None, data.BatchSizes(8, 1),
                         deterministic=True, service="127.0.0.1:1")
 
 

@@ -95,9 +95,9 @@ def test_model_flops_do_not_depend_on_how_the_step_runs(digits_run, overrides):
     update) and counts the recomputed forward pass."""
     _, records = digits_run
     other = _fitted(**overrides)
-    assert flops.model_flops_per_example(other) == pytest.approx(
+    assert flops.model_flops_per_example(other.context) == pytest.approx(
         records[0]["train/flops_per_example"], rel=1e-9)
-    hardware = flops.hardware_flops_per_example(other)
+    hardware = flops.hardware_flops_per_example(other.context)
     reference = records[0]["train/hardware_flops_per_example"]
     if overrides == {"perf.recompute": True}:
         assert hardware > 1.2 * reference  # the forward pass runs twice
@@ -107,8 +107,8 @@ def test_model_flops_do_not_depend_on_how_the_step_runs(digits_run, overrides):
 
 def test_the_counts_do_not_retrace_the_train_loop(digits_run):
     t, records = digits_run
-    assert flops.model_flops_per_example(t) == records[0]["train/flops_per_example"]
-    assert (flops.hardware_flops_per_example(t)
+    assert flops.model_flops_per_example(t.context) == records[0]["train/flops_per_example"]
+    assert (flops.hardware_flops_per_example(t.context)
             == records[0]["train/hardware_flops_per_example"])
     assert t.driver.loops.train.experimental_get_tracing_count() == 1
 
@@ -117,7 +117,7 @@ def test_cpu_has_no_peak_so_no_mfu_or_hfu():
     assert flops.device_peak_tflops("float32") == ("CPU", None)
     meter = flops.FlopsMeter(_config())
     t = _fitted()
-    values = meter.values(t, {"perf/examples_per_s": 1000.0})
+    values = meter.values(t.context, {"perf/examples_per_s": 1000.0})
     assert values["train/flops_per_example"] > 0
     assert values["train/tflops"] == pytest.approx(values["train/flops_per_example"] * 1e-9)
     assert values["train/hardware_flops_per_example"] > 0

@@ -101,8 +101,7 @@ def test_only_the_chief_logs_to_mlflow(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     config = _config(**{"telemetry.loggers": ("mlflow",)})
-    worker = types.SimpleNamespace(is_chief=False, workdir=str(tmp_path),
-                                   driver=types.SimpleNamespace(stopped_by=None))
+    worker = types.SimpleNamespace(is_chief=False, workdir=str(tmp_path), stopped_by=None)
     logger = loggers.MlflowLogger(config)
     logger.on_fit_start(worker)
     logger.write({"kind": "train", "step": 10, "time": 0.0, "train/loss": 1.0})

@@ -168,7 +168,7 @@ def test_probes_leave_the_run_unchanged():
 
 def test_input_probe_drains_prefetched_stock_before_timing():
     trainer = SlowInputTrainer(toy.toy_config(), None)
-    probe = probes.InputProbe(trainer)
+    probe = probes.InputProbe(trainer.context)
     floor_s = 0.5 * SLEEP_S
     for _ in range(2):  # per fill-then-drain cycle, tf.data doubles the buffer limit
         time.sleep(0.6)

@@ -1,8 +1,9 @@
 """Preemption: SIGTERM (or SIGINT) during ``fit()`` becomes a checkpoint and a retryable exit.
 
-:class:`PreemptionWatcher` (a Callback) registers a stop callback with
-:mod:`trainer.signals` for the duration of ``fit()``. It only sets a flag on the loop
-driver (an eval pass in progress is abandoned within seconds); at the next loop boundary
+:class:`PreemptionWatcher` (a service) registers a stop callback with
+:mod:`trainer.signals` for the duration of ``fit()``. It only sets a flag
+(``run.request_preemption()``; an eval pass in progress is abandoned within seconds); at
+the next loop boundary
 every worker agrees on it (the driver's stop all-reduce), the final checkpoint is saved
 synchronously (``on_train_end``), all workers pass a barrier and ``fit()`` raises
 :class:`Preempted`. ``trainer.main`` then exits with :data:`EXIT_PREEMPTED` = 143
@@ -24,20 +25,14 @@ from absl import logging
 
 from tf_cluster.exit_codes import EXIT_PREEMPTED  # trainer.main's exit code after a preemption save
 from trainer import signals
-from trainer.callbacks import Callback
+from trainer.errors import Preempted
+from trainer.run_context import RunContext, Service
+
+__all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionWatcher"]
 
 
-class Preempted(RuntimeError):
-    """Raised by ``fit()`` after SIGTERM once the state at ``step`` is saved."""
-
-    def __init__(self, step: int):
-        super().__init__(f"preempted at step {step}; a checkpoint of that step was saved. "
-                         f"Restart the same command to resume.")
-        self.step = step
-
-
-class PreemptionWatcher(Callback):
-    """Turns SIGTERM/SIGINT into ``trainer.driver.request_preemption()`` during ``fit()``.
+class PreemptionWatcher(Service):
+    """Turns SIGTERM/SIGINT into ``run.request_preemption()`` during ``fit()``.
 
     Through :mod:`trainer.signals` (installed here for the duration of ``fit()`` unless
     the command line already did): the signal is seen even while the main thread is
@@ -50,13 +45,12 @@ class PreemptionWatcher(Callback):
         self._installed_here = False
         self._active = False
 
-    def on_fit_start(self, trainer: Any) -> None:
-        if trainer.workdir is None:
+    def on_fit_start(self, run: RunContext) -> None:
+        if run.workdir is None:
             return
-        driver = trainer.driver
 
         def on_signal(signum: int) -> None:
-            driver.request_preemption()
+            run.request_preemption()
             logging.warning("%s: saving a checkpoint at the next loop boundary (an eval pass "
                             "in progress is abandoned), then exiting with code %d; a second "
                             "signal exits at once.", signal.Signals(signum).name,
@@ -70,7 +64,7 @@ class PreemptionWatcher(Callback):
         signals.set_stop_callback(on_signal)
         self._active = True
 
-    def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self._active:
             return
         signals.set_stop_callback(None)

@@ -1,4 +1,4 @@
-"""Checkpointing as a service: the save policy (a Callback), resume, and the best export.
+"""Checkpointing as a service: the save policy (a service), resume, and the best export.
 
 Saves happen at every multiple of ``checkpoint.every_steps``, at ``train.steps`` and
 when training stops early (``request_stop`` or preemption: then synchronously, and all
@@ -8,7 +8,8 @@ window holds partial per-replica sums; config validation makes ``every_steps`` a
 ``train.steps`` multiples). With ``checkpoint.best_metric`` (``"eval/NAME"`` or
 ``"train/NAME"``) a save per evaluation (or logging window) also goes to the best
 directory, and the best step's model is exported to ``workdir/export/best`` at the end
-of ``fit()``. Every save calls ``on_checkpoint`` of every callback.
+of ``fit()``. Every save of the latest state is announced (``run.announce_checkpoint``):
+every callback's ``on_checkpoint`` runs once the saving hook returns.
 
 The loop is held only while the state is copied to host memory; that copy goes into
 buffers kept between the saves of one ``fit()`` (one state-sized host copy per
@@ -34,9 +35,7 @@ Contexts: host, eager, cross-replica, between ``tf.function`` calls.
 from __future__ import annotations
 
 import json
-import math
 import os
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -44,13 +43,13 @@ from absl import logging
 
 from trainer import data_resume, host_collectives
 from trainer.checkpoint import state as checkpoint_state
-from trainer.callbacks import Callback
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
 from trainer.checkpoint.store import read_manifest, read_state
 from trainer.config import ConfigError
 from trainer.precision import NonFiniteError
+from trainer.run_context import RunContext, Service, next_multiple
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
 _NONE, _FAILED = -1, -2
@@ -96,26 +95,27 @@ def _load_first_readable(found: list, groups: dict, step: int | None) -> tuple[d
         "earlier one, or from scratch).")
 
 
-def restore(trainer: Any, step: int | None = None) -> int | None:
-    """Restores the latest (or the given) checkpoint in ``trainer.workdir``.
+def restore(run: RunContext, step: int | None = None) -> int | None:
+    """Restores the latest (or the given) checkpoint in ``run.workdir``.
 
-    The model and optimizer variables must exist (``trainer.restore`` builds them).
-    Sets the variables and ``trainer.step``; returns the step, or None when there is no
-    checkpoint (``step=None`` only). Call it on every worker: the chief reads, the
-    others receive the state over collectives. Raises :class:`CheckpointError` (naming
-    the variable) when a checkpoint is missing, unreadable or does not fit the model.
+    Builds the model and optimizer variables if need be (``run.ensure_built``). Sets the
+    variables, and the step and input resume position (``run.resumed``); returns the
+    step, or None when there is no checkpoint (``step=None`` only). Call it on every
+    worker: the chief reads, the others receive the state over collectives. Raises
+    :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
+    unreadable or does not fit the model.
     """
-    strategy = trainer.strategy
+    strategy = run.strategy
     multi = host_collectives.num_workers(strategy) > 1
     chief = host_collectives.is_chief(strategy)
-    if trainer.workdir is None:
+    if run.workdir is None:
         if step is not None:
             raise CheckpointError(f"restore(step={step}) needs a workdir; this Trainer has none.")
         return None
     found, failure, newest = [], None, _NONE
     if chief:
         try:
-            found = _select(trainer.workdir, step)
+            found = _select(run.workdir, step)
             newest = found[0][0] if found else _NONE
         except CheckpointError as error:
             failure, newest = error, _FAILED
@@ -125,8 +125,8 @@ def restore(trainer: Any, step: int | None = None) -> int | None:
         raise failure or CheckpointError(_CHIEF_FAILED)
     if newest == _NONE:
         return None
-    trainer.driver.ensure_built()  # the variables a checkpoint fills must exist
-    groups = checkpoint_state.state_variables(trainer)
+    run.ensure_built()  # the variables a checkpoint fills must exist
+    groups = checkpoint_state.state_variables(run)
     state, manifest, failure = None, None, None
     if chief:
         try:
@@ -154,13 +154,12 @@ def restore(trainer: Any, step: int | None = None) -> int | None:
     workers = host_collectives.num_workers(strategy)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
                                   data_resume.InputLayout.from_words(words[1:]))
-    trainer.driver.resumed = resumed  # the train input continues the checkpoint's layout
     checkpoint_state.assign(groups, state)
-    trainer.step = restored
+    run.resumed(resumed)  # the step, and the input layout the train input continues
     if chief:
-        _warn_on_input_changes(trainer.config, manifest)
+        _warn_on_input_changes(run.config, manifest)
     logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, trainer.workdir if chief else "the chief's checkpoint, broadcast",
+                 restored, run.workdir if chief else "the chief's checkpoint, broadcast",
                  resumed.from_workers, workers)
     return restored
 
@@ -187,7 +186,7 @@ def _warn_on_input_changes(cfg, manifest: dict) -> None:
 
 
 # ------------------------------------------------------------------ service
-class Checkpointer(Callback):
+class Checkpointer(Service):
     """Saves on the ``checkpoint.*`` policy and exports the best (see the module doc).
 
     Inactive without a workdir. The orbax managers exist on the chief only. With
@@ -212,35 +211,34 @@ class Checkpointer(Callback):
         self._reported: Any = None  # the restore last written as a resume record
 
     def next_boundary(self, step: int) -> float:
-        if not (self.enabled and self.every):
-            return math.inf
-        return (step // self.every + 1) * self.every
+        return next_multiple(step, self.every if self.enabled else 0)
 
-    def save(self, trainer: Any, kind: str = LATEST_DIR,
+    def save(self, run: RunContext, kind: str = LATEST_DIR,
              metrics: dict[str, float] | None = None, wait: bool = False) -> None:
-        """Saves the current state (chief writes; every worker calls ``on_checkpoint``).
+        """Saves the current state (chief writes; every worker announces a save of the
+        latest state, so every callback's ``on_checkpoint`` runs).
 
         A step already saved to ``kind`` by this run is not saved again."""
-        if self._saved.get(kind) == trainer.step:
+        if self._saved.get(kind) == run.step:
             return
-        if not checkpoint_state.all_finite(trainer):
+        if not checkpoint_state.all_finite(run):
             last = self._saved.get(LATEST_DIR)
             raise NonFiniteError(
-                f"The weights are NaN/inf at step {trainer.step}; no checkpoint was written "
+                f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
                 f"(the last good one is step {last if last is not None else 'none'} in "
-                f"{os.path.join(trainer.workdir, LATEST_DIR)}). Set "
+                f"{os.path.join(run.workdir, LATEST_DIR)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
-        self._saved[kind] = trainer.step
-        if self.chief and not self.store.has(kind, trainer.step):
+        self._saved[kind] = run.step
+        if self.chief and not self.store.has(kind, run.step):
             self.store.wait(kind)  # an async write may still read the buffers reused here
-            state, manifest = checkpoint_state.snapshot(trainer, self._host_state.get(kind))
+            state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
-            self.store.save(kind, trainer.step, state, manifest, metrics, wait)
-            logging.info("checkpoint of step %d -> %s%s", trainer.step,
-                         os.path.join(trainer.workdir, kind), "" if wait else " (async)")
+            self.store.save(kind, run.step, state, manifest, metrics, wait)
+            logging.info("checkpoint of step %d -> %s%s", run.step,
+                         os.path.join(run.workdir, kind), "" if wait else " (async)")
         if kind == LATEST_DIR:
-            trainer.callbacks.on_checkpoint(trainer, trainer.step)
+            run.announce_checkpoint(run.step)
 
     def wait(self) -> None:
         """Blocks until pending async saves are committed (chief; others return)."""
@@ -248,77 +246,77 @@ class Checkpointer(Callback):
             self.store.wait()
 
     # --- hooks
-    def on_fit_start(self, trainer: Any) -> None:
-        self._record_resume(trainer)
-        if self.enabled and self.best_source == "eval" and not trainer.has_eval_dataset():
+    def on_fit_start(self, run: RunContext) -> None:
+        self._record_resume(run)
+        if self.enabled and self.best_source == "eval" and not run.has_eval_dataset:
             raise ConfigError(f"config.checkpoint.best_metric={self.best_metric!r} needs an "
                               f"eval dataset; override build_eval_dataset or use a "
                               f"'train/...' metric.")
         if self.enabled and self.best_source == "eval":
             # eval reports exactly eval/loss and eval/NAME of build_metrics() (train/ also
             # reports train_step's other outputs, known only once it runs).
-            produced = sorted({"eval/loss", *(f"eval/{n}" for n in trainer.eval_metrics)})
+            produced = sorted({"eval/loss", *(f"eval/{n}" for n in run.eval_metric_names)})
             if self.best_metric not in produced:
                 raise ConfigError(
                     f"config.checkpoint.best_metric={self.best_metric!r} is not a value eval "
                     f"produces ({', '.join(produced)}: eval/loss and build_metrics()'s "
                     f"names); pick one of them.")
 
-    def _record_resume(self, trainer: Any) -> None:
+    def _record_resume(self, run: RunContext) -> None:
         """The resume event of the latest restore, once (needs events)."""
-        resumed = trainer.driver.resumed
+        resumed = run.last_resume
         if self.events is None or resumed is None or resumed is self._reported:
             return
         self._reported = resumed
         self.events.emit("resume", resumed.step, from_workers=resumed.from_workers,
                          to_workers=resumed.to_workers)
 
-    def on_loop_end(self, trainer: Any) -> None:
+    def on_loop_end(self, run: RunContext) -> None:
         if not self.enabled:
             return
-        if trainer.step >= self.total or (self.every and trainer.step % self.every == 0):
-            self.save(trainer)  # the last step even inside an accumulation: the run ends
+        if run.step >= self.total or (self.every and run.step % self.every == 0):
+            self.save(run)  # the last step even inside an accumulation: the run ends
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, run: RunContext) -> None:
         """The final checkpoint when training stopped before ``train.steps``."""
         if not self.enabled:
             return
-        if trainer.step < self.total:
-            self.save(trainer, wait=True)
-        host_collectives.barrier(trainer.strategy)  # no worker leaves before the save
+        if run.step < self.total:
+            self.save(run, wait=True)
+        host_collectives.barrier(run.strategy)  # no worker leaves before the save
 
-    def _save_best(self, trainer: Any, logs: dict[str, float]) -> None:
+    def _save_best(self, run: RunContext, logs: dict[str, float]) -> None:
         if self.best_metric not in logs:
             raise ConfigError(
                 f"config.checkpoint.best_metric={self.best_metric!r} is not among the "
                 f"{self.best_source} values ({', '.join(sorted(logs))}).")
-        if trainer.step % self.k == 0:
-            self.save(trainer, BEST_DIR, {self.best_metric: float(logs[self.best_metric])})
+        if run.step % self.k == 0:
+            self.save(run, BEST_DIR, {self.best_metric: float(logs[self.best_metric])})
 
-    def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
         if self.enabled and self.best_source == "train":
-            self._save_best(trainer, logs)
+            self._save_best(run, logs)
 
-    def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if self.enabled and self.best_source == "eval":
-            self._save_best(trainer, logs)
+            self._save_best(run, logs)
 
-    def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.enabled or not self.chief:
             return
         self.store.wait()
         best = self.store.best_step()
-        if best is not None and trainer.step >= self.total:
-            self._export_best(trainer, best)
+        if best is not None and run.step >= self.total:
+            self._export_best(run, best)
         self.store.close()
         self._host_state.clear()
 
-    def _export_best(self, trainer: Any, step: int) -> None:
+    def _export_best(self, run: RunContext, step: int) -> None:
         """Exports the best step's model to ``workdir/export/best`` (chief)."""
-        groups = checkpoint_state.state_variables(trainer)
-        current, _ = checkpoint_state.snapshot(trainer)
-        state, _ = load(os.path.join(trainer.workdir, BEST_DIR, str(step)), groups)
-        target = os.path.join(trainer.workdir, BEST_EXPORT_DIR)
+        groups = checkpoint_state.state_variables(run)
+        current, _ = checkpoint_state.snapshot(run)
+        state, _ = load(os.path.join(run.workdir, BEST_DIR, str(step)), groups)
+        target = os.path.join(run.workdir, BEST_EXPORT_DIR)
         model_only = {g: groups[g] for g in ("model", "ema") if g in groups}
         current = {g: current[g] for g in model_only}
         state = {g: state[g] for g in model_only}
@@ -326,7 +324,7 @@ class Checkpointer(Callback):
             checkpoint_state.assign(model_only, state)
             if tf.io.gfile.exists(target):
                 tf.io.gfile.rmtree(target)
-            trainer.export(target)
+            run.export(target)
         finally:
             checkpoint_state.assign(model_only, current)
         metrics = self.store.metrics(BEST_DIR, step)

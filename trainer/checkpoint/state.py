@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from trainer import host_collectives
 from trainer.checkpoint import array_files
 from trainer.errors import UserError
+from trainer.run_context import RunContext
 
 FORMAT = 2  # 1: variables matched by position (before names); not readable any more
 
@@ -62,11 +62,12 @@ def dtype_name(variable) -> str:
     return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype).name
 
 
-def state_variables(trainer: Any) -> Groups:
+def state_variables(run: RunContext) -> Groups:
     """The variables a checkpoint holds, by group: ``{group: [(name, variable), ...]}``.
 
-    Groups, in order: ``model``, ``optimizer``, one per other ``keras.Model`` or Keras
-    optimizer attribute of ``trainer`` (by attribute name, sorted), ``trainer``. A
+    ``run``: the run context (:class:`trainer.run_context.RunContext`). Groups, in
+    order: ``model``, ``optimizer``, one per other ``keras.Model`` or Keras optimizer
+    the Trainer holds (``other_models_and_optimizers()``, by attribute name), ``trainer``. A
     variable appears once (in its first group). The optimizer must be built.
     """
     groups: Groups = {}
@@ -84,52 +85,49 @@ def state_variables(trainer: Any) -> Groups:
         if entries:
             groups[group] = entries
 
-    add("model", trainer.model.variables)
-    add("optimizer", trainer.optimizer.variables)
-    for attr, value in sorted(vars(trainer).items()):
-        if attr.startswith("_") or attr in ("model", "optimizer"):
-            continue
-        if isinstance(value, (keras.Model, keras.optimizers.Optimizer)):
-            add(attr, value.variables)
-    if trainer.ema is not None and trainer.ema.built:
-        add("ema", trainer.ema.variables)
-    p = trainer.precision
-    add("trainer", [trainer.step_counter, p.scale, p.good_steps, p.skipped_steps,
+    add("model", run.model.variables)
+    add("optimizer", run.optimizer.variables)
+    for attr, value in run.other_models_and_optimizers().items():
+        add(attr, value.variables)
+    if run.ema is not None and run.ema.built:
+        add("ema", run.ema.variables)
+    p = run.precision
+    add("trainer", [run.step_counter, p.scale, p.good_steps, p.skipped_steps,
                     p.last_skipped_step])
     return groups
 
 
-def all_finite(trainer: Any) -> bool:
+def all_finite(run: RunContext) -> bool:
     """True when every float variable of the model, its EMA and the optimizers is finite.
 
     Computed where the variables live, on every worker alike (their values are the same
     everywhere), so every worker takes the same decision without communication.
     """
     values = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
-              for group, entries in state_variables(trainer).items() if group != "trainer"
+              for group, entries in state_variables(run).items() if group != "trainer"
               for _, v in entries if tf.as_dtype(v.dtype).is_floating]
     return bool(tf.reduce_all(values).numpy()) if values else True
 
 
-def manifest(trainer: Any, groups: Groups) -> dict:
+def manifest(run: RunContext, groups: Groups) -> dict:
     """The JSON manifest of the current state (see the module docstring)."""
     return {
         "format": FORMAT,
-        "step": int(trainer.step),
-        "global_batch_size": int(trainer.config.train.global_batch_size),
-        "seed": int(trainer.config.seed),
-        "replicas": int(trainer.strategy.num_replicas_in_sync),
-        "workers": host_collectives.num_workers(trainer.strategy),
+        "step": int(run.step),
+        "global_batch_size": int(run.batch.global_size),
+        "seed": int(run.config.seed),
+        "replicas": int(run.strategy.num_replicas_in_sync),
+        "workers": host_collectives.num_workers(run.strategy),
         # The input pipelines whose streams the train input follows (trainer.data_resume):
         # a resume on another number of workers continues them.
         **({"input_layout": layout.to_manifest()}
-           if (layout := trainer.driver.input_report.get("input_layout")) else {}),
+           if (layout := run.input_report.get("input_layout")) else {}),
         "groups": {g: [[name, list(v.shape), dtype_name(v)] for name, v in entries]
                    for g, entries in groups.items()},
     }
 
 
-def snapshot(trainer: Any, reuse: dict[str, list[np.ndarray]] | None = None
+def snapshot(run: RunContext, reuse: dict[str, list[np.ndarray]] | None = None
              ) -> tuple[dict[str, list[np.ndarray]], dict]:
     """Host copies of the training state and its manifest.
 
@@ -140,7 +138,7 @@ def snapshot(trainer: Any, reuse: dict[str, list[np.ndarray]] | None = None
     sure nothing reads them any more). Copying into warm buffers avoids faulting in
     fresh pages: 0.06 s instead of 0.3-1.4 s for 577 MB.
     """
-    groups = state_variables(trainer)
+    groups = state_variables(run)
     reuse = reuse or {}
     state = {}
     for group, entries in groups.items():
@@ -158,7 +156,7 @@ def snapshot(trainer: Any, reuse: dict[str, list[np.ndarray]] | None = None
                 np.copyto(copy, value)
                 arrays.append(copy)
         state[group] = arrays
-    return state, manifest(trainer, groups)
+    return state, manifest(run, groups)
 
 
 def check_compatible(saved: dict, groups: Groups, where: str) -> None:

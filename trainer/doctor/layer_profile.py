@@ -34,7 +34,7 @@ def _nbytes(shape, dtype) -> int:
 
 def profile_layers(trainer: Any, top: int) -> dict[str, Any]:
     """(7) Forward/backward time and memory of each top-level layer, timed alone."""
-    per_replica = trainer.config.train.global_batch_size // trainer.strategy.num_replicas_in_sync
+    per_replica = trainer.batch.per_replica
     rows, untimed = [], []
     for layer in trainer.model.layers:
         if isinstance(layer, keras.layers.InputLayer):

@@ -100,10 +100,10 @@ def _loop_rate(trainer, dataset_fn: Callable, steps: int,
     """examples/s of the train loop on ``dataset_fn``'s data: median over chunks of
     ``steps`` steps (run as ``steps_per_loop`` calls) after one warm-up call."""
     cfg = trainer.config
-    dist = data.distribute(trainer.strategy, dataset_fn, cfg.train.global_batch_size,
+    dist = data.distribute(trainer.strategy, dataset_fn, trainer.batch,
                            deterministic=cfg.train.deterministic)
-    trainer.driver.ensure_built(dist)
-    loops = trainer.driver.loops
+    trainer.context.ensure_built(dist)
+    loops = trainer.driver.loops  # the doctor times the driver's own compiled loop
     iterator = iter(dist)
     per_call = max(1, min(cfg.train.steps_per_loop, steps))
     loops.prepare(iterator)
@@ -119,7 +119,7 @@ def _loop_rate(trainer, dataset_fn: Callable, steps: int,
         return time.perf_counter() - start
 
     seconds = _median_seconds(chunk, min_seconds)
-    return {"examples_per_s": steps * cfg.train.global_batch_size / seconds,
+    return {"examples_per_s": steps * trainer.batch.global_size / seconds,
             "step_ms": 1e3 * seconds / steps, "steps": steps}
 
 
@@ -138,9 +138,9 @@ def measure_input(trainer, steps: int) -> Report:
     """(2) The distributed input pipeline alone; with ``build_read_dataset``, also
     reading alone and the share of the input time it takes (the rest is preprocessing:
     decoding, augmentation, batching)."""
-    probe = probes.InputProbe(trainer)
+    probe = probes.InputProbe(trainer.context)
     seconds = _median_seconds(lambda: steps * probe.seconds_per_batch(steps), MIN_SECONDS) / steps
-    batch = trainer.config.train.global_batch_size
+    batch = trainer.batch.global_size
     report = {"examples_per_s": batch / seconds, "batch_ms": 1e3 * seconds, "batches": steps}
     read = trainer.build_read_dataset(tf.distribute.InputContext())
     if read is not None:
@@ -242,7 +242,7 @@ def measure_communication(trainer, compute: Report, steps: int, config_path: str
     if not config_path:
         return {"applicable": False, "replicas": replicas,
                 "note": "needs the config file path to run the 1-replica comparison"}
-    per_replica = trainer.config.train.global_batch_size // replicas
+    per_replica = trainer.batch.per_replica
     cmd = [sys.executable, "-m", "trainer.doctor", f"--config={config_path}", *overrides,
            "--config.distribute.strategy=one_device", "--config.distribute.virtual_devices=0",
            "--config.distribute.devices=()",

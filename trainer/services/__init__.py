@@ -1,4 +1,4 @@
-"""Training services that act between loops: each one a service Callback.
+"""Training services that act between loops: each one a :class:`trainer.run_context.Service`.
 
 * :mod:`trainer.services.evaluation` — periodic evaluation during ``fit()``.
 * :mod:`trainer.services.early_stopping` — ``train.early_stopping``.

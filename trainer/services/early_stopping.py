@@ -1,4 +1,4 @@
-"""Early stopping: ``train.early_stopping`` (a service Callback).
+"""Early stopping: ``train.early_stopping`` (a service).
 
 After each evaluation (``eval.every_steps``), compares ``metric`` (``"eval/NAME"``) with
 the best value so far (``mode`` ``"min"`` or ``"max"``); a value better by more than
@@ -6,7 +6,7 @@ the best value so far (``mode`` ``"min"`` or ``"max"``); a value better by more 
 ``patience`` evaluations after the best one brought no improvement, so a metric that
 never improves stops the run after exactly ``patience + 1`` evaluations
 (``patience=0``: at the first). The stop goes through
-``trainer.request_stop``: every worker stops at the same step and the final checkpoint
+``run.request_stop``: every worker stops at the same step and the final checkpoint
 is written; the stop event (:mod:`trainer.events`) says why and which step was best. With ``checkpoint.best_metric``
 set to the same metric, the best checkpoint is kept in ``workdir/checkpoints_best``.
 A metric the evaluation does not produce is an error at the first evaluation, naming
@@ -15,13 +15,11 @@ the ones it does produce.
 
 from __future__ import annotations
 
-from typing import Any
-
-from trainer.callbacks import Callback
+from trainer.run_context import RunContext, Service
 from trainer.config import ConfigError
 
 
-class EarlyStopping(Callback):
+class EarlyStopping(Service):
     """Requests a stop when ``config.train.early_stopping.metric`` stops improving."""
 
     def __init__(self, config):
@@ -32,7 +30,7 @@ class EarlyStopping(Callback):
         self.best_step: int | None = None
         self.since_best = 0
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, run: RunContext) -> None:
         self.best, self.best_step, self.since_best = None, None, 0
 
     def _improves(self, value: float) -> bool:
@@ -42,7 +40,7 @@ class EarlyStopping(Callback):
             return value < self.best - self.min_delta
         return value > self.best + self.min_delta
 
-    def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.metric:
             return
         if self.metric not in logs:
@@ -51,11 +49,11 @@ class EarlyStopping(Callback):
                 f"evaluation's values ({', '.join(sorted(logs))}); use one of them.")
         value = logs[self.metric]
         if self._improves(value):
-            self.best, self.best_step, self.since_best = value, trainer.step, 1
+            self.best, self.best_step, self.since_best = value, run.step, 1
         else:
             self.since_best += 1
         if self.since_best > self.patience:
             reason = (f"early stopping: {self.metric} did not improve by more than "
                       f"{self.min_delta:g} for {self.patience + 1} evaluation(s); best "
                       f"{self.best:.6g} at step {self.best_step}")
-            trainer.request_stop(reason)
+            run.request_stop(reason)

@@ -1,25 +1,23 @@
 """Periodic evaluation during ``fit()`` as a service.
 
 :class:`PeriodicEvaluation` ends a train loop at every multiple of ``eval.every_steps``
-(0: only at the end), evaluates there (``trainer.evaluate()``: a full pass, or
-``eval.steps`` batches) and hands ``{"eval/loss": ..., "eval/NAME": ...}`` to every
-callback's ``on_eval_end``. The last step of a run is always evaluated, also when the
-run stops early. Inactive when the Trainer has no eval dataset. A pass abandoned by a
-stop signal (:mod:`trainer.eval_pass`) reports nothing; the loop then saves and exits.
+(0: only at the end), evaluates there (``run.evaluate()``, as ``Trainer.evaluate()``: a
+full pass, or ``eval.steps`` batches) and announces ``{"eval/loss": ..., "eval/NAME": ...}``
+(``run.announce_eval``): every callback's ``on_eval_end`` gets them once this hook
+returns. The last step of a run is always evaluated, also when the run stops early.
+Inactive when the Trainer has no eval dataset. A pass abandoned by a stop signal
+(:mod:`trainer.eval_pass`) reports nothing; the loop then saves and exits.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from absl import logging
 
-from trainer.callbacks import Callback
 from trainer.eval_pass import EvalAbandoned
+from trainer.run_context import RunContext, Service, next_multiple
 
 
-class PeriodicEvaluation(Callback):
+class PeriodicEvaluation(Service):
     """Evaluates at ``eval.every_steps`` multiples and at the end of training."""
 
     def __init__(self, config, enabled: bool):
@@ -29,29 +27,27 @@ class PeriodicEvaluation(Callback):
         self._evaluated_at: int | None = None
 
     def next_boundary(self, step: int) -> float:
-        if not (self.enabled and self.every):
-            return math.inf
-        return (step // self.every + 1) * self.every
+        return next_multiple(step, self.every if self.enabled else 0)
 
-    def _evaluate(self, trainer: Any) -> None:
+    def _evaluate(self, run: RunContext) -> None:
         try:
-            logs = {f"eval/{k}": v for k, v in trainer.evaluate().items()}
+            logs = {f"eval/{k}": v for k, v in run.evaluate().items()}
         except EvalAbandoned as abandoned:  # a stop signal: the loop saves and exits
             logging.warning("%s", abandoned)
             return
-        self._evaluated_at = trainer.step
-        trainer.callbacks.on_eval_end(trainer, logs)
+        self._evaluated_at = run.step
+        run.announce_eval(logs)
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, run: RunContext) -> None:
         self._evaluated_at = None
 
-    def on_loop_end(self, trainer: Any) -> None:
-        if self.enabled and (trainer.step >= self.total
-                             or (self.every and trainer.step % self.every == 0)):
-            self._evaluate(trainer)
+    def on_loop_end(self, run: RunContext) -> None:
+        if self.enabled and (run.step >= self.total
+                             or (self.every and run.step % self.every == 0)):
+            self._evaluate(run)
 
-    def on_train_end(self, trainer: Any) -> None:
-        if trainer.driver.stopped_by == "preemption":
+    def on_train_end(self, run: RunContext) -> None:
+        if run.stopped_by == "preemption":
             return  # save and exit quickly; the restarted run evaluates
-        if self.enabled and self._evaluated_at != trainer.step:
-            self._evaluate(trainer)
+        if self.enabled and self._evaluated_at != run.step:
+            self._evaluate(run)

@@ -25,96 +25,91 @@ loop boundaries:
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from absl import logging
 
-from trainer.checkpoint import service as checkpointing
-from trainer.callbacks import Callback
-from trainer.checkpoint.service import Checkpointer
 from trainer.events import RunEvents
-from trainer.precision import NonFiniteError
+from trainer.precision import NonFiniteError, NonFinitePolicy
+from trainer.run_context import RunContext, Service
 
 __all__ = ["NonFiniteError", "NonFiniteGuard"]
 
 
-class NonFiniteGuard(Callback):
+class NonFiniteGuard(Service):
     """Stops or rolls back per ``train.on_nonfinite``; warns once per fit on a NaN loss.
 
     Args:
       config: the run's config (``train.*``).
-      checkpointer: the run's checkpoint service (rollback restores what it saved).
+      policy: what ``train.on_nonfinite`` means (the gradient path's).
       events: the run's events (a rollback is reported there).
     """
 
-    def __init__(self, config, checkpointer: Checkpointer, events: RunEvents):
+    def __init__(self, config, policy: NonFinitePolicy, events: RunEvents):
         cfg = config.train
-        self.mode = cfg.on_nonfinite
+        self.policy = policy
         self.rollback_after, self.max_rollbacks = cfg.rollback_after, cfg.max_rollbacks
         self.loss_upper_bound = cfg.loss_upper_bound
-        self.checkpointer, self.events = checkpointer, events
+        self.events = events
         self.rollbacks = 0
         self._skipped_before = 0
         self._warned = False
 
-    def on_fit_start(self, trainer: Any) -> None:
-        self._skipped_before = trainer.precision.counters()[0]
+    def on_fit_start(self, run: RunContext) -> None:
+        self._skipped_before = run.precision.counters()[0]
         self._warned = False
-        trainer.precision.worst_streak.assign(0)
+        run.precision.worst_streak.assign(0)
 
-    def on_loop_end(self, trainer: Any) -> None:
-        if self.mode == "stop":
-            if trainer.precision.counters()[0] > self._skipped_before:
-                bad = int(trainer.precision.last_skipped_step.numpy())
+    def on_loop_end(self, run: RunContext) -> None:
+        if self.policy.stops:
+            if run.precision.counters()[0] > self._skipped_before:
+                bad = int(run.precision.last_skipped_step.numpy())
                 raise NonFiniteError(
                     f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
                     f"applied (train.on_nonfinite='stop'). Lower the learning rate, enable "
                     f"optimizer.clipnorm, or check the data and the loss for NaN.")
-        elif self.mode == "rollback":
-            why = self._blow_up(trainer)
+        elif self.policy.rolls_back:
+            why = self._blow_up(run)
             if why:
-                self._rollback(trainer, why)
+                self._rollback(run, why)
 
-    def _blow_up(self, trainer: Any) -> str | None:
+    def _blow_up(self, run: RunContext) -> str | None:
         """Why this loop must be rolled back, or None."""
-        streak = int(trainer.precision.worst_streak.numpy())
-        trainer.precision.worst_streak.assign(0)
+        streak = int(run.precision.worst_streak.numpy())
+        run.precision.worst_streak.assign(0)
         if streak >= self.rollback_after:
             return (f"{streak} non-finite step(s) in a row (train.rollback_after="
                     f"{self.rollback_after})")
         if self.loss_upper_bound > 0:
-            loss = float(trainer.driver.last_outputs["loss"])
+            loss = float(run.last_outputs["loss"])
             if not loss <= self.loss_upper_bound:
                 return f"loss {loss:.4g} > train.loss_upper_bound={self.loss_upper_bound:g}"
         return None
 
-    def _rollback(self, trainer: Any, why: str) -> None:
-        step = trainer.step
+    def _rollback(self, run: RunContext, why: str) -> None:
+        step = run.step
         if self.rollbacks >= self.max_rollbacks:
             raise NonFiniteError(
                 f"Step {step}: {why}, and the run already rolled back {self.rollbacks} "
                 f"time(s) (train.max_rollbacks={self.max_rollbacks}). Lower "
                 f"optimizer.learning_rate, set optimizer.clipnorm, or check the data.")
-        self.checkpointer.wait()
-        restored = checkpointing.restore(trainer) if self.checkpointer.enabled else None
+        restored = run.restore()
         if restored is None:
             raise NonFiniteError(
                 f"Step {step}: {why}, and there is no checkpoint to roll back to (no "
                 f"workdir, or none saved yet). Set checkpoint.every_steps so one exists "
                 f"before a blow-up, or lower optimizer.learning_rate.")
         self.rollbacks += 1
-        trainer.gradients.reset_accumulators()
-        trainer.driver.train_readout.reset()  # the window's means held the blown-up steps
-        trainer.precision.nonfinite_streak.assign(0)
+        run.gradients.reset_accumulators()
+        run.reset_train_window()  # the window's means held the blown-up steps
+        run.precision.nonfinite_streak.assign(0)
         self.events.rollback(restored, step, why, self.rollbacks, self.max_rollbacks)
 
-    def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
         loss = logs.get("train/loss", 0.0)
         if math.isfinite(loss) or self._warned:
             return
         self._warned = True
-        if trainer.gradients.checks_finite:
-            what = (f"{trainer.precision.counters()[0]} update(s) skipped so far "
+        if run.gradients.checks_finite:
+            what = (f"{run.precision.counters()[0]} update(s) skipped so far "
                     f"(precision/skipped_steps)")
         else:
             what = ("updates are NOT checked (train.on_nonfinite='auto' without "
@@ -123,4 +118,4 @@ class NonFiniteGuard(Callback):
                     "to the last checkpoint, or 'stop' to stop at the first")
         logging.warning("Train loss is %s in the window ending at step %d: %s. Lower "
                         "optimizer.learning_rate, set optimizer.clipnorm, or check the data "
-                        "and compute_loss.", loss, trainer.step, what)
+                        "and compute_loss.", loss, run.step, what)

@@ -12,13 +12,13 @@ analysis is not used: TensorFlow's Python API does not expose it (only the HLO t
   and nanoGPT. It does not depend on how the step is implemented: no credit for
   rematerialisation (``perf.recompute``), no discount for gradients the implementation
   skips, optimizer and metrics not counted, so MFU is comparable across implementations.
-  The forward pass is ``trainer.model(features, training=True)`` traced once as a small
+  The forward pass is ``run.model(features, training=True)`` traced once as a small
   separate ``tf.function`` on one replica's train batch spec (the train loop is not
   retraced; nothing runs); per example = count / per-replica batch. For the digits MLP
   this is 1.01 × the analytic ``3 × 2 × multiply-adds`` of its dense layers. Losses or
   extra model calls in an overridden ``train_step`` are not counted.
 * **Hardware FLOPs** (``train/hardware_flops_per_example``, ``train/hfu``): what the
-  compiled train loop's own graph computes (``trainer.driver.train_graph()``: no
+  compiled train loop's own graph computes (``run.train_graph()``: no
   retrace) — its body calls the train step (default or override, under
   ``strategy.run``) once per local replica: forward, the backward pass that is needed
   (TensorFlow does not compute the gradient of the input data, so the digits MLP
@@ -44,7 +44,6 @@ than a guess.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import keras
 import ml_collections
@@ -52,7 +51,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import data, distribute, keras_compat
-from trainer.callbacks import Callback
+from trainer.run_context import RunContext
 
 #: Dense (no sparsity) peak TFLOPS of ONE device by compute dtype, from the vendors'
 #: datasheets. Keys are matched as substrings of the GPU name TensorFlow reports (first
@@ -120,47 +119,43 @@ def _local_step_copies(strategy: tf.distribute.Strategy) -> int:
     return strategy.num_replicas_in_sync // distribute.num_workers(strategy)
 
 
-def _per_replica_batch(trainer: Any) -> int:
-    return trainer.config.train.global_batch_size // trainer.strategy.num_replicas_in_sync
-
-
-def hardware_flops_per_example(trainer: Any) -> float:
+def hardware_flops_per_example(run: RunContext) -> float:
     """Float operations the compiled train step executes per example (module docstring).
 
     Host, cross-replica context, after the first train loop of a ``fit()``; reads the
-    loop's graph (``trainer.driver.train_graph()``), traces nothing. Raises ValueError
+    loop's graph (``run.train_graph()``), traces nothing. Raises ValueError
     before any loop or when the graph holds no counted operation.
     """
-    graph = trainer.driver.train_graph()
+    graph = run.train_graph()
     if graph is None:
         raise ValueError("no train loop has been traced yet (call it after a fit() loop)")
     flops = graph_flops(graph)
     if flops <= 0:
         raise ValueError("the train step's graph holds no op with known FLOPs")
-    return flops / (_per_replica_batch(trainer) * _local_step_copies(trainer.strategy))
+    return flops / (run.batch.per_replica * _local_step_copies(run.strategy))
 
 
-def forward_flops_per_example(trainer: Any) -> float:
-    """Float operations of ``trainer.model(features, training=True)`` per example.
+def forward_flops_per_example(run: RunContext) -> float:
+    """Float operations of ``run.model(features, training=True)`` per example.
 
     Host, cross-replica context, after the first train loop of a ``fit()``: traces the
     forward pass once as its own ``tf.function`` on one replica's train batch spec
-    (``trainer.driver.train_batch_spec()``, features by
+    (``run.train_batch_spec()``, features by
     :func:`trainer.data.split_batch`; an unknown batch dimension is set to the
     per-replica batch) and counts its graph; runs nothing, does not retrace the train
     loop. Raises ValueError before any loop, for batches ``split_batch`` cannot split,
     or when the graph holds no counted operation.
     """
-    spec = trainer.driver.train_batch_spec()
+    spec = run.train_batch_spec()
     if spec is None:
         raise ValueError("no train loop has been traced yet (call it after a fit() loop)")
-    batch = _per_replica_batch(trainer)
+    batch = run.batch.per_replica
     features, _ = data.split_batch(spec)
     features = tf.nest.map_structure(
         lambda s: tf.TensorSpec([batch, *s.shape[1:]], s.dtype)
         if isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None else s,
         features)
-    model = trainer.model
+    model = run.model
     forward = tf.function(lambda inputs: model(inputs, training=True), autograph=False)
     flops = graph_flops(forward.get_concrete_function(features).graph)
     if flops <= 0:
@@ -168,10 +163,10 @@ def forward_flops_per_example(trainer: Any) -> float:
     return flops / batch
 
 
-def model_flops_per_example(trainer: Any) -> float:
+def model_flops_per_example(run: RunContext) -> float:
     """Model FLOPs of one train step per example: 3 × :func:`forward_flops_per_example`
     (forward + 2 × forward for the backward pass; PaLM's definition, module docstring)."""
-    return 3.0 * forward_flops_per_example(trainer)
+    return 3.0 * forward_flops_per_example(run)
 
 
 def compute_dtype() -> str:
@@ -201,11 +196,11 @@ def device_peak_tflops(dtype: str) -> tuple[str, float | None]:
     return name, None
 
 
-class FlopsMeter(Callback):
+class FlopsMeter:
     """Adds ``train/flops_per_example``, ``train/tflops``, ``train/mfu``,
     ``train/hardware_flops_per_example`` and ``train/hfu`` to telemetry (module docstring).
 
-    A service callback and a record source of :class:`trainer.telemetry.service.Telemetry`
+    A record source of :class:`trainer.telemetry.service.Telemetry`
     (``Telemetry(config, sources=[meter])``): telemetry calls :meth:`values` for every
     train record, so the keys reach metrics.jsonl, TensorBoard and every logger. Both
     counts are made at the first call (the first logging window) and kept for the
@@ -224,19 +219,19 @@ class FlopsMeter(Callback):
         self._estimated = False
 
     @staticmethod
-    def _count(what: str, count, trainer: Any) -> float | None:
+    def _count(what: str, count, run: RunContext) -> float | None:
         try:
-            return count(trainer)
+            return count(run)
         except Exception as error:  # noqa: BLE001 - a missing estimate must not stop a run
             logging.warning("%s FLOPs estimate unavailable (its train/ keys are null): %s",
                             what, error)
             return None
 
-    def _estimate(self, trainer: Any) -> None:
+    def _estimate(self, run: RunContext) -> None:
         self._estimated = True
-        self.flops_per_example = self._count("model", model_flops_per_example, trainer)
+        self.flops_per_example = self._count("model", model_flops_per_example, run)
         self.hardware_flops_per_example = self._count(
-            "hardware", hardware_flops_per_example, trainer)
+            "hardware", hardware_flops_per_example, run)
         dtype = compute_dtype()
         name, peak = device_peak_tflops(dtype)
         self.peak_tflops = self.config.telemetry.peak_tflops or peak
@@ -248,12 +243,12 @@ class FlopsMeter(Callback):
                      f"no train/mfu: peak of {name} ({dtype}) unknown; set "
                      f"telemetry.peak_tflops")
 
-    def values(self, trainer: Any, logs: dict[str, float]) -> dict[str, float | None]:
+    def values(self, run: RunContext, logs: dict[str, float]) -> dict[str, float | None]:
         """The record values for a logging window (``logs``: its ``on_log`` values)."""
         if not self._estimated:
-            self._estimate(trainer)
+            self._estimate(run)
         examples_per_s = logs["perf/examples_per_s"]
-        peak = (self.peak_tflops * trainer.strategy.num_replicas_in_sync
+        peak = (self.peak_tflops * run.strategy.num_replicas_in_sync
                 if self.peak_tflops else None)
         values: dict[str, float | None] = {}
         for flops, per_example, rate, utilisation in (

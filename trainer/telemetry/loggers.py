@@ -2,14 +2,15 @@
 
 ``config.telemetry.loggers`` names where the telemetry records go: ``"jsonl"``
 (``workdir/metrics.jsonl``) and ``"tensorboard"`` (``workdir/train``, ``workdir/eval``)
-are written by :mod:`trainer.telemetry.summaries`; ``"mlflow"`` by :class:`MlflowLogger` (``pip
-install 'tf-trainer[mlflow]'``). A logger is a service :class:`trainer.Callback` (for
-the run's lifecycle) and a *sink* of :class:`trainer.telemetry.service.Telemetry`: it gets every
-train and eval record Telemetry builds, the same one metrics.jsonl holds.
+are written by :mod:`trainer.telemetry.summaries`; ``"mlflow"`` by :class:`MlflowLogger`
+(``pip install 'tf-trainer[mlflow]'``). A logger is a service
+(:class:`trainer.run_context.Service`, for the run's lifecycle) and a *sink* of
+:class:`trainer.telemetry.service.Telemetry`: it gets every train and eval record
+Telemetry builds, the same one metrics.jsonl holds.
 
 MLflow, as MLflow users expect: the tracking store is ``MLFLOW_TRACKING_URI`` (MLflow's
 default when unset), the experiment ``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_EXPERIMENT_ID``;
-a run already active in the process (``with mlflow.start_run(): trainer.fit()``) is
+a run already active in the process (``with mlflow.start_run(): run.fit()``) is
 used and left open, otherwise the logger starts one (named after the workdir) at the
 first ``fit()``, resumes it at a later ``fit()`` of the same Trainer and ends it at the
 end of each ``fit()`` (FINISHED; FAILED when ``fit()`` raised; KILLED on preemption).
@@ -32,7 +33,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from trainer.callbacks import Callback
+from trainer.run_context import RunContext, Service
 
 _NOT_METRICS = ("kind", "step", "time")
 
@@ -58,7 +59,7 @@ def record_metrics(record: dict[str, Any]) -> dict[str, float]:
             if k not in _NOT_METRICS and isinstance(v, (int, float))}
 
 
-class MlflowLogger(Callback):
+class MlflowLogger(Service):
     """Logs the run's config, telemetry records and final checkpoint step to MLflow.
 
     See the module docstring. Hooks run on every worker; only the chief talks to MLflow.
@@ -75,8 +76,8 @@ class MlflowLogger(Callback):
         self._trained = False
         self._checkpoint_step: int | None = None
 
-    def on_fit_start(self, trainer: Any) -> None:
-        if not trainer.is_chief:
+    def on_fit_start(self, run: RunContext) -> None:
+        if not run.is_chief:
             return
         import mlflow  # optional dependency (pip install 'tf-trainer[mlflow]')
 
@@ -86,14 +87,14 @@ class MlflowLogger(Callback):
             self._own_run, new = False, active.info.run_id != self.run_id
             self.run_id = active.info.run_id
         else:
-            name = os.path.basename(os.path.normpath(trainer.workdir)) if trainer.workdir else None
-            run = mlflow.start_run(run_id=self.run_id, run_name=None if self.run_id else name)
+            name = os.path.basename(os.path.normpath(run.workdir)) if run.workdir else None
+            started = mlflow.start_run(run_id=self.run_id, run_name=None if self.run_id else name)
             self._own_run, new = True, self.run_id is None
-            self.run_id = run.info.run_id
+            self.run_id = started.info.run_id
         if new:
             mlflow.log_params(flatten_config(self.config))
-            if trainer.workdir:
-                mlflow.set_tag("workdir", os.path.abspath(trainer.workdir))
+            if run.workdir:
+                mlflow.set_tag("workdir", os.path.abspath(run.workdir))
         logging.info("MLflow: logging to run %s at %s", self.run_id, mlflow.get_tracking_uri())
 
     def write(self, record: dict[str, Any]) -> None:
@@ -102,24 +103,24 @@ class MlflowLogger(Callback):
             self._mlflow.log_metrics(record_metrics(record), step=int(record["step"]),
                                      run_id=self.run_id)
 
-    def on_checkpoint(self, trainer: Any, step: int) -> None:
+    def on_checkpoint(self, run: RunContext, step: int) -> None:
         self._checkpoint_step = step
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, run: RunContext) -> None:
         self._trained = True
 
-    def on_fit_end(self, trainer: Any, logs: dict[str, float]) -> None:
+    def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         mlflow, self._mlflow = self._mlflow, None
         if mlflow is None:
             return
         if self._checkpoint_step is not None:
             mlflow.set_tag("final_checkpoint_step", str(self._checkpoint_step))
         if self._own_run:
-            status = ("KILLED" if trainer.driver.stopped_by == "preemption"
+            status = ("KILLED" if run.stopped_by == "preemption"
                       else "FINISHED" if self._trained else "FAILED")
             mlflow.end_run(status=status)
 
 
-def build_loggers(config: ml_collections.ConfigDict) -> list[Callback]:
+def build_loggers(config: ml_collections.ConfigDict) -> list[Service]:
     """The logger callbacks ``telemetry.loggers`` asks for beyond jsonl/tensorboard."""
     return [MlflowLogger(config)] if "mlflow" in config.telemetry.loggers else []

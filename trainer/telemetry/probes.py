@@ -22,11 +22,11 @@ waits ``max(0, t_input - t_compute)``).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import tensorflow as tf
 
 from trainer import data, precision
+from trainer.run_context import RunContext
 from trainer.tracing import no_autograph
 
 
@@ -47,12 +47,10 @@ class InputProbe:
     it costs the memory of one more pipeline (e.g. its shuffle buffer).
     """
 
-    def __init__(self, trainer: Any):
-        cfg = trainer.config
-        self.global_batch_size = cfg.train.global_batch_size
+    def __init__(self, run: RunContext):
         self._dataset = data.distribute(
-            trainer.strategy, trainer.build_train_dataset, cfg.train.global_batch_size,
-            deterministic=cfg.train.deterministic)
+            run.strategy, run.train_dataset_fn, run.batch,
+            deterministic=run.config.train.deterministic)
         self._iterator = iter(self._dataset)
 
         @tf.function
@@ -107,7 +105,7 @@ class ComputeUnavailable(RuntimeError):
 
 
 class ComputeProbe:
-    """Times forward + backward of ``trainer.model`` on one cached batch.
+    """Times forward + backward of ``run.model`` on one cached batch.
 
     Only for Trainers that keep the default ``train_step`` and ``(features, labels)`` /
     dict batches; otherwise the constructor raises :class:`ComputeUnavailable`. The
@@ -115,15 +113,15 @@ class ComputeProbe:
     bound of the step's compute time.
     """
 
-    def __init__(self, trainer: Any, batch):
-        if trainer.overrides("train_step"):
+    def __init__(self, run: RunContext, batch):
+        if run.overrides_train_step:
             raise ComputeUnavailable(
-                f"{type(trainer).__name__} overrides train_step; the probe cannot know "
+                f"{run.trainer_name} overrides train_step; the probe cannot know "
                 f"which models it runs.")
-        strategy, model = trainer.strategy, trainer.model
+        strategy, model = run.strategy, run.model
         self._state = list(model.non_trainable_variables)
 
-        compute_loss = trainer.steps.compute_loss
+        compute_loss = run.steps.compute_loss
 
         @no_autograph
         def replica_step(b):

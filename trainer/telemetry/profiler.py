@@ -1,7 +1,7 @@
 """Profiler windows: ``telemetry.profile_steps="200:210"`` (or ``"200:210,500:505"``).
 
-:class:`ProfilerWindows` is a :class:`trainer.Callback`. Window ``"a:b"`` covers
-the steps that take the global step from ``a`` to ``b`` (``b - a`` steps). Through
+:class:`ProfilerWindows` is a service (:class:`trainer.run_context.Service`). Window
+``"a:b"`` covers the steps that take the global step from ``a`` to ``b`` (``b - a`` steps). Through
 ``next_boundary`` it makes train loops END at ``a`` and at ``b`` (so a window that
 crosses a ``steps_per_loop`` boundary just splits that loop in two), starts
 ``tf.profiler.experimental`` right after the loop that reaches ``a`` and stops it
@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
 
 import ml_collections
 import tensorflow as tf
 from absl import logging
 
 from trainer import config as config_lib
-from trainer import distribute
-from trainer.callbacks import Callback
+from trainer.run_context import RunContext, Service
 
 
-class ProfilerWindows(Callback):
+class ProfilerWindows(Service):
     """Starts/stops ``tf.profiler`` at exactly the configured step windows."""
 
     def __init__(self, config: ml_collections.ConfigDict):
@@ -51,14 +49,13 @@ class ProfilerWindows(Callback):
                 return stop
         return math.inf
 
-    def on_fit_start(self, trainer: Any) -> None:
-        self._enabled = bool(self.windows and trainer.workdir
-                             and distribute.is_chief(trainer.strategy))
+    def on_fit_start(self, run: RunContext) -> None:
+        self._enabled = bool(self.windows and run.workdir and run.is_chief)
         if self.windows and not self._enabled:
             logging.info("telemetry.profile_steps ignored: %s",
-                         "no workdir" if not trainer.workdir else "not the chief")
-        self.logdir = os.path.join(trainer.workdir, "profile") if trainer.workdir else None
-        self._maybe_start(trainer.step)
+                         "no workdir" if not run.workdir else "not the chief")
+        self.logdir = os.path.join(run.workdir, "profile") if run.workdir else None
+        self._maybe_start(run.step)
 
     def _sessions(self) -> set[str]:
         root = os.path.join(self.logdir, "plugins", "profile")
@@ -88,11 +85,11 @@ class ProfilerWindows(Callback):
             logging.info("profiler: trace of steps %d:%d written to %s", *self._active, target)
         self._active = None
 
-    def on_loop_end(self, trainer: Any) -> None:
-        if self._active and trainer.step >= self._active[1]:
+    def on_loop_end(self, run: RunContext) -> None:
+        if self._active and run.step >= self._active[1]:
             self._stop()
-        self._maybe_start(trainer.step)
+        self._maybe_start(run.step)
 
-    def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
+    def on_fit_end(self, run: RunContext, results: dict[str, float]) -> None:
         if self._active:
             self._stop()

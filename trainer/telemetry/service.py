@@ -1,7 +1,7 @@
 """What the run reports while it trains: progress, per-window performance numbers,
 TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 
-:class:`Telemetry` is a :class:`trainer.Callback`. It is always on and light:
+:class:`Telemetry` is a service (:class:`trainer.run_context.Service`). It is always on and light:
 per train loop it only adds up the host wall time of the compiled loop call (no extra
 device sync); per logging window (``train.log_every_steps``) it samples host/device
 memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
@@ -39,7 +39,7 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
 
 Extension points (how other services add to and read the records, so that one record
 per window reaches every output): a *source* (``Telemetry(config, sources=[...])``) is
-an object with ``values(trainer, logs) -> dict`` whose values are merged into every
+an object with ``values(run, logs) -> dict`` whose values are merged into every
 train record (e.g. :class:`trainer.telemetry.flops.FlopsMeter`: ``train/flops_per_example``,
 ``train/tflops``, ``train/mfu``, ``train/hardware_flops_per_example``, ``train/hfu``;
 the progress line leaves them out); a *sink*
@@ -65,10 +65,10 @@ from absl import logging
 from trainer import distribute
 from trainer.telemetry import probes
 from trainer.telemetry.alerts import RegressionDetector, likely_cause
-from trainer.callbacks import Callback
 from trainer.telemetry.progress import Progress, duration, event_line, progress_mode
 from trainer.telemetry.summaries import SummaryWriters
 from trainer.telemetry.system_stats import SystemSampler
+from trainer.run_context import RunContext, Service
 
 #: Keys of every ``kind == "train"`` record of metrics.jsonl (values may be null where
 #: noted in docs/telemetry.md), plus ``train/NAME`` for each value the step/metrics report.
@@ -83,7 +83,7 @@ TRAIN_KEYS = (
     "sys/host_cpu_percent", "sys/process_cpu_percent", "sys/gpu_util_percent",
     "precision/skipped_steps", "precision/loss_scale",
     "perf/regression_alert", "alert",
-    "train/flops_per_example", "train/tflops", "train/mfu",  # from trainer.telemetry.flops
+    "train/flops_per_example", "train/tflops", "train/mfu",  # from run.telemetry.flops
     "train/hardware_flops_per_example", "train/hfu",
 )
 #: Keys of every ``kind == "eval"`` record, plus ``eval/NAME`` for each eval metric.
@@ -113,27 +113,26 @@ def controls(cfg: ml_collections.ConfigDict) -> str:
     return "; ".join(on) or "none"
 
 
-def setup_report(trainer: Any) -> str:
+def setup_report(run: RunContext) -> str:
     """One screen: devices and strategy, precision, XLA, batch, controls, outputs."""
-    cfg = trainer.config
-    replicas = trainer.strategy.num_replicas_in_sync
+    cfg = run.config
     policy = keras.mixed_precision.global_policy().name
     scaling = (f"dynamic loss scale from {cfg.precision.initial_loss_scale:g}"
-               if trainer.precision.dynamic else "no loss scaling")
+               if run.precision.dynamic else "no loss scaling")
     xla = [f"perf.jit_compile={cfg.perf.jit_compile}",
            f"auto-clustering={tf.config.optimizer.get_jit() or 'off'}"]
     if os.environ.get("TF_XLA_FLAGS"):
         xla.append(f"TF_XLA_FLAGS={os.environ['TF_XLA_FLAGS']}")
-    chief = distribute.is_chief(trainer.strategy)
-    outputs = (f"{trainer.workdir} (train/, eval/, metrics.jsonl"
+    chief = run.is_chief
+    outputs = (f"{run.workdir} (train/, eval/, metrics.jsonl"
                f"{', profile/' if cfg.telemetry.profile_steps else ''})"
-               if trainer.workdir and chief else "none (no workdir, or not the chief)")
+               if run.workdir and chief else "none (no workdir, or not the chief)")
     lines = [
-        distribute.describe(trainer.strategy),
+        distribute.describe(run.strategy),
         f"  precision: {policy}, {scaling}",
         f"  XLA: {', '.join(xla)}",
-        f"  batch: global {cfg.train.global_batch_size}, per replica "
-        f"{cfg.train.global_batch_size // replicas}; steps {trainer.step}->{cfg.train.steps}, "
+        f"  batch: global {run.batch.global_size}, per replica "
+        f"{run.batch.per_replica}; steps {run.step}->{cfg.train.steps}, "
         f"{cfg.train.steps_per_loop} per loop call, log every {cfg.train.log_every_steps}",
         f"  controls: {controls(cfg)}",
         f"  outputs: {outputs}",
@@ -143,13 +142,13 @@ def setup_report(trainer: Any) -> str:
     return "\n".join(lines)
 
 
-class Telemetry(Callback):
+class Telemetry(Service):
     """Per-window throughput, timing, memory, utilisation, input wait, alerts, outputs.
 
     Args:
       config: the run's config (``train.*`` and ``telemetry.*`` are read).
       stream: where progress goes (default ``sys.stderr``).
-      sources: objects whose ``values(trainer, logs)`` join every train record.
+      sources: objects whose ``values(run, logs)`` join every train record.
       sinks: objects whose ``write(record)`` gets every record (chief only).
       events: the run's :class:`trainer.events.RunEvents`; each event is written to
         ``metrics.jsonl`` and printed (see the module docstring).
@@ -175,55 +174,55 @@ class Telemetry(Callback):
         self._probe_schedule: probes.ProbeSchedule | None = None  # set at the first fit
 
     # -------------------------------------------------------------- lifecycle
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, run: RunContext) -> None:
         cfg = self.config
-        self._chief = distribute.is_chief(trainer.strategy)
+        self._chief = run.is_chief
         mode = progress_mode(cfg.telemetry.progress, self.stream)
         self.progress = Progress(mode if self._chief else "off", cfg.train.steps, self.stream)
-        if trainer.workdir and self._chief:
+        if run.workdir and self._chief:
             outputs = tuple(o for o in cfg.telemetry.loggers if o in ("jsonl", "tensorboard"))
-            if outputs and (self._writers is None or self._writers.workdir != trainer.workdir):
-                self._writers = SummaryWriters(trainer.workdir, outputs)
+            if outputs and (self._writers is None or self._writers.workdir != run.workdir):
+                self._writers = SummaryWriters(run.workdir, outputs)
             self._active_writers = self._writers if outputs else None
-        self._sampler = SystemSampler(trainer.strategy)
+        self._sampler = SystemSampler(run.strategy)
         self._detector = RegressionDetector(cfg.telemetry.alert_drop, cfg.telemetry.alert_windows)
         self._loops: list[tuple[int, float]] = []
-        self._seen_step = trainer.step
+        self._seen_step = run.step
         self._windows = 0
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
         self._probed = False  # a probe ran after the previous window
         # Probes run collectives; their timing-driven chunk counts would differ between
         # workers and mismatch the collectives, so multi-worker runs do not probe.
         every = cfg.telemetry.probe_every_windows
-        if every and distribute.num_workers(trainer.strategy) > 1:
+        if every and distribute.num_workers(run.strategy) > 1:
             every = 0
             logging.info("input-wait probes are off in multi-worker runs "
                          "(perf/input_wait_fraction is null).")
         if self._probe_schedule is None:
             self._probe_schedule = probes.ProbeSchedule(every, cfg.telemetry.probe_budget)
         self._fitting = True
-        self._say(setup_report(trainer))
+        self._say(setup_report(run))
         pending, self._pending_events = self._pending_events, []
         for record in pending:
             self.on_event(record)
 
-    def _take_loop(self, trainer: Any) -> None:
+    def _take_loop(self, run: RunContext) -> None:
         """Records the loop that just ended (once, from whichever hook comes first)."""
-        if self._seen_step != trainer.step:
-            self._seen_step = trainer.step
-            self._loops.append(trainer.driver.last_loop)
+        if self._seen_step != run.step:
+            self._seen_step = run.step
+            self._loops.append(run.last_loop)
 
-    def on_loop_end(self, trainer: Any) -> None:
-        self._take_loop(trainer)
+    def on_loop_end(self, run: RunContext) -> None:
+        self._take_loop(run)
         if self.progress.mode == "bar":
-            eta = (self.config.train.steps - trainer.step) / self._rate if self._rate else None
+            eta = (self.config.train.steps - run.step) / self._rate if self._rate else None
             last = self.records[-1] if self.records else {}
-            self.progress.update(trainer.step, last.get("train/loss"),
+            self.progress.update(run.step, last.get("train/loss"),
                                  last.get("perf/examples_per_s"), eta)
 
-    def on_log(self, trainer: Any, logs: dict[str, float]) -> None:
-        self._take_loop(trainer)
-        record = self._window_record(trainer, logs)
+    def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
+        self._take_loop(run)
+        record = self._window_record(run, logs)
         self.records.append(record)
         self._write(record)
         self.progress.line(self._summary_line(record))
@@ -235,10 +234,10 @@ class Telemetry(Callback):
             for sink in self.sinks:
                 sink.write(record)
 
-    def on_eval_end(self, trainer: Any, logs: dict[str, float]) -> None:
-        record = {"kind": "eval", "step": trainer.step, "time": time.time(), **logs}
+    def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
+        record = {"kind": "eval", "step": run.step, "time": time.time(), **logs}
         self._write(record)
-        self.progress.line(f"eval  step {trainer.step}: " + ", ".join(
+        self.progress.line(f"eval  step {run.step}: " + ", ".join(
             f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
     def on_event(self, record: dict[str, Any]) -> None:
@@ -260,7 +259,7 @@ class Telemetry(Callback):
         else:
             self.progress.line(text)
 
-    def on_fit_end(self, trainer: Any, results: dict[str, float]) -> None:
+    def on_fit_end(self, run: RunContext, results: dict[str, float]) -> None:
         self._fitting = False
         self.progress.close()
         if self._active_writers:
@@ -270,7 +269,7 @@ class Telemetry(Callback):
             self._sampler.close()
 
     # ---------------------------------------------------------------- windows
-    def _window_record(self, trainer: Any, logs: dict[str, float]) -> dict[str, Any]:
+    def _window_record(self, run: RunContext, logs: dict[str, float]) -> dict[str, Any]:
         cfg = self.config
         loops, self._loops = self._loops, []
         self._windows += 1
@@ -280,25 +279,25 @@ class Telemetry(Callback):
         step_s = seconds / max(steps, 1)
         per_call = sorted(s / n for n, s in loops)
         p90 = per_call[min(len(per_call) - 1, math.ceil(0.9 * len(per_call)) - 1)]
-        examples_per_s = steps * cfg.train.global_batch_size / max(seconds, 1e-9)
+        examples_per_s = steps * run.batch.global_size / max(seconds, 1e-9)
         if not warmup:
             self._rate = steps / max(seconds, 1e-9)
         record: dict[str, Any] = {
-            "kind": "train", "step": trainer.step, "time": time.time(),
+            "kind": "train", "step": run.step, "time": time.time(),
             **{k: v for k, v in logs.items() if k.startswith("train/")},
             "perf/steps_per_s": steps / max(seconds, 1e-9),
             "perf/examples_per_s": examples_per_s,
             "perf/step_time_mean_s": step_s, "perf/step_time_p90_s": p90,
             "perf/loop_calls": len(loops), "perf/warmup": warmup,
-            "perf/eta_s": (cfg.train.steps - trainer.step) / self._rate if self._rate else None,
+            "perf/eta_s": (cfg.train.steps - run.step) / self._rate if self._rate else None,
         }
         for source in self.sources:
-            values = source.values(trainer, logs)
+            values = source.values(run, logs)
             self._source_keys.update(values)
             record.update(values)
         record.update(self._sampler.sample())
         record["precision/skipped_steps"], record["precision/loss_scale"] = (
-            trainer.precision.counters())
+            run.precision.counters())
         # A window right after a probe was partly fed from the prefetch buffer that
         # filled while the probe ran: it neither counts for nor breaks a slow streak.
         after_probe, self._probed = self._probed, False
@@ -308,10 +307,10 @@ class Telemetry(Callback):
         out_of_turn = fire or (slow and self._detector.streak == 1)
         if not warmup and self._probe_schedule.due(self._windows, out_of_turn):
             start = time.perf_counter()
-            self._run_probes(trainer, step_s)
+            self._run_probes(run, step_s)
             self._probe_schedule.spent(time.perf_counter() - start)
             self._probed = True
-        record.update(self._wait_numbers(step_s))
+        record.update(self._wait_numbers(step_s, run.batch.global_size))
         record["perf/regression_alert"] = 0.0
         record["alert"] = None
         if fire:
@@ -325,7 +324,7 @@ class Telemetry(Callback):
                 f"likely cause: {cause}")
             record["perf/regression_alert"] = 1.0
             self.progress.clear()
-            logging.warning("step %d: %s", trainer.step, record["alert"])
+            logging.warning("step %d: %s", run.step, record["alert"])
         return record
 
     def _baseline(self) -> dict[str, Any]:
@@ -340,7 +339,7 @@ class Telemetry(Callback):
                 "perf/step_time_mean_s": statistics.median(steps) if steps else None,
                 "precision/skipped_steps": earlier[-1]["precision/skipped_steps"] if earlier else 0}
 
-    def _run_probes(self, trainer: Any, step_s: float) -> None:
+    def _run_probes(self, run: RunContext, step_s: float) -> None:
         """Times the pipeline alone and compute alone (see :mod:`trainer.telemetry.probes`).
 
         ``step_s``: the window's observed seconds per step. A pipeline that slows the
@@ -350,19 +349,18 @@ class Telemetry(Callback):
         n = self.config.telemetry.probe_batches
         cache = self._probes
         if "input" not in cache:
-            cache["input"] = probes.InputProbe(trainer)
+            cache["input"] = probes.InputProbe(run)
         input_s = cache["input"].seconds_per_batch(n, floor_s=0.5 * step_s)
         if "compute" not in cache:
             try:
-                cache["compute"] = probes.ComputeProbe(trainer, cache["input"].next_batch())
+                cache["compute"] = probes.ComputeProbe(run, cache["input"].next_batch())
             except probes.ComputeUnavailable as error:
                 logging.info("input-wait estimate unavailable: %s", error)
                 cache["compute"] = None
         compute_s = cache["compute"].seconds_per_step(n) if cache["compute"] else None
-        self._probe = {"input_s": input_s, "compute_s": compute_s, "step": trainer.step}
+        self._probe = {"input_s": input_s, "compute_s": compute_s, "step": run.step}
 
-    def _wait_numbers(self, step_s: float) -> dict[str, float | None]:
-        gbs = self.config.train.global_batch_size
+    def _wait_numbers(self, step_s: float, gbs: int) -> dict[str, float | None]:
         p = self._probe
         if not p:
             return {"perf/input_wait_fraction": None, "perf/pipeline_examples_per_s": None,

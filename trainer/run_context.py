@@ -1,0 +1,190 @@
+"""What the framework's services see of a run: the narrow :class:`RunContext`.
+
+The built-in services (checkpointing, telemetry and its sources, loggers, profiler,
+evaluation, early stopping, the non-finite guard, preemption) are :class:`Service`
+objects. Their hooks receive a ``RunContext`` instead of the Trainer: what a service may
+read of the run and what it may ask of it, and nothing else. No service reads or writes
+the loop driver or another service; what one service does for the others (an
+evaluation's values, a saved checkpoint, a telemetry record) goes through the context,
+and the dispatcher (:class:`trainer.callbacks.CallbackList`) delivers it.
+
+The user's :class:`trainer.Callback` keeps receiving the Trainer itself.
+
+Contexts: every member is called on the host, eagerly, in cross-replica context,
+between ``tf.function`` calls, on every worker (the loop driver implements it:
+:class:`trainer.loop.LoopContext`). Members marked *after a loop* return something
+meaningful only once a train loop of the current ``fit()`` has run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Protocol
+
+
+class RunContext(Protocol):
+    """The run as a service sees it (see the module docstring)."""
+
+    # ------------------------------------------------------------------ read
+    #: The experiment config (read it; never change it).
+    config: Any
+    #: The run's ``tf.distribute.Strategy``.
+    strategy: Any
+    #: Where the run writes, or None (nowhere).
+    workdir: str | None
+    #: The trained objects, as the Trainer holds them (checkpointing saves them,
+    #: telemetry and probes read them): ``model``, ``optimizer``, ``ema`` (or None),
+    #: ``precision`` (:class:`trainer.precision.PrecisionState`), ``gradients`` (the
+    #: gradient path), ``step_counter`` (the in-graph step variable), ``steps`` (the
+    #: default steps: ``steps.compute_loss`` is the user's loss hook).
+    model: Any
+    optimizer: Any
+    ema: Any
+    precision: Any
+    gradients: Any
+    step_counter: Any
+    steps: Any
+    #: The train batch: ``batch.global_size``, ``batch.replicas``, ``batch.per_replica``
+    #: (:class:`trainer.data.BatchSizes`, checked divisible before any step).
+    batch: Any
+    #: The user's ``build_train_dataset`` hook (``ctx -> tf.data.Dataset``).
+    train_dataset_fn: Callable
+
+    @property
+    def step(self) -> int:
+        """Global steps done so far (a Python int)."""
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the one process that writes files."""
+
+    @property
+    def trainer_name(self) -> str:
+        """The Trainer subclass's name (for messages)."""
+
+    @property
+    def has_eval_dataset(self) -> bool:
+        """True when the Trainer overrides ``build_eval_dataset``."""
+
+    @property
+    def overrides_train_step(self) -> bool:
+        """True when the Trainer overrides ``train_step`` (the default steps do not run)."""
+
+    @property
+    def eval_metric_names(self) -> tuple[str, ...]:
+        """The names of ``build_metrics()`` (evaluation reports ``eval/NAME`` of each)."""
+
+    @property
+    def last_loop(self) -> tuple[int, float]:
+        """After a loop: ``(steps, host seconds)`` of the last compiled loop call."""
+
+    @property
+    def last_outputs(self) -> dict:
+        """After a loop: the last call's outputs (its last step's ``train_step`` values)."""
+
+    @property
+    def input_report(self) -> dict:
+        """``{"input_layout": InputLayout}`` of the current train dataset (empty before
+        it is built): the input pipelines whose streams it follows
+        (:mod:`trainer.data_resume`), which the checkpoint records."""
+
+    @property
+    def last_resume(self) -> Any:
+        """The :class:`trainer.data_resume.Resumed` of the latest restore (None before
+        one): the step and the worker counts before and now."""
+
+    @property
+    def stopped_by(self) -> str | None:
+        """Why the current (or last) ``fit()`` stopped early: ``"preemption"``, the
+        reason given to ``request_stop``, or None (it ran to ``train.steps``). Set
+        before ``on_train_end``."""
+
+    def other_models_and_optimizers(self) -> dict[str, Any]:
+        """Every other ``keras.Model`` and Keras optimizer in a public attribute of the
+        Trainer (a second model, a second optimizer), by attribute name, sorted."""
+
+    def train_graph(self) -> Any:
+        """After a loop: the ``tf.Graph`` of the compiled train loop as ``fit()`` traced
+        it (no retrace); None before."""
+
+    def train_batch_spec(self) -> Any:
+        """After a loop: the ``tf.TypeSpec`` structure of one replica's train batch;
+        None before."""
+
+    # ------------------------------------------------------------------- ask
+    def request_stop(self, reason: str) -> None:
+        """Every worker stops at the end of the current loop (the flag is all-reduced)."""
+
+    def request_preemption(self) -> None:
+        """Checkpoint at the next loop boundary, then ``fit()`` raises ``Preempted``.
+        Safe from a signal handler (sets a flag)."""
+
+    def ensure_built(self, dist_dataset: Any = None) -> None:
+        """Builds the model (from ``dist_dataset``'s spec, or the train dataset's) and
+        the optimizer's and EMA's variables, if not built yet."""
+
+    def evaluate(self) -> dict[str, float]:
+        """One evaluation as ``Trainer.evaluate()`` does it (EMA weights swapped in)."""
+
+    def export(self, path: str) -> None:
+        """``Trainer.export(path)``: the model's SavedModel (EMA weights if any)."""
+
+    def restore(self) -> int | None:
+        """Restores the latest checkpoint once this run's pending saves are committed;
+        returns its step, or None (no workdir or no checkpoint). Every worker calls it."""
+
+    def resumed(self, resumed: Any) -> None:
+        """The checkpoint service restored a state: ``resumed`` (a
+        :class:`trainer.data_resume.Resumed`: the step, the worker counts before and
+        now, the input layout the checkpoint recorded) sets the step and where the next
+        train dataset resumes."""
+
+    def reset_train_window(self) -> None:
+        """Discards the train metrics accumulated since the last logging window."""
+
+    def announce_eval(self, logs: dict[str, float]) -> None:
+        """An evaluation's values: every callback's ``on_eval_end`` gets them right
+        after the announcing hook returns."""
+
+    def announce_checkpoint(self, step: int) -> None:
+        """A checkpoint of ``step`` was saved: every callback's ``on_checkpoint`` runs
+        right after the announcing hook returns."""
+
+
+class Service:
+    """Base class of the framework's services: the hooks of :class:`trainer.Callback`
+    with the :class:`RunContext` in place of the Trainer. Every hook does nothing by
+    default; see :mod:`trainer.callbacks` for when each one runs."""
+
+    def on_fit_start(self, run: RunContext) -> None:
+        """Before the first train loop of ``fit()`` (after any restore)."""
+
+    def on_loop_end(self, run: RunContext) -> None:
+        """After every compiled train loop; ``run.step`` is the global step."""
+
+    def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
+        """At each logging window: ``train/loss``, ``train/<metric>``, throughput."""
+
+    def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
+        """After each evaluation during ``fit()``: ``eval/loss``, ``eval/<metric>``."""
+
+    def on_checkpoint(self, run: RunContext, step: int) -> None:
+        """A checkpoint of ``step`` was saved (or its async save issued)."""
+
+    def on_train_end(self, run: RunContext) -> None:
+        """Training stopped normally (last step reached or a stop agreed)."""
+
+    def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
+        """Once at the end of ``fit()``, with its results (partial if it raised)."""
+
+    def next_boundary(self, step: int) -> float:
+        """The next step (> ``step``) at which a train loop must end; inf: none."""
+        return math.inf
+
+
+def next_multiple(step: int, every: int) -> float:
+    """The first multiple of ``every`` after ``step``; inf when ``every`` is 0 (never).
+
+    The one cadence of the loop: logging windows, evaluations and checkpoints all end
+    their loops at multiples of their ``every_steps``."""
+    return (step // every + 1) * every if every > 0 else math.inf
