@@ -99,13 +99,13 @@ def test_only_a_pipeline_sharded_layout_on_another_count_is_continued():
 def test_distribute_continues_a_two_pipeline_checkpoint_on_one_pipeline_and_reports_it():
     report: dict = {}
     layout = data_resume.InputLayout(2, 2, True)
-    dist = data.distribute(tf.distribute.get_strategy(), ids_dataset, GLOBAL,
+    dist = data.distribute(tf.distribute.get_strategy(), ids_dataset, data.BatchSizes(GLOBAL, 1),
                            skip_batches=3, resume_layout=layout, report=report)
     got = np.stack([b[1]["id"].numpy() for _, b in zip(range(6), dist)])
     np.testing.assert_array_equal(got, global_batches(2, 2, 6, skip=3))
     assert report["input_layout"] == layout  # the next checkpoint keeps the old layout
     fresh: dict = {}
-    data.distribute(tf.distribute.get_strategy(), ids_dataset, GLOBAL, report=fresh)
+    data.distribute(tf.distribute.get_strategy(), ids_dataset, data.BatchSizes(GLOBAL, 1), report=fresh)
     assert fresh["input_layout"] == data_resume.InputLayout(1, 1, False)
 
 

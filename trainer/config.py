@@ -20,7 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from trainer.errors import UserError
+from trainer.errors import ConfigError  # raised here; importers take it from trainer.config
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -148,12 +148,6 @@ def get_config() -> ml_collections.ConfigDict:
     return config
 
 
-class ConfigError(UserError, ValueError):
-    """A configuration value is invalid; the message names the field and the fix."""
-
-    prefix = "Configuration error"
-
-
 def suggest(name: str, choices) -> str:
     """" Did you mean 'X'?" for the closest of ``choices``, or ""."""
     close = difflib.get_close_matches(name, list(choices), n=1)
@@ -227,6 +221,12 @@ def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
                           f"distribute.devices {tuple(dcfg.devices)!r}; give one per device.")
 
 
+def _require(field: str, value: Any, ok: bool, rule: str) -> None:
+    """Raises ``config.FIELD=VALUE must be RULE.`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"config.{field}={value!r} must be {rule}.")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks the config against the schema; raises ConfigError naming the field.
 
@@ -242,31 +242,27 @@ def validate(config: ml_collections.ConfigDict) -> None:
                   ("auto", "skip", "stop", "rollback"))
     _check_positive("train.rollback_after", config.train.rollback_after)
     _check_positive("train.max_rollbacks", config.train.max_rollbacks, allow_zero=True)
-    if not config.train.loss_upper_bound >= 0:
-        raise ConfigError(f"config.train.loss_upper_bound={config.train.loss_upper_bound!r} "
-                          f"must be >= 0 (0: off).")
+    bound = config.train.loss_upper_bound
+    _require("train.loss_upper_bound", bound, bound >= 0, ">= 0 (0: off)")
     _check_early_stopping(config.train.early_stopping)
     _check_positive("eval.global_batch_size", config.eval.global_batch_size, allow_zero=True)
     _check_positive("eval.every_steps", config.eval.every_steps, allow_zero=True)
-    if not (isinstance(config.eval.steps, int) and (config.eval.steps == -1 or config.eval.steps > 0)):
-        raise ConfigError(f"config.eval.steps={config.eval.steps!r} must be -1 (full pass) or > 0.")
+    steps = config.eval.steps
+    _require("eval.steps", steps, isinstance(steps, int) and (steps == -1 or steps > 0),
+             "-1 (full pass) or > 0")
     _check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
     _check_choice("optimizer.schedule", config.optimizer.schedule, SCHEDULES)
     _check_choice("optimizer.lr_scaling", config.optimizer.lr_scaling, ("none", "linear"))
-    if not config.optimizer.learning_rate >= 0:
-        raise ConfigError(
-            f"config.optimizer.learning_rate={config.optimizer.learning_rate!r} must be >= 0."
-        )
-    if not 0 <= config.optimizer.ema_decay < 1:
-        raise ConfigError(f"config.optimizer.ema_decay={config.optimizer.ema_decay!r} must be "
-                          f"in [0, 1) (0: off; e.g. 0.999).")
-    if config.optimizer.clipnorm < 0:
-        raise ConfigError(f"config.optimizer.clipnorm={config.optimizer.clipnorm!r} must be >= 0.")
+    opt = config.optimizer
+    _require("optimizer.learning_rate", opt.learning_rate, opt.learning_rate >= 0, ">= 0")
+    _require("optimizer.ema_decay", opt.ema_decay, 0 <= opt.ema_decay < 1,
+             "in [0, 1) (0: off; e.g. 0.999)")
+    _require("optimizer.clipnorm", opt.clipnorm, opt.clipnorm >= 0, ">= 0")
     _check_positive("optimizer.warmup_steps", config.optimizer.warmup_steps, allow_zero=True)
     _check_positive("optimizer.decay_steps", config.optimizer.decay_steps, allow_zero=True)
     _check_choice("precision.policy", config.precision.policy, POLICIES)
-    if not config.precision.initial_loss_scale > 0:
-        raise ConfigError("config.precision.initial_loss_scale must be > 0.")
+    scale = config.precision.initial_loss_scale
+    _require("precision.initial_loss_scale", scale, scale > 0, "> 0")
     _check_positive("precision.growth_interval", config.precision.growth_interval)
     _check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
     _check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
@@ -284,10 +280,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"perf.grad_accum_steps={accum}: steps count micro-batches and an optimizer "
                 f"update happens every {accum}; use a multiple of {accum}.")
     _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
-    timeout = config.checkpoint.shared_workdir_timeout_s
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ConfigError(f"config.checkpoint.shared_workdir_timeout_s={timeout!r} must be a "
-                          f"number of seconds >= 0 (0 turns the shared-workdir check off).")
+    wait = config.checkpoint.shared_workdir_timeout_s
+    _require("checkpoint.shared_workdir_timeout_s", wait, isinstance(wait, (int, float))
+             and not isinstance(wait, bool) and wait >= 0,
+             "a number of seconds >= 0 (0 turns the shared-workdir check off)")
     _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
     best = config.checkpoint.best_metric
     if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")
@@ -299,19 +295,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
                     allow_zero=True)
     _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
-    if not 0 <= config.telemetry.probe_budget < 1:
-        raise ConfigError(f"config.telemetry.probe_budget={config.telemetry.probe_budget!r} "
-                          f"must be in [0, 1) (e.g. 0.005; 0: no cap).")
+    tel = config.telemetry
+    _require("telemetry.probe_budget", tel.probe_budget, 0 <= tel.probe_budget < 1,
+             "in [0, 1) (e.g. 0.005; 0: no cap)")
     _check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
     _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
     _check_loggers(config.telemetry.loggers)
     _check_data_service(config)
-    if not config.telemetry.peak_tflops >= 0:
-        raise ConfigError(f"config.telemetry.peak_tflops={config.telemetry.peak_tflops!r} must "
-                          f"be >= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table).")
-    if not 0 < config.telemetry.alert_drop < 1:
-        raise ConfigError(f"config.telemetry.alert_drop={config.telemetry.alert_drop!r} must be "
-                          f"a fraction in (0, 1), e.g. 0.3 for a 30% drop.")
+    _require("telemetry.peak_tflops", tel.peak_tflops, tel.peak_tflops >= 0,
+             ">= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table)")
+    _require("telemetry.alert_drop", tel.alert_drop, 0 < tel.alert_drop < 1,
+             "a fraction in (0, 1), e.g. 0.3 for a 30% drop")
 
 
 def _check_early_stopping(es: ml_collections.ConfigDict) -> None:

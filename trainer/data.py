@@ -54,6 +54,7 @@ deterministic order with the service is refused.
 
 from __future__ import annotations
 
+import functools
 import dataclasses
 import socket
 import time
@@ -83,6 +84,8 @@ class BatchSizes:
     def per_replica(self) -> int:
         """Examples per replica per step (what ``build_*_dataset`` batches by)."""
         return self.global_size // self.replicas
+
+
 SERVICE_PROCESSING_MODE = "distributed_epoch"
 SERVICE_JOB_NAME = "train"
 _DISPATCHER_TIMEOUT_S = 20.0
@@ -258,28 +261,8 @@ def distribute(
         return strategy.distribute_datasets_from_function(
             lambda ctx: _through_service(dataset_fn, ctx, per_replica, what, service))
 
-    def stream(ctx: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
-        """One pipeline's per-replica batches as the framework shards them, and
-        whether ``dataset_fn`` sharded itself (read ``ctx.input_pipeline_id``). ``ctx``
-        may be an earlier run's (trainer.data_resume): its per-replica batch then."""
-        tracked = _TrackedInputContext(ctx)
-        size = ctx.get_per_replica_batch_size(batch.global_size)
-        ds = _checked_dataset(dataset_fn(tracked), size, what)
-        if tf.executing_eagerly() and int(ds.cardinality()) == 0:
-            raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
-                             f"fewer examples than one per-replica batch ({size}) and "
-                             f"drops the remainder (.repeat() cannot help an empty dataset). "
-                             f"Check the data source, or call .repeat() BEFORE .batch().")
-        if must_end and tf.executing_eagerly() and (
-                int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY):
-            raise InputError(
-                f"{what} returns an infinite dataset (cardinality INFINITE, e.g. a .repeat() "
-                f"without a count) and eval.steps=-1 asks for a full pass over it, which "
-                f"would never end. Remove the .repeat() from {what}, or set eval.steps to "
-                f"the number of batches each evaluation reads (e.g. --config.eval.steps=100).")
-        if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
-            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        return ds, tracked.read_pipeline_id
+    stream = functools.partial(_pipeline_stream, dataset_fn, batch.global_size, what,
+                               must_end)
 
     def fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds, sharded = stream(ctx)
@@ -294,6 +277,31 @@ def distribute(
         return _finish(ds, deterministic)
 
     return strategy.distribute_datasets_from_function(fn)
+
+
+def _pipeline_stream(dataset_fn: DatasetFn, global_size: int, what: str, must_end: bool,
+                     ctx: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
+    """One pipeline's per-replica batches as the framework shards them, and whether
+    ``dataset_fn`` sharded itself (read ``ctx.input_pipeline_id``). ``ctx`` may be an
+    earlier run's (:mod:`trainer.data_resume`): its per-replica batch then."""
+    tracked = _TrackedInputContext(ctx)
+    size = ctx.get_per_replica_batch_size(global_size)
+    ds = _checked_dataset(dataset_fn(tracked), size, what)
+    if tf.executing_eagerly() and int(ds.cardinality()) == 0:
+        raise InputError(f"{what} yields no batch at all: the dataset is empty, or has "
+                         f"fewer examples than one per-replica batch ({size}) and "
+                         f"drops the remainder (.repeat() cannot help an empty dataset). "
+                         f"Check the data source, or call .repeat() BEFORE .batch().")
+    if must_end and tf.executing_eagerly() and (
+            int(ds.cardinality()) == tf.data.INFINITE_CARDINALITY):
+        raise InputError(
+            f"{what} returns an infinite dataset (cardinality INFINITE, e.g. a .repeat() "
+            f"without a count) and eval.steps=-1 asks for a full pass over it, which "
+            f"would never end. Remove the .repeat() from {what}, or set eval.steps to "
+            f"the number of batches each evaluation reads (e.g. --config.eval.steps=100).")
+    if ctx.num_input_pipelines > 1 and not tracked.read_pipeline_id:
+        ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    return ds, tracked.read_pipeline_id
 
 
 def _checked_dataset(ds: Any, per_replica: int, what: str) -> tf.data.Dataset:

@@ -47,6 +47,13 @@ class UserError(Exception):
     exit_code = EXIT_ERROR
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration value is invalid; the message names the field and the fix
+    (raised by :mod:`trainer.config`, which re-exports it)."""
+
+    prefix = "Configuration error"
+
+
 class UsageError(UserError):
     """The command line itself is wrong (a flag, a missing argument): exit status 2."""
 

@@ -191,8 +191,8 @@ class Checkpointer(Service):
 
     Inactive without a workdir. The orbax managers exist on the chief only. With
     ``events`` (the run's :class:`trainer.events.RunEvents`), the first ``fit()`` after
-    a restore reports ``{"kind": "resume", "step", "from_workers", "to_workers"}``
-    (metrics.jsonl and one console line).
+    a restore written by another number of workers reports ``{"kind": "resume", "step",
+    "from_workers", "to_workers"}`` (metrics.jsonl and one console line).
     """
 
     def __init__(self, config, workdir: str | None, chief: bool, events: Any = None):
@@ -263,9 +263,12 @@ class Checkpointer(Service):
                     f"names); pick one of them.")
 
     def _record_resume(self, run: RunContext) -> None:
-        """The resume event of the latest restore, once (needs events)."""
+        """The resume event of the latest restore on another number of workers, once
+        (a restore on the same count is the ``restore`` event alone)."""
         resumed = run.last_resume
         if self.events is None or resumed is None or resumed is self._reported:
+            return
+        if resumed.from_workers == resumed.to_workers:
             return
         self._reported = resumed
         self.events.emit("resume", resumed.step, from_workers=resumed.from_workers,
