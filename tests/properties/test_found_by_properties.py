@@ -8,6 +8,7 @@ import pytest
 
 from tests import toy
 from tests.properties import scenario
+from tests.properties.strategies import Case
 from trainer.config import ConfigError
 
 
@@ -34,3 +35,22 @@ def test_early_stopping_metric_that_eval_does_not_produce_fails_before_any_step(
     with pytest.raises(ConfigError, match=r"eval/acuracy.*eval/accuracy, eval/loss"):
         trainer.fit()
     assert watch.loop_ends == [] and trainer.step == 0
+
+
+def test_a_rollback_does_not_evaluate_the_restored_step_again(tmp_path):
+    """The poisoned loop ends at 8, the run rolls back to the checkpoint of step 4,
+    which was evaluated when first reached: no second eval record of step 4, and early
+    stopping (patience 1) does not count the restored step as an evaluation without
+    improvement (it stopped the run at step 4). The toy's eval loss rises from
+    evaluation to evaluation here, so mode "max" makes each one an improvement."""
+    case = Case({"train.steps": 12, "train.steps_per_loop": 2, "train.log_every_steps": 4,
+                 "eval.every_steps": 4, "checkpoint.every_steps": 4,
+                 "checkpoint.async_save": False, "train.on_nonfinite": "rollback",
+                 "train.early_stopping.metric": "eval/loss",
+                 "train.early_stopping.mode": "max", "train.early_stopping.patience": 1},
+                poison_step=6)
+    outcome = scenario.fit(case, str(tmp_path))
+    assert outcome.error is None and outcome.step == 12
+    kinds = [(r["kind"], r["step"]) for r in scenario.records(str(tmp_path))
+             if r["kind"] in ("eval", "rollback")]
+    assert kinds == [("eval", 4), ("rollback", 4), ("eval", 8), ("eval", 12)]
