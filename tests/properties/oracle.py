@@ -119,9 +119,11 @@ class _Run:
             self.stop = True
 
     def save(self) -> None:
+        """A checkpoint; NaN weights are never saved: the run ends in an error instead."""
         if self.weights_nan:
             self.out.error = "nonfinite"
-        self.out.saved.add(self.step)
+        else:
+            self.out.saved.add(self.step)
 
 
 def simulate(case: Case, eval_records: Sequence[dict], start: int = 0,
@@ -140,11 +142,13 @@ def simulate(case: Case, eval_records: Sequence[dict], start: int = 0,
         if r.poison is not None and a <= r.poison < b:
             r.window_nan, spillover, r.poison = True, r.poisoned_update(a, b), None
         spoiled = spillover is not None and a < spillover <= b
+        # A step's loss comes before its update: NaN weights spoil the steps after it.
+        r.window_nan = r.window_nan or r.weights_nan or (
+            spoiled and r.mode == "auto" and spillover < b)
         if spoiled:
             spillover = None
             r.weights_nan = r.mode == "auto"
         r.step, r.window = b, r.window + b - a
-        r.window_nan = r.window_nan or r.weights_nan
         if b % o["train.log_every_steps"] == 0 or b == r.total:
             out.records.append(("train", b, r.window_nan))
             r.window, r.window_nan = 0, False
@@ -176,7 +180,7 @@ def simulate(case: Case, eval_records: Sequence[dict], start: int = 0,
         if r.stop and r.step < r.total and r.step % r.k == 0:
             break
     if r.window:
-        out.records.append(("train", r.step, r.window_nan or r.weights_nan))
+        out.records.append(("train", r.step, r.window_nan))
     if r.eval_on and r.evaluated_at != r.step:
         r.evaluate()
     if r.step < r.total:
@@ -192,5 +196,8 @@ def hits_rollback_telemetry_crash(case: Case) -> bool:
     user-code-errors branch; the properties here leave that combination to it."""
     if case.overrides["train.on_nonfinite"] != "rollback" or config_error_fields(case):
         return False
-    loop = simulate(case, ()).rollback_loop
+    # Without early stopping (its stop depends on the run's values): at least as many loops.
+    whole = dataclasses.replace(case, overrides={**case.overrides,
+                                                 "train.early_stopping.metric": ""})
+    loop = simulate(whole, ()).rollback_loop
     return loop is not None and loop[0] == loop[1] and loop[3]

@@ -1,8 +1,9 @@
 """Hypothesis profiles of the property tests (see tests/README.md).
 
 * ``ci``: derandomized (the same examples on every run, no example database), few
-  examples: the whole property suite stays within a few minutes. Loaded when the
-  environment has ``CI=true``.
+  examples, no shrinking (a failure prints the example as drawn; replay it under
+  ``dev`` to shrink it): the whole property suite stays within a few minutes. Loaded
+  when the environment has ``CI=true``.
 * ``dev`` (default): random examples, a few more, remembered in ``.hypothesis/``.
 * ``thorough``: many random examples, for a local hunt (tens of minutes).
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 #: examples per property in each profile; a property scales them by its own weight.
 EXAMPLES = {"ci": 1.0, "dev": 1.5, "thorough": 10.0}
@@ -26,7 +27,8 @@ def register() -> None:
     ``$TF_TRAINER_HYPOTHESIS_PROFILE``, else ``dev`` (``--hypothesis-profile`` wins)."""
     common = dict(deadline=None, print_blob=True,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    settings.register_profile("ci", derandomize=True, database=None, **common)
+    settings.register_profile("ci", derandomize=True, database=None,
+                              phases=(Phase.explicit, Phase.generate), **common)
     settings.register_profile("dev", **common)
     settings.register_profile("thorough", **common)
     if os.environ.get("CI", "").lower() == "true":

@@ -29,10 +29,11 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     replicas = parser.parse_args().replicas
     profiles.register()
-    run = settings(max_examples=profiles.examples(RUN_EXAMPLES))(
-        given(strategies.run_cases(replicas))(checks.check_run))
+    run = strategies.written_runs_first(replicas)(
+        settings(max_examples=profiles.examples(RUN_EXAMPLES))(
+            given(case=strategies.run_cases(replicas))(checks.check_run)))
     resume = settings(max_examples=profiles.examples(RESUME_EXAMPLES))(
-        given(strategies.resume_cases(replicas))(checks.check_resume))
+        given(case=strategies.resume_cases(replicas))(checks.check_resume))
     run()
     resume()
     print(f"loop properties hold on {replicas} replicas "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hypothesis import example
 from hypothesis import strategies as st
 
 MAX_STEPS = 12
@@ -50,6 +51,53 @@ class Case:
         return self.overrides[field]
 
 
+#: Every field a Case sets, at the toy config's values: the base of hand-written cases.
+DEFAULTS = {
+    "perf.grad_accum_steps": 1, "train.steps": 12, "train.steps_per_loop": 2,
+    "train.log_every_steps": 4, "eval.every_steps": 0, "checkpoint.every_steps": 0,
+    "checkpoint.async_save": True, "optimizer.ema_decay": 0.0,
+    "train.early_stopping.metric": "", "train.early_stopping.mode": "min",
+    "train.early_stopping.patience": 0, "train.early_stopping.min_delta": 0.0,
+    "train.on_nonfinite": "auto",
+}
+
+
+def written_case(overrides: dict[str, Any], **fields: Any) -> Case:
+    """A hand-written Case: :data:`DEFAULTS` with ``overrides``; ``fields`` as in Case."""
+    return Case({**DEFAULTS, **overrides}, **fields)
+
+
+#: Hand-written runs the run property tries first (hypothesis's explicit phase), in
+#: every profile: each control at work.
+WRITTEN_RUNS = {
+    "rollback into an accumulation window": written_case(
+        {"perf.grad_accum_steps": 2, "train.steps": 10, "train.steps_per_loop": 3,
+         "eval.every_steps": 4, "checkpoint.every_steps": 4, "optimizer.ema_decay": 0.5,
+         "train.on_nonfinite": "rollback"}, poison_step=6),
+    "unchecked NaN weights are never saved": written_case(
+        {"train.steps": 6, "checkpoint.every_steps": 2}, poison_step=2),
+    "stop at the poisoned step": written_case(
+        {"train.steps": 6, "train.on_nonfinite": "stop"}, poison_step=3),
+    "rollback without a checkpoint": written_case(
+        {"train.steps": 6, "train.on_nonfinite": "rollback"}, poison_step=1),
+    "early stop with EMA and a skipped step": written_case(
+        {"train.steps_per_loop": 4, "eval.every_steps": 2, "optimizer.ema_decay": 0.5,
+         "train.early_stopping.metric": "eval/loss", "train.early_stopping.patience": 1,
+         "train.on_nonfinite": "skip", "checkpoint.every_steps": 3,
+         "checkpoint.async_save": False}, poison_step=1),
+}
+
+
+def written_runs_first(replicas: int):
+    """Decorator of a ``@given(case=...)`` test: :data:`WRITTEN_RUNS` on ``replicas``
+    are its explicit examples."""
+    def decorate(test):
+        for case in WRITTEN_RUNS.values():
+            test = example(case=dataclasses.replace(case, replicas=replicas))(test)
+        return test
+    return decorate
+
+
 @st.composite
 def _cadences(draw) -> dict[str, Any]:
     """Valid cadences, accumulation window and EMA (multiples of the window where
@@ -70,7 +118,8 @@ def _cadences(draw) -> dict[str, Any]:
 @st.composite
 def _early_stopping(draw) -> dict[str, Any]:
     return {
-        "train.early_stopping.metric": draw(st.sampled_from(["", "eval/loss", "eval/accuracy"])),
+        "train.early_stopping.metric": draw(st.sampled_from(["", "", "eval/loss",
+                                                              "eval/accuracy"])),
         "train.early_stopping.mode": draw(st.sampled_from(["min", "max"])),
         "train.early_stopping.patience": draw(st.integers(0, 2)),
         "train.early_stopping.min_delta": draw(st.sampled_from([0.0, 0.01, 1.0])),
@@ -105,7 +154,8 @@ def run_cases(draw, replicas: int = 1) -> Case:
         overrides[field] = MISTAKES[field](overrides)
     mode = draw(st.sampled_from(["auto", "skip", "stop", "rollback"]))
     overrides["train.on_nonfinite"] = mode
-    poison = draw(st.none() | st.integers(0, max(overrides["train.steps"] - 1, 0)))
+    poisoned = draw(st.integers(0, 2)) > 0  # mostly: the controls then have work
+    poison = draw(st.integers(0, overrides["train.steps"] - 1)) if poisoned else None
     return Case(overrides, replicas, eval_dataset=eval_dataset, poison_step=poison)
 
 
@@ -113,7 +163,7 @@ def run_cases(draw, replicas: int = 1) -> Case:
 def resume_cases(draw, replicas: int = 1) -> Case:
     """A valid run stopped at a drawn step and resumed; skip mode may meet a poisoned
     batch on either side of the stop."""
-    overrides = draw(_cadences())
+    overrides = {**DEFAULTS, **draw(_cadences())}  # early stopping off
     k = overrides["perf.grad_accum_steps"]
     overrides["train.steps"] = max(overrides["train.steps"], 2 * k)  # room to stop inside
     mode = draw(st.sampled_from(["auto", "skip"]))

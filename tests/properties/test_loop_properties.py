@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from tests.helpers import REPO, subprocess_env
 from tests.properties import checks, profiles, strategies
@@ -19,12 +19,17 @@ from tests.properties import checks, profiles, strategies
 RUN_EXAMPLES, RESUME_EXAMPLES = 12, 4
 
 
+@strategies.written_runs_first(replicas=1)
 @settings(max_examples=profiles.examples(RUN_EXAMPLES))
 @given(case=strategies.run_cases(replicas=1))
 def test_a_run_ends_as_its_cadences_and_controls_promise(case):
     checks.check_run(case)
 
 
+@example(case=strategies.written_case(
+    {"perf.grad_accum_steps": 2, "train.steps": 8, "train.steps_per_loop": 3,
+     "eval.every_steps": 3, "checkpoint.every_steps": 2, "optimizer.ema_decay": 0.5,
+     "train.on_nonfinite": "skip"}, poison_step=5, stop_at=3))
 @settings(max_examples=profiles.examples(RESUME_EXAMPLES))
 @given(case=strategies.resume_cases(replicas=1))
 def test_a_run_stopped_anywhere_resumes_bit_exactly(case):
