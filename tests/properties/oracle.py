@@ -52,7 +52,8 @@ class EarlyStoppingRule:
     def __init__(self, case: Case):
         o = case.overrides
         self.metric = o["train.early_stopping.metric"]
-        self.mode, self.patience = o["train.early_stopping.mode"], o["train.early_stopping.patience"]
+        self.mode = o["train.early_stopping.mode"]
+        self.patience = o["train.early_stopping.patience"]
         self.min_delta = o["train.early_stopping.min_delta"]
         self.best: float | None = None
         self.without_improvement = 0
