@@ -17,6 +17,10 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tests.helpers import REPO, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
+from tests.properties import profiles as hypothesis_profiles
+
+# Before pytest reads --hypothesis-profile: the profiles must exist by then.
+hypothesis_profiles.register()
 
 # TFDS data (the digits dataset the tests prepare) lives in a per-session directory, never
 # in the user's ~/tensorflow_datasets; subprocesses inherit it through the environment.

@@ -9,8 +9,8 @@ never improves stops the run after exactly ``patience + 1`` evaluations
 ``run.request_stop``: every worker stops at the same step and the final checkpoint
 is written; the stop event (:mod:`trainer.events`) says why and which step was best. With ``checkpoint.best_metric``
 set to the same metric, the best checkpoint is kept in ``workdir/checkpoints_best``.
-A metric the evaluation does not produce is an error at the first evaluation, naming
-the ones it does produce.
+A metric the evaluation does not produce (or a Trainer without an eval dataset) is a
+ConfigError when ``fit()`` starts, before any step, naming the ones it does produce.
 """
 
 from __future__ import annotations
@@ -32,6 +32,18 @@ class EarlyStopping(Service):
 
     def on_fit_start(self, run: RunContext) -> None:
         self.best, self.best_step, self.since_best = None, None, 0
+        if not self.metric:
+            return
+        field = f"config.train.early_stopping.metric={self.metric!r}"
+        if not run.has_eval_dataset:
+            raise ConfigError(f"{field} needs an evaluation, but {run.trainer_name} "
+                              f"has no eval dataset; override build_eval_dataset(ctx) or "
+                              f"set the metric to '' (off).")
+        # evaluate() reports exactly eval/loss and eval/NAME of build_metrics().
+        produced = sorted({"eval/loss", *(f"eval/{name}" for name in run.eval_metric_names)})
+        if self.metric not in produced:
+            raise ConfigError(f"{field} is not among the evaluation's values "
+                              f"({', '.join(produced)}); use one of them.")
 
     def _improves(self, value: float) -> bool:
         if self.best is None:
@@ -43,10 +55,6 @@ class EarlyStopping(Service):
     def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.metric:
             return
-        if self.metric not in logs:
-            raise ConfigError(
-                f"config.train.early_stopping.metric={self.metric!r} is not among the "
-                f"evaluation's values ({', '.join(sorted(logs))}); use one of them.")
         value = logs[self.metric]
         if self._improves(value):
             self.best, self.best_step, self.since_best = value, run.step, 1

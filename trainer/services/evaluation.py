@@ -5,8 +5,12 @@
 full pass, or ``eval.steps`` batches) and announces ``{"eval/loss": ..., "eval/NAME": ...}``
 (``run.announce_eval``): every callback's ``on_eval_end`` gets them once this hook
 returns. The last step of a run is always evaluated, also when the run stops early.
-Inactive when the Trainer has no eval dataset. A pass abandoned by a stop signal
-(:mod:`trainer.eval_pass`) reports nothing; the loop then saves and exits.
+Only a loop that advanced the step is evaluated: after a rollback
+(:mod:`trainer.services.nonfinite`) the restored step was evaluated when first reached,
+and evaluating it again would add a duplicate record and count for early stopping as
+an evaluation without improvement. Inactive when the Trainer has no eval dataset. A
+pass abandoned by a stop signal (:mod:`trainer.eval_pass`) reports nothing; the loop
+then saves and exits.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class PeriodicEvaluation(Service):
         self.total = config.train.steps
         self.enabled = enabled
         self._evaluated_at: int | None = None
+        self._last_step = 0  # the step at the previous loop end (or at the start)
 
     def next_boundary(self, step: int) -> float:
         return next_multiple(step, self.every if self.enabled else 0)
@@ -39,11 +44,12 @@ class PeriodicEvaluation(Service):
         run.announce_eval(logs)
 
     def on_fit_start(self, run: RunContext) -> None:
-        self._evaluated_at = None
+        self._evaluated_at, self._last_step = None, run.step
 
     def on_loop_end(self, run: RunContext) -> None:
-        if self.enabled and (run.step >= self.total
-                             or (self.every and run.step % self.every == 0)):
+        advanced, self._last_step = run.step > self._last_step, run.step
+        if self.enabled and advanced and (run.step >= self.total
+                                          or (self.every and run.step % self.every == 0)):
             self._evaluate(run)
 
     def on_train_end(self, run: RunContext) -> None:

@@ -1,0 +1,1 @@
+"""Property-based tests (hypothesis) of the loop's cadences and training controls."""
