@@ -4,7 +4,7 @@
 
 starts one dispatcher on ``127.0.0.1:P`` and K service workers, each its own process
 (``python -m launch.data_service_server``, which imports TensorFlow; this launcher
-does not), supervised like a training group (:mod:`launch._process`): lines prefixed
+does not), supervised like a training group (:mod:`launch.supervision`): lines prefixed
 ``[data_service_worker:1] ``; one dies, the others are stopped (SIGTERM, SIGKILL after
 ``--grace_s``); SIGINT / SIGTERM stop all. Point training at it with
 ``--config.data.service=127.0.0.1:P --config.train.deterministic=False`` (see
@@ -12,7 +12,9 @@ does not), supervised like a training group (:mod:`launch._process`): lines pref
 
 ``python -m launch.multiworker --workers N --data_service_workers K ...`` starts the
 same processes inside the training group (as sidecars: the group ends when training
-does) and passes the dispatcher address to every training task.
+does) and passes the dispatcher address to every training task; the per-host launcher
+(``--hosts ... --node_rank I``) starts them on host 0 and points every host's tasks at
+it.
 
 What it buys: the input's preprocessing runs in the service workers' processes. On one
 machine they share its cores with training, so it helps only when training leaves
@@ -27,7 +29,7 @@ import os
 import sys
 from typing import Sequence
 
-from launch._process import Bounds, ProcessGroup, StopSignals, TaskSpec
+from launch.supervision import Bounds, ProcessGroup, StopSignals, TaskSpec
 
 DISPATCHER = "data_service_dispatcher"
 WORKER = "data_service_worker"
@@ -35,10 +37,15 @@ SERVICE_FLAG = "--config.data.service"
 
 
 def service_specs(port: int, workers: int, sidecar: bool,
-                  environ: dict[str, str] | None = None) -> list[TaskSpec]:
-    """The dispatcher on 127.0.0.1:``port`` and ``workers`` service workers as TaskSpecs.
+                  environ: dict[str, str] | None = None,
+                  host: str | None = None) -> list[TaskSpec]:
+    """The dispatcher on ``port`` of this machine and ``workers`` service workers as
+    TaskSpecs.
 
     ``sidecar``: True inside a training group (the group does not wait for them).
+    ``host``: the address other machines reach this one at; the service workers then
+    tell the dispatcher to send clients there (by default they say ``localhost``, which
+    only serves clients on this machine).
     """
     if workers < 1:
         raise ValueError(f"a tf.data service needs at least 1 worker, got {workers}.")
@@ -47,15 +54,16 @@ def service_specs(port: int, workers: int, sidecar: bool,
     base = [sys.executable, "-m", "launch.data_service_server"]
     specs = [TaskSpec(DISPATCHER, [*base, "dispatcher", "--port", str(port)], env, sidecar)]
     for i in range(workers):
-        specs.append(TaskSpec(f"{WORKER}:{i}",
-                              [*base, "worker", "--dispatcher", f"127.0.0.1:{port}"],
-                              env, sidecar))
+        argv = [*base, "worker", "--dispatcher", address(port)]
+        if host is not None:
+            argv += ["--address", host]
+        specs.append(TaskSpec(f"{WORKER}:{i}", argv, env, sidecar))
     return specs
 
 
-def address(port: int) -> str:
+def address(port: int, host: str = "127.0.0.1") -> str:
     """The dispatcher address training tasks use (``config.data.service``)."""
-    return f"127.0.0.1:{port}"
+    return f"{host}:{port}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Started by :mod:`launch.data_service` (never imported by the launcher: this proc
 imports TensorFlow, the launcher does not)::
 
     python -m launch.data_service_server dispatcher --port P
-    python -m launch.data_service_server worker --dispatcher HOST:P [--port Q]
+    python -m launch.data_service_server worker --dispatcher HOST:P [--port Q] [--address A]
 
 A dispatcher (``tf.data.experimental.service.DispatchServer``) hands out the input's
 splits; a worker (``WorkerServer``) registers with it and runs the input pipelines
@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="port to serve on (dispatcher: required; worker: 0 = any)")
     parser.add_argument("--dispatcher", default="",
                         help="worker: the dispatcher's HOST:PORT")
+    parser.add_argument("--address", default="",
+                        help="worker: the host clients reach this worker at (default "
+                             "localhost: clients on this machine only)")
     return parser
 
 
@@ -47,8 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = service.DispatchServer(service.DispatcherConfig(port=args.port))
         port = args.port
     else:
+        worker_address = f"{args.address}:%port%" if args.address else None
         server = service.WorkerServer(service.WorkerConfig(
-            dispatcher_address=args.dispatcher, port=args.port))
+            dispatcher_address=args.dispatcher, worker_address=worker_address,
+            port=args.port))
         port = args.port or "(any)"
     print(f"tf.data service {args.role} listening on port {port}", flush=True)
     server.join()

@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Sequence
 
+from launch.flags import sets_flag
+
 _OWN_FLAGS = ("--config.distribute.strategy", "--config.distribute.virtual_devices")
 
 
@@ -43,7 +45,7 @@ def plan(gpus: str | None, virtual_devices: int, trainer_flags: Sequence[str],
         GPUs, or trainer flags that set what this launcher sets.
     """
     for name in _OWN_FLAGS:
-        if any(f == name or f.startswith(name + "=") for f in trainer_flags):
+        if sets_flag(trainer_flags, name):
             raise ValueError(f"{name} is set by this launcher; remove it from the trainer flags.")
     if virtual_devices < 0:
         raise ValueError(f"--virtual_devices={virtual_devices} must be >= 0.")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-PROJECT = ("trainer", "launch", "models")
+
+PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
 # start-up fast or the dependency optional (README: orbax/JAX and tfds cost ~0.4 s each).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
@@ -55,7 +56,7 @@ def test_no_module_uses_another_modules_private_names(path):
             pytest.fail(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")
 
 
-@pytest.mark.parametrize("path", sources("trainer", "launch"),
+@pytest.mark.parametrize("path", sources("trainer", "launch", "tf_cluster"),
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_function_local_imports_only_for_optional_third_party_modules(path):
     tree = ast.parse(path.read_text())
@@ -74,6 +75,15 @@ def test_function_local_imports_only_for_optional_third_party_modules(path):
 def test_library_modules_stay_small(path):
     lines = len(path.read_text().splitlines())
     assert lines <= 400, f"{path.name} has {lines} lines; split it by concern"
+
+
+@pytest.mark.parametrize("path", sources("launch", "tf_cluster"),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_launcher_functions_stay_short(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            assert lines <= 80, f"{path.name}:{node.lineno} {node.name}() has {lines} lines"
 
 
 # The documented deferred imports of this package: the TensorFlow-free command lines load

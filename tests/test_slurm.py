@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from launch import multiworker
+from launch import local_group, multiworker
 from tests.launch_helpers.running import REPO, Launch
 from tests.helpers import assert_same_weights, load_weights
 
@@ -81,7 +81,7 @@ def launcher_weights(tmp_path_factory, slurm):
 def free_port_pair() -> int:
     """A port P such that P and P + 1 were both free on this machine a moment ago."""
     for _ in range(50):
-        (port,) = multiworker.pick_free_ports(1)
+        (port,) = local_group.pick_free_ports(1)
         if port >= 65535:
             continue
         with socket.socket() as probe:

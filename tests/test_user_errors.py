@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch.tf_config import build_tf_config
+from tf_cluster.tf_config import build_tf_config
 from tests import toy
 from tests.conftest import REPO, run_main, subprocess_env
 from tests.helpers import NO_TENSORFLOW_PRELUDE, last_lines

@@ -14,7 +14,7 @@ Strategy names (``config.distribute.strategy``):
 * ``one_device``: ``OneDeviceStrategy`` on ``devices[0]``, the first GPU, or the CPU.
 * ``mirrored``: ``MirroredStrategy`` over ``devices``, all GPUs, or all logical CPUs.
 * ``multi_worker``: ``MultiWorkerMirroredStrategy``; needs ``TF_CONFIG``.
-* ``tpu``: ``TPUStrategy`` through ``launch.tpu.connect_tpu``.
+* ``tpu``: ``TPUStrategy`` through ``tf_cluster.tpu.connect_tpu``.
 * ``manual``: ``OneDeviceStrategy`` on the first of ``devices`` (variables, input,
   update); :mod:`trainer.data_parallel` splits every batch over ``devices`` by
   ``device_weights`` and combines the gradients itself.
@@ -30,8 +30,9 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from launch.tf_config import TFConfigError, check_own_port, validate_tf_config
-from launch.tpu import TPUConnectError, TPUNotFoundError, connect_tpu, tpu_attached
+from tf_cluster.ports import check_own_port
+from tf_cluster.tf_config import TFConfigError, validate_tf_config
+from tf_cluster.tpu import TPUConnectError, TPUNotFoundError, connect_tpu, tpu_attached
 from trainer.config import ConfigError
 from trainer.host_collectives import is_chief, num_workers
 

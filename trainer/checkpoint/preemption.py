@@ -21,9 +21,8 @@ from typing import Any
 
 from absl import logging
 
+from tf_cluster.exit_codes import EXIT_PREEMPTED  # trainer.main's exit code after a preemption save
 from trainer.callbacks import Callback
-
-EXIT_PREEMPTED = 143  # trainer.main's exit code after a preemption save; restart to resume
 
 
 class Preempted(RuntimeError):

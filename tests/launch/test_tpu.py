@@ -1,4 +1,5 @@
-"""Specification of launch.tpu: detection, the bounded connect, and ``python -m launch.tpu``.
+"""Specification of TPU detection and the bounded connect (tf_cluster.tpu), and of
+``python -m launch.tpu``.
 
 No TPU is attached here: everything up to the hardware is tested, with
 ``TPUClusterResolver``, ``experimental_connect_to_cluster``, ``initialize_tpu_system``
@@ -15,9 +16,9 @@ from unittest import mock
 
 import pytest
 
-from launch import tpu as tpu_lib
+from tf_cluster import tpu as tpu_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NO_TPU_ENV = {k: v for k, v in os.environ.items()
               if k not in ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "TF_CONFIG")}
 
@@ -90,7 +91,7 @@ def test_resolve_rejects_malformed_addresses(address, no_dev):
 
 
 def test_connect_without_tpu_fails_fast_without_importing_tensorflow():
-    code = ("import sys, time; from launch import tpu\n"
+    code = ("import sys, time; from tf_cluster import tpu\n"
             "start = time.monotonic()\n"
             "try:\n    tpu.connect_tpu('')\n"
             "except tpu.TPUNotFoundError as e:\n"

@@ -1,4 +1,5 @@
-"""Specification of launch.tf_config: building, validating and checking TF_CONFIG."""
+"""Specification of TF_CONFIG: building and validating it (tf_cluster.tf_config), checking it
+and deriving it inside SLURM (``python -m launch.tf_config``, launch.slurm)."""
 
 import json
 import os
@@ -8,16 +9,10 @@ import sys
 
 import pytest
 
-from launch.tf_config import (
-    TFConfigError,
-    build_tf_config,
-    parse_address,
-    slurm_visible_gpus,
-    tf_config_from_slurm,
-    validate_tf_config,
-)
+from launch.slurm import slurm_visible_gpus, tf_config_from_slurm
+from tf_cluster.tf_config import TFConfigError, build_tf_config, parse_address, validate_tf_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]}
 
 

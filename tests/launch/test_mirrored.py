@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch_helpers.running import REPO
+
 ECHO = ["--module", "tests.launch_helpers.echo_argv"]
 
 

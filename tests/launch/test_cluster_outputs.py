@@ -14,11 +14,13 @@ import textwrap
 import pytest
 
 from launch import cluster as cluster_lib
-from launch import multiworker
-from launch.tf_config import validate_tf_config
+from launch import multiworker, slurm
+from launch.tfjob import DEFAULT_TFJOB_BACKOFF_LIMIT
+from tests.launch_helpers.running import REPO
+from tf_cluster import exit_codes
+from tf_cluster.tf_config import cluster_tasks, validate_tf_config
 
 EXIT_PREEMPTED = 143  # trainer.main after a preemption save; checked literally
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--config=models/configs/digits.py", "--workdir=/shared/run", "--config.train.steps=9"]
 
 
@@ -156,7 +158,7 @@ def test_slurm_header_by_default_one_task_per_node_warning_signal_and_requeue(ca
     assert sbatch_header(out) == {
         "job-name": "digits", "nodes": "3", "ntasks-per-node": "1",
         "output": "digits-%j.out", "open-mode": "append",  # a requeued run appends
-        "signal": f"B:USR1@{cluster_lib.DEFAULT_WARNING_S}", "requeue": None}
+        "signal": f"B:USR1@{slurm.DEFAULT_WARNING_S}", "requeue": None}
     assert "REQUEUE=1" in out and f"EXIT_PREEMPTED={EXIT_PREEMPTED}" in out
     assert "no authentication and no encryption" in out
 
@@ -261,7 +263,7 @@ def test_slurm_script_tasks_derive_a_tf_config_naming_every_task(tmp_path, capsy
         validate_tf_config(tf_config)
         assert tf_config["cluster"] == expected
     tasks = sorted((c["task"]["type"], c["task"]["index"]) for c in configs)
-    assert tasks == sorted(cluster_lib.cluster_tasks(expected)[i][:2] for i in range(3))
+    assert tasks == sorted(cluster_tasks(expected)[i][:2] for i in range(3))
     argv_lines = [l for l in result.stdout.splitlines() if l.startswith("started ")]
     assert all(json.loads(l.split(" ", 3)[3]) == [*FLAGS, "--config.distribute.strategy=multi_worker"]
                for l in argv_lines)
@@ -331,8 +333,7 @@ def test_operator_rule_as_written_here():
 def test_preemption_exit_code_is_143_in_the_trainer_and_the_launchers():
     from trainer.checkpoint import preemption
 
-    assert preemption.EXIT_PREEMPTED == cluster_lib.EXIT_PREEMPTED == EXIT_PREEMPTED
-    assert multiworker.EXIT_PREEMPTED == EXIT_PREEMPTED
+    assert preemption.EXIT_PREEMPTED == exit_codes.EXIT_PREEMPTED == EXIT_PREEMPTED
 
 
 def test_tfjob_every_replica_retries_a_preempted_trainer_and_not_a_broken_one(capsys):
@@ -353,7 +354,7 @@ def test_tfjob_default_backoff_limit_leaves_room_for_several_preemptions(capsys)
     # The operator counts each failed pod (a retryable exit too) against backoffLimit.
     manifest, _ = tfjob(["--workers", "2", "--volume", "runs:/mnt/runs"], capsys)
     assert manifest["spec"]["runPolicy"]["backoffLimit"] >= 5
-    assert manifest["spec"]["runPolicy"]["backoffLimit"] == cluster_lib.DEFAULT_TFJOB_BACKOFF_LIMIT
+    assert manifest["spec"]["runPolicy"]["backoffLimit"] == DEFAULT_TFJOB_BACKOFF_LIMIT
     manifest, _ = tfjob(["--workers", "2", "--volume", "runs:/mnt/runs", "--max_restarts", "0"],
                         capsys)
     assert manifest["spec"]["runPolicy"]["backoffLimit"] == 0  # asked for explicitly

@@ -10,11 +10,14 @@ import os
 import re
 import signal
 import socket
+import sys
 
 import pytest
 
-from launch import multiworker
+from launch import group, local_group, multiworker
+from launch.supervision import StopSignals
 from tests.launch_helpers.running import Launch, alive, wait_until_dead
+from tf_cluster import exit_codes
 
 FAKE = ["--module", "tests.launch_helpers.fake_worker"]
 BOUND_S = 60  # the issue's bound: a broken group ends the launcher within 60 s
@@ -51,8 +54,8 @@ def test_each_line_is_prefixed_with_its_task_name():
 
 def test_tasks_get_distinct_loopback_addresses_and_their_own_task(monkeypatch):
     monkeypatch.setenv("FAKE_PLAN", "{}")
-    specs = multiworker.task_specs(
-        multiworker.local_cluster(3, True, True, multiworker.pick_free_ports(4)),
+    specs = group.task_specs(
+        local_group.local_cluster(3, True, True, local_group.pick_free_ports(4)),
         "m", ["--config=c.py"], collective_timeout_s=30)
     configs = [json.loads(s.env["TF_CONFIG"]) for s in specs]
     assert [s.name for s in specs] == ["chief:0", "worker:0", "worker:1", "evaluator:0"]
@@ -168,7 +171,7 @@ def test_max_restarts_restarts_the_group_after_a_crash(tmp_path):
 def test_a_preempted_task_restarts_the_group_without_using_a_restart(tmp_path):
     marker = tmp_path / "preempted"
     run = launch(["--workers", "2", "--max_restarts", "1"],
-                 {"worker:1": {"crash_once": str(marker), "crash_code": multiworker.EXIT_PREEMPTED},
+                 {"worker:1": {"crash_once": str(marker), "crash_code": exit_codes.EXIT_PREEMPTED},
                   "worker:0": {"code": 5}})
     # The preemption restart is free, so worker:0's failure still gets its one restart.
     assert run.finish(BOUND_S) == 5, run.output
@@ -177,10 +180,21 @@ def test_a_preempted_task_restarts_the_group_without_using_a_restart(tmp_path):
     assert len(run.all_task_pids()) == 6
 
 
+def test_a_lost_peer_restarts_the_group_and_counts_as_a_restart(tmp_path):
+    marker = tmp_path / "lost-once"
+    run = launch(["--workers", "2", "--max_restarts", "1"],
+                 {"worker:1": {"crash_once": str(marker), "crash_code": exit_codes.EXIT_PEER_LOST},
+                  "*": {"seconds": 1}})
+    assert run.finish(BOUND_S) == 0, run.output
+    assert "worker:1 exited with code 170; restarting the whole group (restart 1 of 1; a " \
+           "lost peer counts)" in run.output
+    assert len(run.all_task_pids()) == 4
+
+
 def test_preemption_exit_code_matches_the_trainer():
     from trainer.checkpoint import preemption
 
-    assert multiworker.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED == 143
+    assert exit_codes.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED == 143
 
 
 def test_restarts_are_bounded_by_max_restarts():
@@ -223,18 +237,19 @@ def test_a_taken_port_restarts_the_group_on_new_ports(monkeypatch, tmp_path, cap
     monkeypatch.setenv("PYTHONPATH", os.getcwd())
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
-        real_pick = multiworker.pick_free_ports
         picks = []
 
-        def pick(count, host="127.0.0.1"):
-            ports = real_pick(count, host)
+        def pick(count):
+            ports = local_group.pick_free_ports(count)
             if not picks:
                 ports[1] = taken.getsockname()[1]
             picks.append(ports)
             return ports
 
-        monkeypatch.setattr(multiworker, "pick_free_ports", pick)
-        code = multiworker.main([*FAKE, "--workers", "2"])
+        args = multiworker.parse([*FAKE, "--workers", "2"])
+        with StopSignals() as stop:
+            code = local_group.run_local_group(args, stop, lambda m: print(m, file=sys.stderr),
+                                               pick_ports=pick)
     err = capfd.readouterr().err
     assert code == 0, err
     assert len(picks) == 2

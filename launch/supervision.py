@@ -14,6 +14,10 @@ lives until the group ends:
   logs progress, and the workers advance in lockstep with it;
 * the launcher is asked to stop (SIGINT / SIGTERM) → the group is stopped.
 
+Lines of a child that match the group's ``watch`` pattern are kept (the last few per
+child) and returned with the result of a child that fails, so that the launcher can
+say more than "exited with code N" (e.g. which peer a task reported lost).
+
 Stopping sends SIGTERM (and SIGCONT, so a stopped child can act on it) to each child's
 process group, waits ``grace_s``, then sends SIGKILL. Children run in their own session
 (so a terminal's Ctrl-C reaches only the launcher, which forwards it) and, on Linux,
@@ -40,6 +44,7 @@ from typing import BinaryIO, Callable, Sequence
 _TICK_S = 0.2
 _PR_SET_PDEATHSIG = 1
 _MAX_PARTIAL_LINE = 1 << 16
+_WATCHED_LINES_KEPT = 5
 # What a TensorFlow/gRPC server prints when its port was taken between our pick and its bind.
 _PORT_CLASH = re.compile(rb"Address already in use|Failed to add port|Could not start gRPC server")
 
@@ -85,14 +90,17 @@ class GroupResult:
     ``exit_code``: 0 on success; the first failing task's exit status (``128 + N`` if
     it was killed by signal N); :data:`EXIT_HUNG` when a task or the group was declared
     hung; ``128 + N`` when the launcher was stopped by signal N. ``failed_task`` names the
-    task that ended the group (None on success, a silent group or a launcher stop); ``port_clash`` is True when
-    the failing task's output says its port was taken (the group may retry on new ports).
+    task that ended the group (None on success, a silent group or a launcher stop);
+    ``port_clash`` is True when the failing task's output says its port was taken (the
+    group may retry on new ports); ``watched`` holds the failing task's last lines that
+    matched the group's ``watch`` pattern (without the ``[task] `` prefix).
     """
 
     exit_code: int
     reason: str
     failed_task: str | None = None
     port_clash: bool = False
+    watched: tuple[str, ...] = ()
 
 
 def _libc():
@@ -154,6 +162,7 @@ class _Child:
         self.open_streams = 2
         self.partial: dict[int, bytes] = {}
         self.port_clash = False
+        self.watched: list[str] = []
 
     @property
     def pid(self) -> int:
@@ -165,7 +174,8 @@ class ProcessGroup:
 
     ``stop_requested`` is polled every tick: it returns the number of a signal the
     launcher received (the group is then stopped and the result's exit code is
-    ``128 + N``) or None. ``log`` receives the group's own messages.
+    ``128 + N``) or None. ``log`` receives the group's own messages. ``watch``: a pattern
+    whose matching output lines are kept for :attr:`GroupResult.watched`.
     """
 
     def __init__(
@@ -176,6 +186,7 @@ class ProcessGroup:
         log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True),
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
+        watch: re.Pattern[bytes] | None = None,
     ):
         if not tasks:
             raise ValueError("a ProcessGroup needs at least one task.")
@@ -190,6 +201,7 @@ class ProcessGroup:
         self._children: list[_Child] = []
         self._last_output = time.monotonic()
         self._selector = selectors.DefaultSelector()
+        self._watch = watch
 
     @property
     def pids(self) -> list[int]:
@@ -214,6 +226,8 @@ class ProcessGroup:
         for line in lines:
             if _PORT_CLASH.search(line):
                 child.port_clash = True
+            if self._watch is not None and self._watch.search(line):
+                child.watched = [*child.watched, line.decode(errors="replace")][-_WATCHED_LINES_KEPT:]
         out.write(b"".join(prefix + line + b"\n" for line in lines))
         out.flush()
 
@@ -237,6 +251,12 @@ class ProcessGroup:
         """Reads what exited children still have in their pipes, for at most ``seconds``."""
         deadline = time.monotonic() + seconds
         while self._selector.get_map() and time.monotonic() < deadline:
+            self._pump(min(_TICK_S, max(0.0, deadline - time.monotonic())))
+
+    def _drain_child(self, child: _Child, seconds: float) -> None:
+        """Reads an exited child's pipes to their end, for at most ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while child.open_streams and time.monotonic() < deadline:
             self._pump(min(_TICK_S, max(0.0, deadline - time.monotonic())))
 
     # --- lifecycle ----------------------------------------------------------------
@@ -297,8 +317,9 @@ class ProcessGroup:
         for child in self._children:
             code = child.popen.poll()
             if code is not None and code != 0:
+                self._drain_child(child, 1.0)  # its last lines may say why
                 return GroupResult(exit_status(code), f"{child.name} {describe_exit(code)}",
-                                   child.name, child.port_clash)
+                                   child.name, child.port_clash, tuple(child.watched))
         for child in self._children:
             if child.popen.poll() is not None:
                 continue

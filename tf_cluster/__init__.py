@@ -1,0 +1,14 @@
+"""What the trainer and the launchers share about a cluster, below both of them.
+
+* :mod:`tf_cluster.tf_config`: ``TF_CONFIG``'s format (build, validate, addresses, task
+  names).
+* :mod:`tf_cluster.ports`: whether a task's port is free here, who holds it, whether a
+  peer answers.
+* :mod:`tf_cluster.tpu`: finding and connecting a TPU (TensorFlow only inside
+  :func:`tf_cluster.tpu.connect_tpu`).
+* :mod:`tf_cluster.exit_codes`: the exit statuses a task reports and launchers and
+  schedulers act on (preempted 143, peer lost 170).
+
+Pure Python: it imports neither ``trainer`` nor ``launch`` (both import it), nor
+TensorFlow at import time.
+"""
