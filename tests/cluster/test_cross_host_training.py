@@ -44,6 +44,8 @@ LOST_S = 120  # bound from a host's cut to every launcher's exit (collective tim
 COLLECTIVE_TIMEOUT_S = 30
 SLOW = {"LAUNCH_TEST_SLOW_FROM": "10:1"}  # 1 s per input batch from batch 10 on
 EVERY_5 = "--config.checkpoint.every_steps=5"
+# A stopped task saves at its next loop boundary (5 slowed steps) before SIGKILL.
+PREEMPT_GRACE = ["--grace_s", "40"]
 CHIEF_STEP = r"^\[worker:0\] .*step {}/30"  # the chief logs progress every 5 steps
 
 
@@ -70,13 +72,14 @@ def consecutive_ports(cluster: SimulatedCluster, count: int) -> int:
 
 def per_host(cluster: SimulatedCluster, hosts: Sequence[Host], tasks_per_node: int,
              workdir: Path, flags: Sequence[str] = (), env: dict | None = None) -> list[Watched]:
-    """One ``launch.multiworker --hosts ... --node_rank I`` launcher on each of ``hosts``."""
+    """One ``launch.multiworker --hosts ... --node_rank I`` launcher on each of ``hosts``
+    (``flags``: the launcher's or the trainer's; a later ``--grace_s`` wins)."""
     port = consecutive_ports(cluster, tasks_per_node)
     addresses = ",".join(h.address for h in hosts)
     return [Watched(cluster.popen(host, [
         "python", "-m", "launch.multiworker", "--hosts", addresses, "--node_rank", str(rank),
         "--tasks_per_node", str(tasks_per_node), "--port", str(port), "--grace_s", "5",
-        CONFIG, f"--workdir={workdir}", *flags], env=env)) for rank, host in enumerate(hosts)]
+        *flags, CONFIG, f"--workdir={workdir}"], env=env)) for rank, host in enumerate(hosts)]
 
 
 def finish_all(runs: Sequence[Watched], timeout: float = RUN_S) -> list[int]:
@@ -169,7 +172,7 @@ def test_a_host_cut_off_ends_every_launcher_naming_it_and_the_rerun_resumes(clus
 def test_a_run_stopped_on_one_layout_resumes_on_another(cluster, reference, before, after):
     workdir = cluster.shared_dir("relayout")
     (hosts, tasks), (hosts_after, tasks_after) = before, after
-    first = per_host(cluster, cluster.hosts[:hosts], tasks, workdir, env=SLOW)
+    first = per_host(cluster, cluster.hosts[:hosts], tasks, workdir, PREEMPT_GRACE, env=SLOW)
     first[0].wait_for(CHIEF_STEP.format(10), RUN_S)  # mid-training: slowed from here on
     for run in first:  # as a scheduler preempting the job: SIGTERM to every launcher
         os.kill(run.proc.pid, signal.SIGTERM)
