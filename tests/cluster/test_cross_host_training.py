@@ -35,9 +35,10 @@ import pytest
 
 from launch import multiworker
 from tests.cluster.hosts import Host, SimulatedCluster, Watched
-from tests.helpers import assert_same_weights, load_weights, max_abs_diff
+from tests.helpers import REPO, assert_same_weights, load_weights, max_abs_diff
 
-CONFIG = "--config=tests/launch_helpers/weights_config.py"
+# Absolute: a Slurm job runs in its (shared) submit directory.
+CONFIG = f"--config={REPO / 'tests' / 'launch_helpers' / 'weights_config.py'}"
 STEPS = 30  # weights_config's train.steps
 RUN_S = 600  # bound for one run (up to 4 TensorFlow processes on 2 shared cores)
 LOST_S = 120  # bound from a host's cut to every launcher's exit (collective timeout 30 s)
