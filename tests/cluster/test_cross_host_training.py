@@ -74,21 +74,32 @@ def consecutive_ports(cluster: SimulatedCluster, count: int) -> int:
 def per_host(cluster: SimulatedCluster, hosts: Sequence[Host], tasks_per_node: int,
              workdir: Path, flags: Sequence[str] = (), env: dict | None = None) -> list[Watched]:
     """One ``launch.multiworker --hosts ... --node_rank I`` launcher on each of ``hosts``
-    (``flags``: the launcher's or the trainer's; a later ``--grace_s`` wins)."""
+    (``flags``: the launcher's or the trainer's, after ``--config``; a later ``--grace_s``
+    wins)."""
     port = consecutive_ports(cluster, tasks_per_node)
     addresses = ",".join(h.address for h in hosts)
     return [Watched(cluster.popen(host, [
         "python", "-m", "launch.multiworker", "--hosts", addresses, "--node_rank", str(rank),
         "--tasks_per_node", str(tasks_per_node), "--port", str(port), "--grace_s", "5",
-        *flags, CONFIG, f"--workdir={workdir}"], env=env)) for rank, host in enumerate(hosts)]
+        CONFIG, f"--workdir={workdir}", *flags], env=env)) for rank, host in enumerate(hosts)]
 
 
 def finish_all(runs: Sequence[Watched], timeout: float = RUN_S) -> list[int]:
     return [run.finish(timeout) for run in runs]
 
 
-def outputs(runs: Sequence[Watched]) -> str:
-    return "\n\n".join(f"--- {run.where}:\n{run.output[-5000:]}" for run in runs)
+def outputs(runs: Sequence[Watched], per_task: int = 25) -> str:
+    """Each launcher's own lines and the last ``per_task`` lines of each of its tasks."""
+    parts = []
+    for run in runs:
+        by_source: dict[str, list[str]] = {}
+        for line in run.lines:
+            source = line.split("]", 1)[0] + "]" if line.startswith("[") else "?"
+            by_source.setdefault(source, []).append(line)
+        parts.append(f"--- {run.where}:\n" + "\n".join(
+            "\n".join(lines if source == "[launcher]" else lines[-per_task:])
+            for source, lines in by_source.items()))
+    return "\n\n".join(parts)
 
 
 def assert_reference_weights(reference: Reference, workdir: Path, workers: int) -> float:
@@ -111,7 +122,7 @@ def reference(simulated_cluster: SimulatedCluster) -> Reference:
     workdir = simulated_cluster.shared_dir("one-host-4-tasks")
     run = Watched(simulated_cluster.popen(0, ["python", "-m", "launch.multiworker",
                                               "--workers", "4", CONFIG, f"--workdir={workdir}"]))
-    assert run.finish(RUN_S) == 0, run.output[-6000:]
+    assert run.finish(RUN_S) == 0, outputs([run])
     return Reference(load_weights(workdir / "weights-worker-0.npz"), examples_per_s(workdir))
 
 
