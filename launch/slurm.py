@@ -125,7 +125,10 @@ def emit_slurm(
     step's environment (local task i listens on ``P + i``) and, on GPU nodes with
     several tasks, it sees only its own GPU(s). ``time_limit``, ``partition``,
     ``account`` become ``--time``, ``--partition``, ``--account``; ``gpus_per_task``
-    ``--gpus-per-task`` (SLURM then binds each task to its GPUs).
+    ``--gpus-per-task`` (SLURM then binds each task to its GPUs). A node range asks for
+    ``--mincpus=T`` (and ``--gpus-per-node``) per node instead of ``--ntasks-per-node``
+    (``--gpus-per-task``), which SLURM would turn into a fixed task count at the first
+    start: a requeued job could then never come back on fewer nodes.
 
     Preemption and time limits: the job asks for ``USR1`` ``warning_s`` seconds before
     its time limit (``--signal=B:USR1@S``; ``scancel --batch --signal=USR1 JOB`` does the
@@ -162,9 +165,11 @@ def emit_slurm(
                      f"--tasks_per_node={tasks_per_node}"]
     if chief:
         tf_config_cmd.append("--chief")
+    elastic = min_nodes < nodes
     srun = 'srun --ntasks="$WORKERS" ' + shlex.join(
-        ["--kill-on-bad-exit=1", "--distribution=block", *tf_config_cmd, "--",
-         *trainer_command(module, trainer_flags)])
+        [f"--ntasks-per-node={tasks_per_node}", "--kill-on-bad-exit=1", "--distribution=block",
+         *([f"--gpus-per-task={gpus_per_task}"] if elastic and gpus_per_task else []),
+         *tf_config_cmd, "--", *trainer_command(module, trainer_flags)])
     body = _SLURM_BODY.format(exit_preempted=EXIT_PREEMPTED, exit_peer_lost=EXIT_PEER_LOST,
                               requeue=int(requeue), srun=srun, tasks_per_node=tasks_per_node)
     return "\n".join([
@@ -183,10 +188,15 @@ def emit_slurm(
 def _sbatch_header(job_name: str, min_nodes: int, nodes: int, tasks_per_node: int,
                    warning_s: int, requeue: bool, site: Mapping[str, str | None],
                    gpus_per_task: int) -> list[str]:
+    elastic = min_nodes < nodes
+    # A node range asks for CPUs per node, not tasks: SLURM fixes a job's task count at
+    # its first start (nodes x --ntasks-per-node), so a requeued job with a task count
+    # would wait for all its nodes again instead of coming back on fewer. srun asks for
+    # the tasks of each run (--ntasks-per-node); GPUs likewise per node, bound per task.
     header = [
         f"#SBATCH --job-name={_sbatch_value('--job_name', job_name)}",
-        f"#SBATCH --nodes={nodes if min_nodes == nodes else f'{min_nodes}-{nodes}'}",
-        f"#SBATCH --ntasks-per-node={tasks_per_node}",
+        f"#SBATCH --nodes={f'{min_nodes}-{nodes}' if elastic else nodes}",
+        f"#SBATCH --{'mincpus' if elastic else 'ntasks-per-node'}={tasks_per_node}",
         f"#SBATCH --output={job_name}-%j.out",
         "#SBATCH --open-mode=append",
         f"#SBATCH --signal=B:USR1@{warning_s}",
@@ -196,7 +206,8 @@ def _sbatch_header(job_name: str, min_nodes: int, nodes: int, tasks_per_node: in
         if value:
             header.append(f"#SBATCH --{name}={_sbatch_value('--' + name, value)}")
     if gpus_per_task:
-        header.append(f"#SBATCH --gpus-per-task={gpus_per_task}")
+        header.append(f"#SBATCH --gpus-per-node={gpus_per_task * tasks_per_node}" if elastic
+                      else f"#SBATCH --gpus-per-task={gpus_per_task}")
     return header
 
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +66,72 @@ class HostProcess(NamedTuple):
     pid: int
     program: str  # /proc/PID/comm: the executable's name, at most 15 characters
     command: str
+
+
+class Watched:
+    """A :meth:`SimulatedCluster.popen` process (text output) read line by line as it
+    runs, by a thread, so that a test can act on a line mid-run.
+
+    ``lines`` grows as the process writes; ``exited_at`` is the ``time.monotonic()`` at
+    which the process was seen to exit (None while it runs), at most ~0.1 s late.
+    """
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.lines: list[str] = []
+        self.exited_at: float | None = None
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        self.proc.wait()
+        with self._cond:
+            self.exited_at = time.monotonic()
+            self._cond.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    @property
+    def where(self) -> str:
+        """``ARGV on HOST`` (for messages)."""
+        return f"{' '.join(map(str, self.proc.args[3:]))} on {self.proc.args[2]}"
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        """Waits for a line matching ``pattern`` (re.search); fails with the output if the
+        process ends or ``timeout`` s pass first."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if match := regex.search(line):
+                        return match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or self.exited_at is not None:
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout} s from "
+                                         f"{self.where}; output:\n{self.output[-6000:]}")
+                self._cond.wait(min(left, 0.5))
+
+    def finish(self, timeout: float) -> int:
+        """Waits for the process to exit and its output to be read; returns its status.
+        After ``timeout`` s its session is SIGKILLed and :class:`ClusterError` raised."""
+        self._reader.join(timeout)
+        if self._reader.is_alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self._reader.join()
+            raise ClusterError(f"{self.where} did not finish in {timeout} s; output:\n"
+                               f"{self.output[-6000:]}")
+        return self.proc.returncode
 
 
 def cluster_problem() -> str | None:

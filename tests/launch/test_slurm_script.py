@@ -66,10 +66,13 @@ def test_two_nodes_of_two_tasks_make_four_workers(tmp_path, capsys):
 def test_a_node_range_computes_the_workers_from_the_nodes_slurm_gave(tmp_path, capsys, args):
     text = script([*args, "--tasks_per_node", "2"], capsys)
     assert header(text)["nodes"] == "1-2"
+    # CPUs per node, not a task count, which SLURM would keep for a requeued job (it
+    # would then wait for both nodes again); srun asks for the tasks of each run.
+    assert header(text)["mincpus"] == "2" and "ntasks-per-node" not in header(text)
     for nnodes, workers in ((2, 4), (1, 2)):
         result, srun = run_script(tmp_path, text, nnodes=nnodes)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert srun.startswith(f"--ntasks={workers} "), srun
+        assert srun.startswith(f"--ntasks={workers} --ntasks-per-node=2 "), srun
         assert f"{nnodes} node(s) x 2 task(s) = {workers} workers" in result.stdout
 
 
