@@ -13,7 +13,10 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    loop, no model; :class:`trainer.telemetry.probes.InputProbe`). When the Trainer defines
    ``build_read_dataset`` (the examples as read from storage), reading alone is timed
    too (``read_examples_per_s``) and ``read_share`` is the share of the input time per
-   example that reading takes; the rest is preprocessing.
+   example that reading takes; the rest is preprocessing. ``reads_files`` says whether
+   the training pipeline reads files through TensorFlow's readers (TFRecord, fixed-length
+   record, text line, CSV and LMDB datasets, ``tf.io.read_file``), None when its graph
+   could not be traced; the verdict offers file sharding only to a pipeline that may.
 3. ``compute``: the same train step on one cached batch (``take(1).cache().repeat()``
    of the same pipeline), so no input cost.
 4. ``batch``: the largest global batch that fits, doubling from the configured one up
@@ -40,6 +43,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -123,6 +127,12 @@ def _loop_rate(trainer, dataset_fn: Callable, steps: int,
             "step_ms": 1e3 * seconds / steps, "steps": steps}
 
 
+def _device_type(strategy: tf.distribute.Strategy) -> str:
+    """``CPU``, or the type of the first accelerator the strategy computes on."""
+    accelerators = distribute.accelerator_devices(strategy)
+    return accelerators[0].split(":")[0] if accelerators else "CPU"
+
+
 def _cached(trainer) -> Callable:
     """``build_train_dataset`` reduced to one cached batch, repeated."""
     return lambda ctx: trainer.build_train_dataset(ctx).take(1).cache().repeat()
@@ -142,6 +152,7 @@ def measure_input(trainer, steps: int) -> Report:
     seconds = _median_seconds(lambda: steps * probe.seconds_per_batch(steps), MIN_SECONDS) / steps
     batch = trainer.batch.global_size
     report = {"examples_per_s": batch / seconds, "batch_ms": 1e3 * seconds, "batches": steps}
+    report["reads_files"] = reads_files(trainer.build_train_dataset)
     read = trainer.build_read_dataset(tf.distribute.InputContext())
     if read is not None:
         # Steady state: one iterator over the whole measurement, batched like the run so
@@ -160,6 +171,34 @@ def measure_input(trainer, steps: int) -> Report:
         # Per example: reading costs 1/read_rate of the pipeline's 1/rate.
         report["read_share"] = min(1.0, report["examples_per_s"] / report["read_examples_per_s"])
     return report
+
+
+# Ops that read files (version suffixes such as ``V2`` stripped before comparing).
+FILE_READING_OPS = frozenset({
+    "TFRecordDataset", "FixedLengthRecordDataset", "TextLineDataset", "CSVDataset",
+    "ExperimentalCSVDataset", "LMDBDataset", "ExperimentalLMDBDataset", "ReadFile"})
+
+
+def reads_files(build_dataset: Callable[[tf.distribute.InputContext], tf.data.Dataset]
+                ) -> bool | None:
+    """Whether the dataset ``build_dataset`` makes reads files, from the ops of its graph
+    (nested map/interleave functions included), traced once in a ``tf.function``.
+
+    None when it cannot be traced (the hook runs eager-only code): the input may or may
+    not read files. Files read by Python code (``py_function``, ``from_generator``) are
+    not seen, and file sharding could not split them either.
+    """
+    def build() -> tf.Tensor:
+        build_dataset(tf.distribute.InputContext())
+        return tf.constant(0)
+
+    try:
+        graph = tf.function(build).get_concrete_function().graph.as_graph_def()
+    except Exception:  # noqa: BLE001 (user code; the fact is then unknown)
+        return None
+    ops = {n.op for n in graph.node} | {
+        n.op for f in graph.library.function for n in f.node_def}
+    return any(re.sub(r"V\d+$", "", op) in FILE_READING_OPS for op in ops)
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -283,6 +322,7 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
         "trainer": config.trainer, "global_batch_size": config.train.global_batch_size,
         "replicas": trainer.strategy.num_replicas_in_sync,
         "strategy": type(trainer.strategy).__name__,
+        "device": _device_type(trainer.strategy), "host_cores": len(os.sched_getaffinity(0)),
         "steps_per_loop": config.train.steps_per_loop, "jit_compile": config.perf.jit_compile,
         "precision": config.precision.policy, "steps": steps}}
     if "baseline" in sections:

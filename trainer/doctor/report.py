@@ -16,21 +16,31 @@ Report = dict[str, Any]
 
 
 def verdict(report: Report) -> Report:
-    """(8) The diagnosis, from the measured numbers."""
+    """(8) The diagnosis, from the measured numbers.
+
+    The bound is the slower of the two parts, each timed alone: ``input-bound`` when the
+    pipeline delivers fewer examples/s than the step consumes (``narrowly`` within 15%),
+    else ``communication-bound`` when over 30% of the step is spent across replicas, else
+    ``compute-bound``. A run well below both parts also gets advice: host overhead
+    between steps and, on CPU, the two parts competing for the same cores.
+    """
     run = report["baseline"]["examples_per_s"]
+    probe = report["input"]["examples_per_s"]
     # The real run proves the pipeline delivers at least its rate (the probe may be
     # slowed down by other work on a shared machine).
-    feed = max(report["input"]["examples_per_s"], run)
+    feed = max(probe, run)
     step = report["compute"]["examples_per_s"]
-    advice: list[str] = []
     comm = report.get("communication") or {}
-    jit = report.get("jit") or {}
-    batch = report.get("batch") or {}
-    if feed < step or (run < 0.8 * step and feed < 1.5 * step):
+    if feed == probe:
+        pipeline, other = f"{probe:,.0f} ex/s", f"the run gets {run:,.0f}"
+    else:
+        pipeline, other = f"at least the run's {run:,.0f} ex/s", f"timed alone {probe:,.0f}"
+    advice: list[str] = []
+    if feed < step:
         kind = "input-bound"
         narrowly = " (narrowly)" if feed >= 0.85 * step else ""
-        text = (f"input-bound{narrowly}: the pipeline delivers {feed:,.0f} ex/s, the step consumes "
-                f"{step:,.0f} ex/s (the run gets {run:,.0f}); remedies, in order:")
+        text = (f"input-bound{narrowly}: the pipeline delivers {pipeline}, fewer than the "
+                f"step consumes ({step:,.0f} ex/s; {other}); remedies, in order:")
         advice += input_remedies(report["input"])
     elif comm.get("applicable") and comm["communication_share"] > 0.3:
         kind = "communication-bound"
@@ -41,12 +51,34 @@ def verdict(report: Report) -> Report:
                 f"another distribute.all_reduce")
     else:
         kind = "compute-bound"
-        text = (f"compute-bound: the step consumes {step:,.0f} ex/s and the pipeline could "
-                f"deliver {feed:,.0f} ex/s ({feed / step:.1f}x headroom; the run gets "
-                f"{run:,.0f})")
+        text = (f"compute-bound: the step consumes {step:,.0f} ex/s and the pipeline delivers "
+                f"{pipeline} ({feed / step:.2f}x the step; {other})")
     if run < 0.8 * min(feed, step):
-        advice.append(f"the run ({run:,.0f} ex/s) is well below both the pipeline and the step: "
-                      f"host overhead — raise train.steps_per_loop")
+        advice.append(_overhead_advice(report, run, feed, step))
+    advice += _tuning_advice(report, kind)
+    return {"kind": kind, "text": text, "advice": advice}
+
+
+def _overhead_advice(report: Report, run: float, feed: float, step: float) -> str:
+    """Why a run is well below both its pipeline and its step, each timed alone."""
+    text = (f"the run ({run:,.0f} ex/s) is well below both the pipeline ({feed:,.0f} ex/s) "
+            f"and the step ({step:,.0f} ex/s), each timed alone: host overhead between "
+            f"steps — raise train.steps_per_loop")
+    config = report.get("config") or {}
+    if config.get("device", "CPU") == "CPU":
+        cores = config.get("host_cores")
+        text += (f"; on CPU the pipeline and the step also compete for the same "
+                 f"{f'{cores} ' if cores else ''}cores when they run together — move "
+                 f"preprocessing to other machines (the tf.data service) or cap the "
+                 f"pipeline's threads (tf.data.Options().threading.private_threadpool_size)")
+    return text
+
+
+def _tuning_advice(report: Report, kind: str) -> list[str]:
+    """XLA, a faster batch size and, for a compute-bound run, the costliest layers."""
+    advice: list[str] = []
+    jit = report.get("jit") or {}
+    batch = report.get("batch") or {}
     if jit.get("applicable") and jit["speedup"] >= 1.15:
         advice.append(f"XLA speeds the step up {jit['speedup']:.2f}x: set perf.jit_compile=True")
     fastest = batch.get("fastest")
@@ -64,7 +96,7 @@ def verdict(report: Report) -> Report:
         names = ", ".join(f"{r['layer']} ({r['forward_ms'] + r['backward_ms']:.2f} ms)"
                           for r in layers[:3])
         advice.append(f"the costliest layers: {names}")
-    return {"kind": kind, "text": text, "advice": advice}
+    return advice
 
 
 SERVICE_COMMAND = ("python -m launch.data_service --port 5050 --workers K  (on machines "
@@ -75,26 +107,38 @@ SERVICE_COMMAND = ("python -m launch.data_service --port 5050 --workers K  (on m
 
 def input_remedies(measured: Report) -> list[str]:
     """What to do about an input-bound run, in the order to try it, led by how the input
-    time splits into reading and preprocessing when ``measured`` has ``read_share``."""
+    time splits into reading and preprocessing when ``measured`` has ``read_share``.
+
+    File sharding is offered only when ``measured["reads_files"]`` is not False (the
+    pipeline reads files through TensorFlow's readers, or that is unknown): an in-memory
+    dataset has no files to split. The remedies are numbered without gaps.
+    """
     remedies = []
     share = measured.get("read_share")
-    if share is not None:
+    if share is not None and measured["read_examples_per_s"] < measured["examples_per_s"]:
+        remedies.append(f"reading alone ({measured['read_examples_per_s']:,.0f} ex/s) is slower "
+                        f"than the whole pipeline ({measured['examples_per_s']:,.0f} ex/s): the "
+                        f"pipeline does not read every example each time (it caches)")
+    elif share is not None:
         where = "reading" if share >= 0.5 else "preprocessing"
         remedies.append(f"input time per example: reading {share:.0%}, preprocessing "
                         f"{1 - share:.0%} (reading alone: {measured['read_examples_per_s']:,.0f} "
                         f"ex/s) — {where} dominates")
-    remedies += [
-        "1. parallelism: num_parallel_calls=tf.data.AUTOTUNE in every map and interleave "
+    steps = [
+        "parallelism: num_parallel_calls=tf.data.AUTOTUNE in every map and interleave "
         "(TFDS: ReadConfig(num_parallel_calls_for_interleave_files=AUTOTUNE)), move Python "
         "(py_function) out of the pipeline, batch before cheap per-batch maps",
-        "2. cache: .cache() after decoding (in memory if it fits, else .cache(path)); "
+        "cache: .cache() after decoding (in memory if it fits, else .cache(path)); "
         "augmentation stays after it",
-        "3. file sharding: with several workers, at least as many files as workers, passed "
-        "through TFDS ReadConfig(input_context=ctx) (models.tfds_data.read_split; "
-        "config.data.sharding='auto'), so each worker reads 1/N of the data",
-        f"4. tf.data service: preprocessing in other processes/machines: {SERVICE_COMMAND}",
     ]
-    return remedies
+    reads_files = measured.get("reads_files")
+    if reads_files is not False:
+        steps.append(f"file sharding{'' if reads_files else ' (if the input reads files)'}: "
+                     "with several workers, at least as many files as workers, passed "
+                     "through TFDS ReadConfig(input_context=ctx) (models.tfds_data.read_split; "
+                     "config.data.sharding='auto'), so each worker reads 1/N of the data")
+    steps.append(f"tf.data service: preprocessing in other processes/machines: {SERVICE_COMMAND}")
+    return remedies + [f"{n}. {text}" for n, text in enumerate(steps, start=1)]
 
 
 def format_table(report: Report) -> str:
@@ -110,11 +154,14 @@ def format_table(report: Report) -> str:
         lines.append(row("(1) real run", f"{b['examples_per_s']:,.0f}", f"{b['step_ms']:.3f} ms/step"))
     if "input" in report:
         i = report["input"]
+        source = {True: ", reads files", False: ", in memory (no files read)"}
         lines.append(row("(2) input pipeline alone", f"{i['examples_per_s']:,.0f}",
-                         f"{i['batch_ms']:.3f} ms/batch"))
+                         f"{i['batch_ms']:.3f} ms/batch{source.get(i.get('reads_files'), '')}"))
         if "read_share" in i:
-            lines.append(row("    reading alone", f"{i['read_examples_per_s']:,.0f}",
-                             f"{i['read_share']:.0%} of the input time per example"))
+            note = (f"{i['read_share']:.0%} of the input time per example"
+                    if i["read_examples_per_s"] >= i["examples_per_s"] else
+                    "slower than the whole pipeline: it does not read every example (cache)")
+            lines.append(row("    reading alone", f"{i['read_examples_per_s']:,.0f}", note))
     if "compute" in report:
         k = report["compute"]
         lines.append(row("(3) compute alone (cached batch)", f"{k['examples_per_s']:,.0f}",
