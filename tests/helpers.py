@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -92,8 +93,6 @@ def last_lines(text: str, n: int = 3) -> str:
 
 def free_loopback_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports free on 127.0.0.1 right now (for a hand-written TF_CONFIG)."""
-    import socket
-
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
         s.bind(("127.0.0.1", 0))

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, subprocess_env
+from tests.helpers import free_loopback_ports
 from tests.run_checkpoint import CRASH_EXIT
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM (schedulers retry it); documented in docs/errors.md, checked literally
@@ -200,18 +200,8 @@ def test_cli_reports_a_bad_checkpoint_in_one_message_naming_the_variable(
     assert "Traceback" not in run.stderr
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _worker_group(root, name: str, flags=(), action: str = "") -> dict:
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_loopback_ports(2)]}
     group = {}
     for index in range(2):
         env = {"TF_CONFIG": json.dumps({"cluster": cluster,

@@ -32,6 +32,24 @@ start_munge() {
 }
 
 # True when the pid file $1 names a live process.
+# The slurm.conf lines both test clusters share: no accounting, no cgroups (plain
+# processes), CPUs as the consumable resource, a scheduler that acts within seconds.
+common_conf() {
+  cat <<'CONF'
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=1,batch_sched_delay=0
+CONF
+}
+
 running() { local pid; pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
 
 # Stops the daemon of pid file $1 (SIGTERM, then up to 5 s for it to exit).
