@@ -24,7 +24,8 @@ SLURM_TIME_FORMS = (
     "'days-hours:minutes' or 'days-hours:minutes:seconds' (e.g. 90, 4:00:00, 1-00:00:00), "
     "or UNLIMITED.")
 NOT_DIVISIBLE_BY_3 = ("Configuration error: config.train.global_batch_size=64 is not "
-                      "divisible by 3 replicas; use a multiple of 3 (e.g. 63 or 66).")
+                      "divisible by 3 replicas; use a multiple of 3 (e.g. 63 or 66), or run on "
+                      "a number of replicas (workers x devices per worker) that divides 64.")
 
 
 def run(module, args, env_extra=None):
@@ -75,7 +76,8 @@ def test_mirrored_refuses_devices_it_cannot_give(args, env, last, tmp_path):
     (["--workers", "3"], 1, NOT_DIVISIBLE_BY_3),
     (["--workers", "2", "--config.eval.global_batch_size=33"], 1,
      "Configuration error: config.eval.global_batch_size=33 is not divisible by 2 replicas; "
-     "use a multiple of 2 (e.g. 32 or 34)."),
+     "use a multiple of 2 (e.g. 32 or 34), or run on a number of replicas (workers x "
+     "devices per worker) that divides 33."),
     (["--workers", "2", "--data_service_workers", "1", "--config.train.deterministic=True"], 2,
      "python -m launch.multiworker: error: --data_service_workers needs "
      "--config.train.deterministic=False (the tf.data service delivers batches in no fixed "
@@ -145,7 +147,8 @@ def test_per_host_launcher_refuses_before_any_task_starts(args, code, last, tmp_
     (["--workers", "3"], 1, NOT_DIVISIBLE_BY_3),
     (["--workers", "2", "--gpus_per_worker", "3"], 1,
      "Configuration error: config.train.global_batch_size=64 is not divisible by 6 replicas; "
-     "use a multiple of 6 (e.g. 60 or 66)."),
+     "use a multiple of 6 (e.g. 60 or 66), or run on a number of replicas (workers x "
+     "devices per worker) that divides 64."),
 ])
 def test_emit_slurm_refuses_what_sbatch_or_the_job_would_reject(args, code, last):
     status, out, lines = run("launch.multiworker",
