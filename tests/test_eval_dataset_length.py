@@ -56,7 +56,9 @@ def _unknown_length(n: int):
 
 def test_a_long_eval_pass_logs_its_progress_until_the_data_ends(caplog):
     ticks = itertools.count(0.0, 3.0)  # every look at the clock: 3 s later
-    with caplog.at_level(logging.INFO):
+    # The absl logger's own level too: an earlier test in this process may have set
+    # absl's verbosity to WARNING (as the doctor's command line does).
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="absl"):
         done = run_pass(_count, _unknown_length(40), -1, lambda: False, "eval at step 7",
                         clock=lambda: next(ticks))
     assert done == 40
