@@ -147,7 +147,9 @@ def test_sigint_during_a_long_training_stops_at_the_next_loop_with_a_checkpoint(
     _signalled(run)
     assert run.proc.returncode == 143, run.output[-3000:]
     assert "SIGINT: saving a checkpoint at the next loop boundary" in run.output
-    stopped = [line for line in run.output.splitlines() if "preempted at step" in line]
+    # Once: the command's own exit line (the console's event line says it too).
+    stopped = [line for line in run.output.splitlines()
+               if "preempted at step" in line and "a checkpoint of that step was saved" in line]
     assert len(stopped) == 1, run.output[-3000:]
     step = int(stopped[0].split("preempted at step ")[1].split(";")[0])
     assert 5 <= step < 100000 and step % 5 == 0  # a loop boundary, long before the end

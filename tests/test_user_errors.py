@@ -88,7 +88,8 @@ CLI_CASES = [
      r"train\.deterministic=True: .* Set --config\.train\.deterministic=False"),
     ("batch_over_the_launchers_replicas", "trainer.main", ["--check_only", "--check_replicas=3"],
      1, r"Configuration error: config\.train\.global_batch_size=64 is not divisible by 3 "
-        r"replicas; use a multiple of 3 \(e\.g\. 63 or 66\)\.$"),
+        r"replicas; use a multiple of 3 \(e\.g\. 63 or 66\), or run on a number of replicas "
+        r"\(workers x devices per worker\) that divides 64\.$"),
     ("eval_batch_over_the_launchers_replicas", "trainer.main",
      ["--check_only", "--check_replicas=4", "--config.eval.global_batch_size=30"], 1,
      r"config\.eval\.global_batch_size=30 is not divisible by 4 replicas"),

@@ -127,7 +127,7 @@ def test_a_preemption_is_an_event_too(tmp_path, capsys):
         raise AssertionError("fit() must raise Preempted")
     except Preempted:
         pass
-    assert "preempted at step 10: SIGTERM; the checkpoint of step 10 is saved" in (
+    assert "preempted at step 10: stop signal (SIGTERM/SIGINT); the checkpoint of step 10 is saved" in (
         capsys.readouterr().err)
     with open(tmp_path / "metrics.jsonl") as f:
         assert [r for r in map(json.loads, f) if r["kind"] == "preemption"][0]["step"] == 10

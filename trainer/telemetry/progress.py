@@ -57,8 +57,8 @@ def event_line(record: dict) -> str:
                 f"checkpoint of step {step} (rollback {record['rollbacks']} of at most "
                 f"{record['max_rollbacks']}); the input goes on from where it was")
     if kind == "preemption":
-        return (f"preempted at step {step}: SIGTERM; the checkpoint of step {step} is "
-                f"saved, run the same command again to resume")
+        return (f"preempted at step {step}: stop signal (SIGTERM/SIGINT); the checkpoint "
+                f"of step {step} is saved, run the same command again to resume")
     return f"{kind} at step {step}: " + ", ".join(
         f"{k}={v}" for k, v in record.items() if k not in ("kind", "step", "time"))
 
