@@ -1,25 +1,42 @@
 """Training throughput: the framework vs the loops a user would write instead.
 
     python -m benchmarks.throughput --workload mlp --strategy default [--rounds 3]
-                                    [--impls a,c] [--seconds 2]
+                                    [--impls a,a-fixed,c] [--seconds 2]
     python -m benchmarks.throughput --all [--json benchmarks/results/throughput.json]
 
-Implementations (same model, Adam, same synthetic in-memory data, same global batch):
+Implementations (same model, Adam, same synthetic in-memory data, same global batch;
+classes in :mod:`benchmarks.throughput_impls`):
 
-  a      this framework's ``Trainer.fit`` with ``steps_per_loop=K`` (``a+xla``: with
-         ``perf.jit_compile=True``)
-  b      a hand-written ``tf.function`` called once per step
-  c      a hand-written ``tf.function`` running K steps in-graph (the reference)
-  d      ``keras.Model.fit`` at its defaults
-  e      ``keras.Model.fit(steps_per_execution=K)``
+  a        this framework's ``Trainer.fit`` with its DEFAULT config (``perf.plan="auto"``,
+           default ``train.steps_per_loop``): the planner times candidate plans (XLA
+           on/off, steps per loop) on real steps of the first fit and keeps the fastest
+  a-fixed  ``Trainer.fit`` with ``perf.plan="fixed"``, ``steps_per_loop=K``: the config
+           as written, no XLA (``a+xla``: the same with ``perf.jit_compile=True``)
+  b        a hand-written ``tf.function`` called once per step
+  c        a hand-written ``tf.function`` running K steps in-graph (``c+xla``: its
+           replica step, forward + backward + update, is ``jit_compile=True``)
+  d        ``keras.Model.fit`` at its defaults
+  e        ``keras.Model.fit(steps_per_execution=K)``
 
 They run interleaved in rotating order over rounds in ONE process (warm-up excluded);
-the table shows median examples/s, min/max, and the median of the per-round ratio to
-(c). A failing implementation is reported in the table, not fatal. Cold start
-(process start to first step done) and peak RSS come from separate processes, one per
-implementation and repetition (median of ``--cold_runs``). ``--all`` runs each
-workload x strategy in its own process (a process hosts one device layout) and prints
-one table.
+the table shows median examples/s, min/max, ``vs c`` (the median of the per-round
+ratio to c) and ``vs best`` (the median of the per-round ratio to the faster of c and
+c+xla in that round: the ``best`` row; c alone where c+xla failed). c and c+xla always
+run. A failing implementation is reported in its row, not fatal.
+
+The plan's measuring is in a's warm-up, not in the timed rounds: the benchmark times
+short fits (about ``--seconds`` each), and a fit whose remaining time is below
+``perf.plan_min_run_s`` (default 30 s) is not measured, so a's warm-up is ONE fit of
+about twice that at the reference's step time (the config stays the default); the timed
+fits reuse the plan. Below the table, one line per workload x strategy gives the plan
+a chose, its measured ratio to the baseline (the configured plan) and the measuring
+time, read from a's ``kind == "plan"`` event (``trainer.events.records``).
+
+Cold start (process start to first step done) and peak RSS come from separate
+processes, one per implementation and repetition (median of ``--cold_runs``); each
+trains 1 + K steps, too short for the planner to measure (a keeps its configured plan).
+``--all`` runs each workload x strategy in its own process (a process hosts one
+device layout) and prints one table.
 """
 
 from __future__ import annotations
@@ -34,144 +51,17 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.throughput_impls import (IMPLEMENTATIONS, K, PLAN_MARGIN, REFERENCES, build,
+                                         setup_devices)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STRATEGIES = ("default", "mirrored2")
-IMPLEMENTATIONS = ("a", "a+xla", "b", "c", "d", "e")
 COLD_START = ("a", "b", "d")
-K = 100  # steps per loop / per execution
-
-
-def _setup_devices(strategy_name: str):
-    import tensorflow as tf
-
-    if strategy_name == "mirrored2":
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        return tf.distribute.MirroredStrategy(
-            [d.name for d in tf.config.list_logical_devices("CPU")])
-    return tf.distribute.get_strategy()
-
-
-class _Impl:
-    """One implementation: ``run(steps)`` trains that many steps (after ``warm_up``)."""
-
-    xla = False
-
-    def warm_up(self, steps: int) -> None:
-        self.run(steps)
-
-
-class Framework(_Impl):
-    def __init__(self, workload, strategy, jit: bool):
-        from benchmarks.workloads import framework_trainer
-
-        self.trainer = framework_trainer(workload, K, strategy=strategy, **{
-            "perf.jit_compile": jit})
-        self.xla = self.trainer.steps.jit_compiled  # off with 2+ replicas (logged)
-
-    def run(self, steps: int) -> None:
-        self.trainer.config.train.steps = self.trainer.step + steps
-        self.trainer.fit()
-
-
-def _hand_written_step(workload, strategy):
-    import keras
-    import tensorflow as tf
-
-    with strategy.scope():
-        model = workload.build_model()
-        optimizer = keras.optimizers.Adam()
-        optimizer.build(model.trainable_variables)
-    batch = workload.batch_size
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    x, y = workload.data(4096)
-
-    def dataset_fn(ctx):
-        per_replica = ctx.get_per_replica_batch_size(batch)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-            per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    return replica_step, iterator
-
-
-class HandPerStep(_Impl):
-    def __init__(self, workload, strategy):
-        import tensorflow as tf
-
-        replica_step, self.iterator = _hand_written_step(workload, strategy)
-
-        @tf.function
-        def step(iterator):
-            strategy.run(replica_step, args=next(iterator))
-
-        self.step = step
-
-    def run(self, steps: int) -> None:
-        for _ in range(steps):
-            self.step(self.iterator)
-
-
-class HandInGraph(_Impl):
-    def __init__(self, workload, strategy):
-        import tensorflow as tf
-
-        replica_step, self.iterator = _hand_written_step(workload, strategy)
-
-        @tf.function
-        def loop(iterator, n):
-            for _ in tf.range(n):
-                strategy.run(replica_step, args=next(iterator))
-
-        self.loop = loop
-
-    def run(self, steps: int) -> None:
-        import tensorflow as tf
-
-        for _ in range(steps // K):
-            self.loop(self.iterator, tf.constant(K))
-
-
-class KerasFit(_Impl):
-    def __init__(self, workload, strategy, steps_per_execution: int):
-        import keras
-        import tensorflow as tf
-
-        x, y = workload.data(4096)
-        with strategy.scope():
-            self.model = workload.build_model()
-            self.model.compile(
-                optimizer=keras.optimizers.Adam(),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                steps_per_execution=steps_per_execution)
-        self.dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-            workload.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
-    def run(self, steps: int) -> None:
-        self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0)
-        self.xla = bool(self.model.jit_compile)
-
-
-def build(name: str, workload, strategy) -> _Impl:
-    return {
-        "a": lambda: Framework(workload, strategy, jit=False),
-        "a+xla": lambda: Framework(workload, strategy, jit=True),
-        "b": lambda: HandPerStep(workload, strategy),
-        "c": lambda: HandInGraph(workload, strategy),
-        "d": lambda: KerasFit(workload, strategy, 1),
-        "e": lambda: KerasFit(workload, strategy, K),
-    }[name]()
+HEADER = ("a: default config (perf.plan='auto'); its warm-up is one fit of {margin:g}x "
+          "perf.plan_min_run_s at the reference's step time, in which the planner measures "
+          "(excluded from the timed rounds). a-fixed: perf.plan='fixed'. vs best: per-round "
+          "ratio to the faster of c and c+xla.")
 
 
 def _short(error: BaseException) -> str:
@@ -179,38 +69,67 @@ def _short(error: BaseException) -> str:
     return text[:120]
 
 
+def _seconds_per_step(impl) -> float:
+    start = time.perf_counter()
+    impl.run(K)
+    return (time.perf_counter() - start) / K
+
+
+def _warm_up(selected: list[str], workload, strategy) -> tuple[dict, dict, float | None]:
+    """Builds and warms up ``selected``: ``(impls, errors, c's seconds per step)``.
+
+    The references go first: their step time (the faster one's) sizes the auto
+    trainer's warm-up fit, in which the planner measures.
+    """
+    impls, errors, step_s = {}, {}, {}
+    for name in sorted(selected, key=lambda n: n not in REFERENCES):
+        try:
+            impl = build(name, workload, strategy)
+            impl.warm_up(2 * K, min(step_s.values(), default=None))
+            if name in REFERENCES:
+                step_s[name] = _seconds_per_step(impl)
+            impls[name] = impl
+        except Exception as error:  # reported in the table, not fatal
+            errors[name] = _short(error)
+    return impls, errors, step_s.get("c")
+
+
+def _best_of_references(rates: dict[str, list[float]]) -> list[float]:
+    """Per round: the faster of c and c+xla (c alone where c+xla has no value)."""
+    with_xla = rates.get("c+xla", [])
+    return [max(c, with_xla[i]) if i < len(with_xla) else c
+            for i, c in enumerate(rates.get("c", []))]
+
+
+def _summary(values: list[float], c: list[float], best: list[float]) -> dict:
+    ratios_c = [v / r for v, r in zip(values, c)]
+    ratios_best = [v / r for v, r in zip(values, best)]
+    return {"examples_per_s": statistics.median(values), "min": min(values),
+            "max": max(values), "per_round": values,
+            "ratio_to_c": statistics.median(ratios_c) if ratios_c else None,
+            "ratio_to_best": statistics.median(ratios_best) if ratios_best else None,
+            "ratios_to_c": ratios_c, "ratios_to_best": ratios_best}
+
+
 def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
             only: tuple[str, ...] = IMPLEMENTATIONS) -> dict:
     """Interleaved rounds in this process; returns per-implementation results.
 
-    ``only``: the implementations to run (``c``, the reference of the ratio column,
-    is always included).
+    ``only``: the implementations to run (the references c and c+xla are always
+    included). ``best`` is the per-round faster of c and c+xla.
     """
     from benchmarks.workloads import WORKLOADS
 
-    strategy = _setup_devices(strategy_name)
+    strategy = setup_devices(strategy_name)
     workload = WORKLOADS[workload_name]
-    selected = [n for n in IMPLEMENTATIONS if n in only or n == "c"]
-    impls, errors = {}, {}
-    for name in selected:
-        try:
-            impl = build(name, workload, strategy)
-            impl.warm_up(2 * K)
-            impls[name] = impl
-        except Exception as error:  # reported in the table, not fatal
-            errors[name] = _short(error)
+    selected = [n for n in IMPLEMENTATIONS if n in only or n in REFERENCES]
+    impls, errors, step_s = _warm_up(selected, workload, strategy)
     # Steps per timed run: about `seconds` of the reference (c), a multiple of K.
-    steps = K
-    if "c" in impls:
-        start = time.perf_counter()
-        impls["c"].run(K)
-        per_step = (time.perf_counter() - start) / K
-        steps = max(K, int(seconds / per_step) // K * K)
+    steps = max(K, int(seconds / step_s) // K * K) if step_s else K
     rates: dict[str, list[float]] = {name: [] for name in impls}
     names = list(impls)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             try:
                 start = time.perf_counter()
                 impls[name].run(steps)
@@ -220,21 +139,21 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
                 impls.pop(name)
                 names.remove(name)
                 rates.pop(name)
+    best = _best_of_references(rates)
     results = {}
     for name in selected:
         if name in errors:
             results[name] = {"error": errors[name]}
             continue
-        values = rates[name]
-        ratios = [v / c for v, c in zip(values, rates.get("c", []))]
-        results[name] = {
-            "examples_per_s": statistics.median(values),
-            "min": min(values), "max": max(values),
-            "ratio_to_c": statistics.median(ratios) if ratios else None,
-            "xla": impls[name].xla, "per_round": values, "ratios_to_c": ratios,
-        }
+        results[name] = dict(_summary(rates[name], rates.get("c", []), best),
+                             xla=impls[name].xla)
+    if best:
+        with_xla = rates.get("c+xla", [])
+        results["best"] = dict(_summary(best, rates["c"], best), xla=None, xla_rounds=sum(
+            i < len(with_xla) and with_xla[i] > c for i, c in enumerate(rates["c"])))
+    plan = impls["a"].plan() if "a" in impls else None
     return {"workload": workload_name, "strategy": strategy_name, "steps_per_round": steps,
-            "rounds": rounds, "implementations": results}
+            "rounds": rounds, "implementations": results, "plan": plan}
 
 
 def _peak_rss_mb() -> float:
@@ -257,7 +176,7 @@ def cold_start_child(impl: str, workload_name: str, strategy_name: str) -> None:
     """Runs in a fresh process: first step, then K more; prints one JSON line."""
     from benchmarks.workloads import WORKLOADS
 
-    strategy = _setup_devices(strategy_name)
+    strategy = setup_devices(strategy_name)
     implementation = build(impl, WORKLOADS[workload_name], strategy)
     implementation.run(1)
     first_step_done = time.time()
@@ -298,22 +217,48 @@ def cold_start(workload_name: str, strategy_name: str, names=COLD_START,
     return out
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _row(run: dict, name: str, res: dict) -> str:
+    cold = run.get("cold_start", {}).get(name, {})
+    prefix = f"{run['workload']:<12}{run['strategy']:<11}{name:<8}"
+    if "error" in res:
+        return f"{prefix}failed: {res['error']}"
+    xla = f"c+xla {res['xla_rounds']}/{len(res['per_round'])}" if name == "best" else str(
+        res["xla"])
+    cold_s = f"{cold['seconds']:.1f}" if "seconds" in cold else ""
+    rss = f"{cold['peak_rss_mb']:.0f}" if "peak_rss_mb" in cold else ""
+    return (f"{prefix}{xla:<11}{res['examples_per_s']:>10.0f}{res['min']:>10.0f}"
+            f"{res['max']:>10.0f}{_ratio(res['ratio_to_c']):>7}"
+            f"{_ratio(res['ratio_to_best']):>9}{cold_s:>8}{rss:>8}")
+
+
+def format_plan(run: dict) -> str:
+    """One line: the plan the default config (a) chose, from its plan event."""
+    where = f"{run['workload']}/{run['strategy']}"
+    plan = run.get("plan")
+    if plan is None:
+        return f"plan {where}: no plan event (a not run or failed)"
+
+    def shown(p: dict) -> str:
+        return f"xla={p['xla']} steps_per_loop={p['steps_per_loop']}"
+
+    return (f"plan {where}: {plan['source']} at step {plan['step']}, chosen "
+            f"{shown(plan['chosen'])}, {plan['ratio']:.2f}x the baseline "
+            f"{shown(plan['baseline'])}; measuring {plan['measure_s']:.1f} s, "
+            f"{len(plan['plans'])} plans timed")
+
+
 def format_table(runs: list[dict]) -> str:
-    lines = [f"{'workload':<12}{'strategy':<11}{'impl':<7}{'xla':<6}{'ex/s':>10}"
-             f"{'min':>10}{'max':>10}{'vs c':>7}{'cold s':>8}{'rss MB':>8}"]
+    """The table (``best``: per round the faster of c and c+xla, and in how many rounds
+    c+xla was it), then one plan line per workload x strategy."""
+    lines = [f"{'workload':<12}{'strategy':<11}{'impl':<8}{'xla':<11}{'ex/s':>10}"
+             f"{'min':>10}{'max':>10}{'vs c':>7}{'vs best':>9}{'cold s':>8}{'rss MB':>8}"]
     for run in runs:
-        for name, res in run["implementations"].items():
-            cold = run.get("cold_start", {}).get(name, {})
-            prefix = f"{run['workload']:<12}{run['strategy']:<11}{name:<7}"
-            if "error" in res:
-                lines.append(f"{prefix}failed: {res['error']}")
-                continue
-            ratio = f"{res['ratio_to_c']:.2f}" if res["ratio_to_c"] is not None else "-"
-            cold_s = f"{cold['seconds']:.1f}" if "seconds" in cold else ""
-            rss = f"{cold['peak_rss_mb']:.0f}" if "peak_rss_mb" in cold else ""
-            lines.append(f"{prefix}{str(res['xla']):<6}{res['examples_per_s']:>10.0f}"
-                         f"{res['min']:>10.0f}{res['max']:>10.0f}{ratio:>7}{cold_s:>8}{rss:>8}")
-    return "\n".join(lines)
+        lines += [_row(run, name, res) for name, res in run["implementations"].items()]
+    return "\n".join(lines + [format_plan(run) for run in runs])
 
 
 def main() -> None:
@@ -326,7 +271,7 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="every workload x strategy")
     parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS),
                         help="comma-separated subset of " + ",".join(IMPLEMENTATIONS)
-                        + " (c is always run: it is the reference)")
+                        + " (c and c+xla always run: the references)")
     parser.add_argument("--no_cold_start", action="store_true")
     parser.add_argument("--cold_runs", type=int, default=3,
                         help="processes per implementation for the cold start (median)")
@@ -374,6 +319,7 @@ def main() -> None:
     if args.json == "/dev/stdout":
         print("\n%%JSON%%\n" + json.dumps(runs[0]))
         return
+    print(HEADER.format(margin=PLAN_MARGIN))
     print(format_table(runs))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -83,10 +83,11 @@ WORKLOADS = {
 }
 
 
-def framework_trainer(workload: Workload, steps_per_loop: int, strategy=None,
+def framework_trainer(workload: Workload, steps_per_loop: int | None, strategy=None,
                       workdir: str | None = None, **overrides):
     """A ``trainer.Trainer`` on ``workload``'s synthetic data (Adam, no logging noise).
 
+    ``steps_per_loop``: ``train.steps_per_loop`` (None: the config's default).
     ``overrides`` maps ``"section.field"`` to values set on the config before the
     Trainer is built; ``strategy`` and ``workdir`` are passed through.
     """
@@ -113,8 +114,9 @@ def framework_trainer(workload: Workload, steps_per_loop: int, strategy=None,
 
     config = config_lib.get_config()
     config.train.global_batch_size = workload.batch_size
-    config.train.steps_per_loop = steps_per_loop
-    config.train.steps = steps_per_loop
+    if steps_per_loop is not None:
+        config.train.steps_per_loop = steps_per_loop
+    config.train.steps = config.train.steps_per_loop
     config.train.log_every_steps = 10**9
     config.optimizer.name = "adam"
     config.telemetry.progress = "off"

@@ -1,0 +1,192 @@
+"""The implementations compared by :mod:`benchmarks.throughput` (one class each).
+
+Every implementation trains the same workload (model, Adam, synthetic in-memory data,
+global batch) and exposes ``run(steps)``: train that many more steps. ``warm_up`` runs
+before the timed rounds (tracing, compilation, and for the framework's default config
+the plan's measuring). ``xla`` is the XLA state the implementation actually ran with.
+"""
+
+from __future__ import annotations
+
+import math
+
+K = 100  # steps per loop / per execution of the hand-written loop and fixed configs
+IMPLEMENTATIONS = ("a", "a-fixed", "a+xla", "b", "c", "c+xla", "d", "e")
+REFERENCES = ("c", "c+xla")  # always run: "vs c" and "vs best" are ratios to them
+PLAN_MARGIN = 2.0  # the auto trainer's warm-up fit: this x perf.plan_min_run_s of steps
+
+
+def setup_devices(strategy_name: str):
+    """The strategy of ``strategy_name`` ("mirrored2": 2 logical CPU devices; before TF
+    initialises its devices)."""
+    import tensorflow as tf
+
+    if strategy_name == "mirrored2":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        return tf.distribute.MirroredStrategy(
+            [d.name for d in tf.config.list_logical_devices("CPU")])
+    return tf.distribute.get_strategy()
+
+
+class _Impl:
+    """One implementation: ``run(steps)`` trains that many steps (after ``warm_up``)."""
+
+    xla = False
+
+    def warm_up(self, steps: int, step_s: float | None = None) -> None:
+        """Trace and warm up: ``steps`` steps (``step_s``: the reference's seconds per
+        step, when known)."""
+        self.run(steps)
+
+
+class Framework(_Impl):
+    """``Trainer.fit`` on the workload.
+
+    ``plan="auto"``: the DEFAULT config (``perf.plan="auto"``, the default
+    ``train.steps_per_loop``); its warm-up is ONE fit long enough for the planner to
+    measure (``PLAN_MARGIN`` x ``perf.plan_min_run_s`` at the reference's step time), so
+    the plan is decided there and the timed fits reuse it. ``plan="fixed"``:
+    ``perf.plan="fixed"``, ``steps_per_loop=K``, ``perf.jit_compile=jit``: exactly the
+    config as written.
+    """
+
+    def __init__(self, workload, strategy, plan: str, jit: bool = False):
+        from benchmarks.workloads import framework_trainer
+
+        self.auto = plan == "auto"
+        if self.auto:
+            self.trainer = framework_trainer(workload, None, strategy=strategy)
+        else:
+            self.trainer = framework_trainer(workload, K, strategy=strategy, **{
+                "perf.plan": "fixed", "perf.jit_compile": jit})
+        self.xla = self.trainer.steps.jit_compiled  # off with 2+ replicas (logged)
+
+    def warm_up(self, steps: int, step_s: float | None = None) -> None:
+        if self.auto and step_s:
+            planned = PLAN_MARGIN * self.trainer.config.perf.plan_min_run_s / step_s
+            steps = max(steps, math.ceil(planned / K) * K)
+        self.run(steps)
+        if self.plan() is not None:
+            self.xla = bool(self.plan()["chosen"]["xla"])
+
+    def run(self, steps: int) -> None:
+        self.trainer.config.train.steps = self.trainer.step + steps
+        self.trainer.fit()
+
+    def plan(self) -> dict | None:
+        """The plan event of this Trainer (``trainer.events``), or None."""
+        return next((r for r in self.trainer.events.records if r["kind"] == "plan"), None)
+
+
+def _hand_written_step(workload, strategy, xla: bool):
+    """``(replica_step, distributed iterator)``; ``xla``: the replica step (forward,
+    backward and update) is a ``tf.function(jit_compile=True)``."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = workload.build_model()
+        optimizer = keras.optimizers.Adam()
+        optimizer.build(model.trainable_variables)
+    batch = workload.batch_size
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    x, y = workload.data(4096)
+
+    def dataset_fn(ctx):
+        per_replica = ctx.get_per_replica_batch_size(batch)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+            per_replica, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    step = tf.function(replica_step, jit_compile=True) if xla else replica_step
+    return step, iterator
+
+
+class HandPerStep(_Impl):
+    """A hand-written ``tf.function`` called once per step."""
+
+    def __init__(self, workload, strategy):
+        import tensorflow as tf
+
+        replica_step, self.iterator = _hand_written_step(workload, strategy, xla=False)
+
+        @tf.function
+        def step(iterator):
+            strategy.run(replica_step, args=next(iterator))
+
+        self.step = step
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step(self.iterator)
+
+
+class HandInGraph(_Impl):
+    """A hand-written ``tf.function`` running K steps in a ``tf.range`` loop; ``xla``:
+    the replica step inside it is XLA-compiled."""
+
+    def __init__(self, workload, strategy, xla: bool):
+        import tensorflow as tf
+
+        replica_step, self.iterator = _hand_written_step(workload, strategy, xla)
+        self.xla = xla
+
+        @tf.function
+        def loop(iterator, n):
+            for _ in tf.range(n):
+                strategy.run(replica_step, args=next(iterator))
+
+        self.loop = loop
+
+    def run(self, steps: int) -> None:
+        import tensorflow as tf
+
+        for _ in range(steps // K):
+            self.loop(self.iterator, tf.constant(K))
+
+
+class KerasFit(_Impl):
+    """``keras.Model.fit`` with ``steps_per_execution``."""
+
+    def __init__(self, workload, strategy, steps_per_execution: int):
+        import keras
+        import tensorflow as tf
+
+        x, y = workload.data(4096)
+        with strategy.scope():
+            self.model = workload.build_model()
+            self.model.compile(
+                optimizer=keras.optimizers.Adam(),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                steps_per_execution=steps_per_execution)
+        self.dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+            workload.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    def run(self, steps: int) -> None:
+        self.model.fit(self.dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+        self.xla = bool(self.model.jit_compile)
+
+
+def build(name: str, workload, strategy) -> _Impl:
+    """The implementation ``name`` (one of ``IMPLEMENTATIONS``), built, not warmed up."""
+    return {
+        "a": lambda: Framework(workload, strategy, "auto"),
+        "a-fixed": lambda: Framework(workload, strategy, "fixed"),
+        "a+xla": lambda: Framework(workload, strategy, "fixed", jit=True),
+        "b": lambda: HandPerStep(workload, strategy),
+        "c": lambda: HandInGraph(workload, strategy, xla=False),
+        "c+xla": lambda: HandInGraph(workload, strategy, xla=True),
+        "d": lambda: KerasFit(workload, strategy, 1),
+        "e": lambda: KerasFit(workload, strategy, K),
+    }[name]()
