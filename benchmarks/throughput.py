@@ -24,13 +24,15 @@ ratio to c) and ``vs best`` (the median of the per-round ratio to the faster of 
 c+xla in that round: the ``best`` row; c alone where c+xla failed). c and c+xla always
 run. A failing implementation is reported in its row, not fatal.
 
-The plan's measuring is in a's warm-up, not in the timed rounds: the benchmark times
-short fits (about ``--seconds`` each), and a fit whose remaining time is below
-``perf.plan_min_run_s`` (default 30 s) is not measured, so a's warm-up is ONE fit of
-about twice that at the reference's step time (the config stays the default); the timed
-fits reuse the plan. Below the table, one line per workload x strategy gives the plan
-a chose, its measured ratio to the baseline (the configured plan) and the measuring
-time, read from a's ``kind == "plan"`` event (``trainer.events.records``).
+The plan's measuring is in a's warm-up, not in the timed rounds. The timed rounds are
+short fits (about ``--seconds`` each); the planner does not measure a fit whose remaining
+time is below ``perf.plan_min_run_s`` (30 s) and sizes its trials by the run's length.
+So a's warm-up starts ONE fit declared ``PLANNED_RUN_S`` (600 s) long at the
+reference's step time, as a real run would be, and a callback stops it at the first
+loop end after the plan event (``trainer.request_stop``); the config stays the default
+and the timed fits reuse the plan. Below the table, one line per workload x strategy
+gives the plan a chose, its measured ratio to the baseline (the configured plan) and
+the measuring time, read from a's ``kind == "plan"`` event (``trainer.events.records``).
 
 Cold start (process start to first step done) and peak RSS come from separate
 processes, one per implementation and repetition (median of ``--cold_runs``); each
@@ -44,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -51,22 +54,26 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.throughput_impls import (IMPLEMENTATIONS, K, PLAN_MARGIN, REFERENCES, build,
+from benchmarks.throughput_impls import (IMPLEMENTATIONS, K, PLANNED_RUN_S, REFERENCES, build,
                                          setup_devices)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STRATEGIES = ("default", "mirrored2")
 COLD_START = ("a", "b", "d")
-HEADER = ("a: default config (perf.plan='auto'); its warm-up is one fit of {margin:g}x "
-          "perf.plan_min_run_s at the reference's step time, in which the planner measures "
-          "(excluded from the timed rounds). a-fixed: perf.plan='fixed'. vs best: per-round "
-          "ratio to the faster of c and c+xla.")
+HEADER = ("a: default config (perf.plan='auto'); its warm-up starts a fit declared "
+          "{planned:g} s long at the reference's step time and stops it once the plan is "
+          "decided: the planner measures there, outside the timed rounds. a-fixed: "
+          "perf.plan='fixed'. vs best: per-round ratio to the faster of c and c+xla.")
 
 
 def _short(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".splitlines()[0]
-    return text[:120]
+    """The error's first line, or TensorFlow's first root error when there is one
+    (without its ``(defined @ file:line)`` notes)."""
+    lines = [" ".join(line.split()) for line in str(error).splitlines() if line.strip()]
+    root = next((line[4:] for line in lines if line.startswith("(0) ")), None)
+    text = re.sub(r" \(defined @ [^)]*\)", "", root or (lines or [""])[0])
+    return f"{type(error).__name__}: {text}"[:200]
 
 
 def _seconds_per_step(impl) -> float:
@@ -144,13 +151,13 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
     for name in selected:
         if name in errors:
             results[name] = {"error": errors[name]}
-            continue
-        results[name] = dict(_summary(rates[name], rates.get("c", []), best),
-                             xla=impls[name].xla)
-    if best:
-        with_xla = rates.get("c+xla", [])
-        results["best"] = dict(_summary(best, rates["c"], best), xla=None, xla_rounds=sum(
-            i < len(with_xla) and with_xla[i] > c for i, c in enumerate(rates["c"])))
+        else:
+            results[name] = dict(_summary(rates[name], rates.get("c", []), best),
+                                 xla=impls[name].xla)
+        if name == "c+xla" and best:
+            with_xla = rates.get("c+xla", [])
+            results["best"] = dict(_summary(best, rates["c"], best), xla=None, xla_rounds=sum(
+                i < len(with_xla) and with_xla[i] > c for i, c in enumerate(rates["c"])))
     plan = impls["a"].plan() if "a" in impls else None
     return {"workload": workload_name, "strategy": strategy_name, "steps_per_round": steps,
             "rounds": rounds, "implementations": results, "plan": plan}
@@ -245,10 +252,12 @@ def format_plan(run: dict) -> str:
     def shown(p: dict) -> str:
         return f"xla={p['xla']} steps_per_loop={p['steps_per_loop']}"
 
+    timed = ", ".join(f"xla={p['xla']}/{p['steps_per_loop']} {p['vs_baseline']:.2f}"
+                      for p in plan["plans"])
     return (f"plan {where}: {plan['source']} at step {plan['step']}, chosen "
             f"{shown(plan['chosen'])}, {plan['ratio']:.2f}x the baseline "
-            f"{shown(plan['baseline'])}; measuring {plan['measure_s']:.1f} s, "
-            f"{len(plan['plans'])} plans timed")
+            f"{shown(plan['baseline'])}; measuring {plan['measure_s']:.1f} s; "
+            f"timed (xla/steps_per_loop, vs baseline): {timed or '-'}")
 
 
 def format_table(runs: list[dict]) -> str:
@@ -319,7 +328,7 @@ def main() -> None:
     if args.json == "/dev/stdout":
         print("\n%%JSON%%\n" + json.dumps(runs[0]))
         return
-    print(HEADER.format(margin=PLAN_MARGIN))
+    print(HEADER.format(planned=PLANNED_RUN_S))
     print(format_table(runs))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

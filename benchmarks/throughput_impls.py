@@ -9,11 +9,13 @@ the plan's measuring). ``xla`` is the XLA state the implementation actually ran 
 from __future__ import annotations
 
 import math
+import time
 
 K = 100  # steps per loop / per execution of the hand-written loop and fixed configs
 IMPLEMENTATIONS = ("a", "a-fixed", "a+xla", "b", "c", "c+xla", "d", "e")
 REFERENCES = ("c", "c+xla")  # always run: "vs c" and "vs best" are ratios to them
-PLAN_MARGIN = 2.0  # the auto trainer's warm-up fit: this x perf.plan_min_run_s of steps
+PLANNED_RUN_S = 600.0  # a's first fit is declared this long (reference step time) ...
+PLAN_DEADLINE_S = 180.0  # ... and stopped once the plan is decided (or after this)
 
 
 def setup_devices(strategy_name: str):
@@ -41,13 +43,39 @@ class _Impl:
         self.run(steps)
 
 
+def _stop_after_plan(deadline_s: float):
+    """A callback that stops the Trainer's first fit at the first loop end after the
+    plan event (or ``deadline_s`` after that fit started); later fits run to the end."""
+    from trainer import Callback
+
+    class StopAfterPlan(Callback):
+        armed, deadline = True, math.inf
+
+        def on_fit_start(self, trainer) -> None:
+            self.deadline = time.monotonic() + deadline_s
+
+        def on_loop_end(self, trainer) -> None:
+            if not self.armed:
+                return
+            if any(r["kind"] == "plan" for r in trainer.events.records):
+                self.armed = False
+                trainer.request_stop("benchmark: plan decided")
+            elif time.monotonic() > self.deadline:
+                self.armed = False
+                trainer.request_stop(f"benchmark: no plan event after {deadline_s:g} s")
+
+    return StopAfterPlan()
+
+
 class Framework(_Impl):
     """``Trainer.fit`` on the workload.
 
     ``plan="auto"``: the DEFAULT config (``perf.plan="auto"``, the default
-    ``train.steps_per_loop``); its warm-up is ONE fit long enough for the planner to
-    measure (``PLAN_MARGIN`` x ``perf.plan_min_run_s`` at the reference's step time), so
-    the plan is decided there and the timed fits reuse it. ``plan="fixed"``:
+    ``train.steps_per_loop``). Its warm-up starts a fit declared ``PLANNED_RUN_S`` long
+    at the reference's step time, as a real run would be (the planner measures only
+    runs longer than ``perf.plan_min_run_s`` and sizes its trials by the run's
+    length), and stops it at the first loop end after the plan event (callback), then
+    warms the chosen plan up; the timed fits reuse the plan. ``plan="fixed"``:
     ``perf.plan="fixed"``, ``steps_per_loop=K``, ``perf.jit_compile=jit``: exactly the
     config as written.
     """
@@ -57,16 +85,16 @@ class Framework(_Impl):
 
         self.auto = plan == "auto"
         if self.auto:
-            self.trainer = framework_trainer(workload, None, strategy=strategy)
+            self.trainer = framework_trainer(workload, None, strategy=strategy,
+                                             callbacks=[_stop_after_plan(PLAN_DEADLINE_S)])
         else:
             self.trainer = framework_trainer(workload, K, strategy=strategy, **{
                 "perf.plan": "fixed", "perf.jit_compile": jit})
         self.xla = self.trainer.steps.jit_compiled  # off with 2+ replicas (logged)
 
     def warm_up(self, steps: int, step_s: float | None = None) -> None:
-        if self.auto and step_s:
-            planned = PLAN_MARGIN * self.trainer.config.perf.plan_min_run_s / step_s
-            steps = max(steps, math.ceil(planned / K) * K)
+        if self.auto:  # a fit of PLANNED_RUN_S (at least) that stops after the plan
+            self.run(max(steps, math.ceil(PLANNED_RUN_S / (step_s or 1e-3))))
         self.run(steps)
         if self.plan() is not None:
             self.xla = bool(self.plan()["chosen"]["xla"])
@@ -76,7 +104,7 @@ class Framework(_Impl):
         self.trainer.fit()
 
     def plan(self) -> dict | None:
-        """The plan event of this Trainer (``trainer.events``), or None."""
+        """The plan event of this Trainer (``trainer.events.records``), or None."""
         return next((r for r in self.trainer.events.records if r["kind"] == "plan"), None)
 
 

@@ -84,12 +84,12 @@ WORKLOADS = {
 
 
 def framework_trainer(workload: Workload, steps_per_loop: int | None, strategy=None,
-                      workdir: str | None = None, **overrides):
+                      workdir: str | None = None, callbacks=(), **overrides):
     """A ``trainer.Trainer`` on ``workload``'s synthetic data (Adam, no logging noise).
 
     ``steps_per_loop``: ``train.steps_per_loop`` (None: the config's default).
     ``overrides`` maps ``"section.field"`` to values set on the config before the
-    Trainer is built; ``strategy`` and ``workdir`` are passed through.
+    Trainer is built; ``strategy``, ``workdir`` and ``callbacks`` are passed through.
     """
     import keras
     import tensorflow as tf
@@ -123,4 +123,4 @@ def framework_trainer(workload: Workload, steps_per_loop: int | None, strategy=N
     for key, value in overrides.items():
         section, field = key.split(".")
         config[section][field] = value
-    return BenchTrainer(config, workdir, strategy=strategy)
+    return BenchTrainer(config, workdir, strategy=strategy, callbacks=callbacks)
