@@ -247,7 +247,7 @@ def format_plan(run: dict) -> str:
     where = f"{run['workload']}/{run['strategy']}"
     plan = run.get("plan")
     if plan is None:
-        return f"plan {where}: no plan event (a not run or failed)"
+        return f"plan {where}: no plan event (a not run, failed, or no decision in its warm-up fit)"
 
     def shown(p: dict) -> str:
         return f"xla={p['xla']} steps_per_loop={p['steps_per_loop']}"
