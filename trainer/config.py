@@ -101,7 +101,17 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
     config.perf = ml_collections.ConfigDict(
-        dict(jit_compile=False, grad_accum_steps=1, recompute=False)
+        dict(
+            jit_compile=False,
+            grad_accum_steps=1,
+            recompute=False,
+            # "auto": time candidate plans (XLA on/off, steps per loop) on the first
+            # steps and keep the fastest (trainer.plan); "fixed": exactly this config.
+            plan="auto",
+            plan_min_run_s=30.0,  # runs estimated shorter are not measured
+            plan_trial_s=0.2,  # about this long per candidate and round
+            plan_rounds=5,
+        )
     )
     config.checkpoint = ml_collections.ConfigDict(
         dict(
@@ -270,6 +280,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
     _check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
     _check_positive("perf.grad_accum_steps", config.perf.grad_accum_steps)
+    perf = config.perf
+    _require("perf.plan", perf.plan, perf.plan in ("auto", "fixed"), "'auto' or 'fixed'")
+    _require("perf.plan_min_run_s", perf.plan_min_run_s, perf.plan_min_run_s >= 0, ">= 0")
+    _require("perf.plan_trial_s", perf.plan_trial_s, perf.plan_trial_s > 0, "> 0")
+    _check_positive("perf.plan_rounds", perf.plan_rounds)
     _check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
     accum = config.perf.grad_accum_steps
     for field in ("train.steps", "checkpoint.every_steps"):

@@ -105,13 +105,16 @@ class InputLayout:
 @dataclasses.dataclass(frozen=True)
 class Resumed:
     """What a restored checkpoint says about the run that wrote it: its ``step``, its
-    number of workers (``from_workers``), this run's (``to_workers``), and the input
-    layout its train input followed (None: not recorded)."""
+    number of workers (``from_workers``), this run's (``to_workers``), the input
+    layout its train input followed (None: not recorded), and the execution plan it
+    chose (:meth:`trainer.plan.Planner.saved`; read on the chief only, None elsewhere
+    or when not recorded)."""
 
     step: int
     from_workers: int
     to_workers: int
     layout: InputLayout | None
+    plan: dict | None = None
 
 
 def layout_to_continue(resumed: InputLayout | None, ctx: tf.distribute.InputContext,

@@ -15,6 +15,10 @@ Records (``time`` is added to each)::
     {"kind": "rollback", "step": RESTORED, "from_step": S, "reason": TEXT,
      "rollbacks": N, "max_rollbacks": M}
     {"kind": "preemption", "step": S}
+    {"kind": "plan", "step": S, "source": "measured" | "checkpoint" | "skipped",
+     "chosen": {"xla": B, "steps_per_loop": N}, "baseline": {...}, "ratio": R,
+     "measure_s": T, "plans": [{"xla", "steps_per_loop", "steps_per_s", "vs_baseline"}],
+     ...}  (the execution plan: trainer.plan)
 
 Host only; no TensorFlow.
 """
@@ -62,6 +66,10 @@ class RunEvents:
         """At ``from_step`` the run went back to the checkpoint of ``step``."""
         return self.emit("rollback", step, from_step=int(from_step), reason=reason,
                          rollbacks=rollbacks, max_rollbacks=max_rollbacks)
+
+    def plan(self, step: int, fields: dict[str, Any]) -> Record:
+        """The run's execution plan was decided at ``step`` (:mod:`trainer.plan`)."""
+        return self.emit("plan", step, **fields)
 
     def preemption(self, step: int) -> Record:
         """SIGTERM: the run stops at ``step`` after its checkpoint, to be restarted."""

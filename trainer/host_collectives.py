@@ -50,8 +50,15 @@ def sum_over_workers(strategy: tf.distribute.Strategy, values: np.ndarray) -> np
 
 def from_chief(strategy: tf.distribute.Strategy, value: int) -> int:
     """The chief's ``value`` on every worker (the others' ``value`` is ignored)."""
-    words = np.array([value if is_chief(strategy) else 0], np.int32)
-    return int(sum_over_workers(strategy, words)[0])
+    return int(words_from_chief(strategy, np.array([value], np.int32))[0])
+
+
+def words_from_chief(strategy: tf.distribute.Strategy, words: np.ndarray) -> np.ndarray:
+    """The chief's int32 ``words`` on every worker (the others' are ignored); no
+    communication on one worker. Every worker must call it at the same point."""
+    if num_workers(strategy) == 1:
+        return words
+    return sum_over_workers(strategy, words if is_chief(strategy) else np.zeros_like(words))
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

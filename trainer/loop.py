@@ -7,7 +7,10 @@ iterator), the logging cadence, and the loop boundaries the callbacks ask for
 boundary and ``train.steps`` itself end a loop exactly: the number of steps per call
 is a tensor argument, so a shorter loop does not retrace.
 
-The in-graph loops are built in one place, :class:`trainer.compiled_loops.CompiledLoops`.
+The in-graph loops are built in one place, :class:`trainer.compiled_loops.CompiledLoops`:
+one set per XLA setting the run's execution plan uses. Which plan each loop call runs
+(XLA on or off, steps per call) is the :class:`trainer.plan.Planner`'s decision; the
+driver reports every call's time to it and announces its decision as a run event.
 
 Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
 local flag; after the callbacks of every loop boundary the workers agree on the flags
@@ -32,6 +35,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import checks, data, data_resume, eval_pass, host_collectives
+from trainer import plan as plan_lib
 from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
 from trainer.errors import Preempted
@@ -111,7 +115,8 @@ class LoopDriver:
         self.trainer = trainer
         self.history = History()
         self._train_step, self._eval_step = train_step, eval_step
-        self._loops: CompiledLoops | None = None
+        self._loops: dict[bool, CompiledLoops] = {}  # by XLA setting
+        self._planner: plan_lib.Planner | None = None
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
@@ -133,14 +138,39 @@ class LoopDriver:
 
     # ------------------------------------------------------------ building
     @property
-    def loops(self) -> CompiledLoops:
-        if self._loops is None:
+    def planner(self) -> plan_lib.Planner:
+        """The execution plan's planner (built once, at the first use)."""
+        if self._planner is None:
             t = self.trainer
+            cfg = t.config
+            problem = ("train_step is overridden (the framework compiles the default step "
+                       "only)" if t.overrides("train_step") else t.steps.xla_problem)
+            workers = host_collectives.num_workers(t.strategy)
+            self._planner = plan_lib.Planner(
+                cfg, plan_lib.Plan(t.steps.xla, cfg.train.steps_per_loop), problem,
+                lambda: t.steps.xla_lowering_error(self.train_batch_spec()),
+                lambda words: host_collectives.words_from_chief(t.strategy, words),
+                plan_lib.signature(t.strategy, workers))
+        return self._planner
+
+    @property
+    def loops(self) -> CompiledLoops:
+        """The compiled loops of the current plan's XLA setting (evaluation uses the
+        configured setting's: it never compiles with XLA)."""
+        plan = self.planner.next_plan() if self._planner else None
+        return self._loops_for(plan.xla if plan else self.trainer.steps.xla)
+
+    def _loops_for(self, xla: bool) -> CompiledLoops:
+        """The loops traced with the default step's XLA setting ``xla`` (built once);
+        sets it on the steps, whose next trace reads it."""
+        t = self.trainer
+        t.steps.xla = xla
+        if xla not in self._loops:
             reducer = t.gradients.reducer
-            self._loops = CompiledLoops(
+            self._loops[xla] = CompiledLoops(
                 t.strategy, reducer.wrap_train(self._train_step),
                 reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss)
-        return self._loops
+        return self._loops[xla]
 
     def ensure_built(self, dist_dataset=None, what: str = "build_train_dataset") -> None:
         """Checks the dataset's features against the model's inputs (when the model
@@ -212,7 +242,7 @@ class LoopDriver:
         self._eval_input()
         self.eval_readout.reset()
         try:
-            eval_pass.run_pass(self.loops.evaluate, iter(self._eval_dataset),
+            eval_pass.run_pass(self._eval_loops().evaluate, iter(self._eval_dataset),
                                t.config.eval.steps, lambda: self._preempt,
                                f"eval at step {t.step}",
                                host_collectives.num_workers(t.strategy))
@@ -222,6 +252,12 @@ class LoopDriver:
                 raise
             raise found from error
         return self.eval_readout.take()
+
+    def _eval_loops(self) -> CompiledLoops:
+        """Loops whose eval function exists already (the eval step never uses XLA)."""
+        if self._loops:
+            return next(iter(self._loops.values()))
+        return self.loops
 
     def _eval_input(self) -> None:
         """Builds the distributed eval dataset once (and the model from it if needed)."""
@@ -235,9 +271,9 @@ class LoopDriver:
         """The graph of the compiled train loop as ``fit()`` traced it (no retrace);
         None before the first ``fit()``. Its loop body calls the step function once:
         ``strategy.run`` of the train step on this worker's replicas."""
-        if self._fit_iterator is None or self._loops is None:
+        if self._fit_iterator is None or not self._loops:
             return None
-        return self._loops.train.get_concrete_function(
+        return self.loops.train.get_concrete_function(
             self._fit_iterator, tf.constant(1, tf.int64)).graph
 
     def train_batch_spec(self) -> Any:
@@ -284,33 +320,28 @@ class LoopDriver:
         iterator = self._fit_iterator = self._train_iterator()
         if t.has_eval_dataset():  # its mistakes (e.g. no end) surface before training
             self._eval_input()
-        loops = self.loops
+        planner = self.planner
         self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start()
+        self._announce_plan(planner.adopt(self.resumed.plan if self.resumed else None))
         if t.step >= total:
             t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step {t.step} "
                                   f">= train.steps={total}: nothing to train")
         try:
             while t.step < total:
                 next_log = next_multiple(t.step, cfg.train.log_every_steps)
-                num_steps = int(min(cfg.train.steps_per_loop, total - t.step,
+                plan = planner.next_plan()
+                num_steps = int(min(plan.steps_per_loop, total - t.step,
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
-                start = time.perf_counter()
-                try:
-                    loops.prepare(iterator)  # the first call traces the step
-                    outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
-                except Exception as error:  # a user's mistake becomes one InputError
-                    found = checks.train_loop_error(error, t, self._dataset, num_steps)
-                    if found is None:
-                        raise
-                    raise found from error
-                seconds = time.perf_counter() - start
+                outputs, seconds = self._train_loop(iterator, plan.xla, num_steps)
                 self.last_loop = (num_steps, seconds)
                 self.last_outputs = outputs
                 t.step += num_steps
+                self._announce_plan(planner.after_call(plan, num_steps, seconds,
+                                                       total - t.step))
                 window_steps += num_steps
                 window_seconds += seconds
                 if t.step in (next_log, total):
@@ -343,6 +374,26 @@ class LoopDriver:
         results = dict(self.history.results)
         callbacks.on_fit_end(results)
         return results
+
+    def _train_loop(self, iterator, xla: bool, num_steps: int) -> tuple[dict, float]:
+        """One call of the train loop of the XLA setting ``xla``: ``(outputs, host
+        seconds)``; a user's mistake becomes one InputError."""
+        loops = self._loops_for(xla)
+        start = time.perf_counter()
+        try:
+            loops.prepare(iterator)  # the first call of these loops traces the step
+            outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
+        except Exception as error:
+            found = checks.train_loop_error(error, self.trainer, self._dataset, num_steps)
+            if found is None:
+                raise
+            raise found from error
+        return outputs, time.perf_counter() - start
+
+    def _announce_plan(self, record: dict | None) -> None:
+        """A decision of the planner (its fields, or None): one run event."""
+        if record is not None:
+            self.trainer.events.plan(self.trainer.step, record)
 
     def _window_logs(self, outputs: dict, steps: int, seconds: float) -> dict[str, float]:
         """The ``on_log`` values of a window; resets the train metrics."""

@@ -82,6 +82,10 @@ class LoopContext:
         return self._driver.input_report
 
     @property
+    def saved_plan(self) -> dict | None:
+        return self._driver.planner.saved()
+
+    @property
     def last_resume(self) -> Any:
         return self._driver.resumed
 

@@ -89,6 +89,12 @@ class RunContext(Protocol):
         (:mod:`trainer.data_resume`), which the checkpoint records."""
 
     @property
+    def saved_plan(self) -> dict | None:
+        """The execution plan the run measured and the hardware signature it holds on
+        (:meth:`trainer.plan.Planner.saved`), which the checkpoint records; None while
+        undecided or when the plan is fixed or was not measured."""
+
+    @property
     def last_resume(self) -> Any:
         """The :class:`trainer.data_resume.Resumed` of the latest restore (None before
         one): the step and the worker counts before and now."""

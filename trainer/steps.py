@@ -4,12 +4,16 @@ not overridden): forward pass, per-example loss, the gradient path, metrics.
 Contexts: :meth:`DefaultSteps.train` and :meth:`DefaultSteps.eval` run in REPLICA
 context while the loop's ``tf.function`` is traced; the constructor runs on the host.
 
-XLA (``perf.jit_compile``): the forward + backward pass of the default ``train_step``
-is compiled with ``jit_compile=True`` (the iterator and the optimizer update stay
-outside). Multi-replica strategies and manual data parallelism over several devices
-fall back to the plain graph with one log line: a whole step with 2+ Mirrored replicas
-does not compile (cross-device resource access), and per-replica XLA is only verified
-on virtual CPU devices. On TPU every step is XLA-compiled anyway.
+XLA: when :attr:`DefaultSteps.xla` is set (``perf.jit_compile``, or the execution plan
+the run measured and chose: :mod:`trainer.plan`), the forward + backward pass of the
+default ``train_step`` is compiled with ``jit_compile=True`` (the iterator and the
+optimizer update stay outside). The attribute is read when the step is TRACED: the loop
+driver sets it before it calls the loops traced for that setting. Multi-replica
+strategies and manual data parallelism over several devices never use it
+(:attr:`DefaultSteps.xla_problem`; with ``perf.jit_compile=True`` one log line says so):
+a whole step with 2+ Mirrored replicas does not compile (cross-device resource access),
+and per-replica XLA is only verified on virtual CPU devices. On TPU every step is
+XLA-compiled anyway.
 """
 
 from __future__ import annotations
@@ -52,19 +56,24 @@ class DefaultSteps:
         self.update_metrics = update_metrics
         self.train_metrics = train_metrics
         self.eval_metrics = eval_metrics
-        self.jit_grads = self._build_jit_grads()
+        #: Why XLA cannot compile the step under this strategy, or None (it can).
+        self.xla_problem = self._xla_problem()
+        #: Whether the next trace of :meth:`train` compiles forward + backward with XLA.
+        self.xla = bool(config.perf.jit_compile) and self.xla_problem is None
+        self._log_jit_setting()
+        self._jit_grads: Callable | None = None  # built at the first XLA trace
 
     @property
     def jit_compiled(self) -> bool:
         """True when the default train step's forward + backward is XLA-compiled."""
-        return self.jit_grads is not None
+        return self.xla
 
     @no_autograph
     def train(self, batch) -> dict[str, tf.Tensor]:
         """Replica context: forward, loss, gradient path, metrics -> ``{"loss": ...}``."""
         variables = list(self.model.trainable_variables)
-        if self.jit_grads is not None:
-            grads, per_example_loss, outputs = self.jit_grads(batch)
+        if self.xla:
+            grads, per_example_loss, outputs = self.jit_grads()(batch)
             loss = self.gradients.apply_grads(self.optimizer, variables, grads,
                                               per_example_loss)
         else:
@@ -107,34 +116,54 @@ class DefaultSteps:
         loss = self.compute_loss(batch, outputs)
         return outputs, check_per_example_loss(loss, batch)
 
-    def _build_jit_grads(self) -> Callable | None:
-        """The XLA-compiled ``batch -> (gradients, per-example loss, outputs)``, or None."""
-        if not self.config.perf.jit_compile:
-            return None
+    def _xla_problem(self) -> str | None:
+        """Why the default step is not XLA-compiled under this strategy (None: it may be)."""
         strategy = self.gradients.strategy
         replicas = strategy.num_replicas_in_sync
         if isinstance(strategy, tf.distribute.TPUStrategy):
-            logging.info("perf.jit_compile: not needed on TPU (every step is XLA-compiled).")
-            return None
+            return "not needed on TPU (every step is XLA-compiled)"
         if replicas > 1:
-            logging.warning(
-                "perf.jit_compile=True is not applied under %s with %d replicas (XLA is "
-                "used with one replica per process only); training without XLA.",
-                type(strategy).__name__, replicas)
-            return None
+            return (f"not applied under {type(strategy).__name__} with {replicas} replicas "
+                    f"(XLA is used with one replica per process only)")
         if not self.gradients.reducer.supports_jit:
-            logging.warning(
-                "perf.jit_compile=True is not applied under distribute.strategy='manual' "
-                "with several devices (XLA cannot compile a device's access to variables "
-                "on another); training without XLA.")
-            return None
-        logging.info("perf.jit_compile: forward and backward pass compiled with XLA.")
+            return ("not applied under distribute.strategy='manual' with several devices "
+                    "(XLA cannot compile a device's access to variables on another)")
+        return None
 
-        def forward_backward(batch):
-            variables = list(self.model.trainable_variables)
-            with tf.GradientTape() as tape:
-                outputs, per_example_loss = self.forward_loss(batch)
-                objective = self.gradients.objective(per_example_loss)
-            return tape.gradient(objective, variables), per_example_loss, outputs
+    def _log_jit_setting(self) -> None:
+        if not self.config.perf.jit_compile:
+            return
+        if self.xla_problem is None:
+            logging.info("perf.jit_compile: forward and backward pass compiled with XLA.")
+        elif self.xla_problem.startswith("not needed"):
+            logging.info("perf.jit_compile: %s.", self.xla_problem)
+        else:
+            logging.warning("perf.jit_compile=True is %s; training without XLA.",
+                            self.xla_problem)
 
-        return tf.function(forward_backward, jit_compile=True, autograph=False)
+    def jit_grads(self) -> Callable:
+        """The XLA-compiled ``batch -> (gradients, per-example loss, outputs)`` (replica
+        context), built once."""
+        if self._jit_grads is None:
+            def forward_backward(batch):
+                variables = list(self.model.trainable_variables)
+                with tf.GradientTape() as tape:
+                    outputs, per_example_loss = self.forward_loss(batch)
+                    objective = self.gradients.objective(per_example_loss)
+                return tape.gradient(objective, variables), per_example_loss, outputs
+
+            self._jit_grads = tf.function(forward_backward, jit_compile=True, autograph=False)
+        return self._jit_grads
+
+    def xla_lowering_error(self, batch_spec: Any) -> str | None:
+        """Lowers the XLA forward + backward for one replica's batch of ``batch_spec``
+        (zeros; nothing runs, no state changes): the error, or None when it lowers.
+        Host, one replica (XLA is used with one only)."""
+        batch = tf.nest.map_structure(
+            lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
+            batch_spec)
+        try:
+            self.jit_grads().experimental_get_compiler_ir(batch)(stage="hlo")
+        except Exception as error:  # any failure drops XLA from the plans, with the reason
+            return f"{type(error).__name__}: {error}"
+        return None

@@ -131,3 +131,19 @@ def test_verdict_for_each_constructed_case(case, report, kind, advice):
         assert any(advice in a for a in result["advice"]), result["advice"]
     else:
         assert not any("steps_per_loop" in a or "jit_compile" in a for a in result["advice"])
+
+
+def test_the_plan_section_shows_the_table_of_plans_the_planner_measured():
+    config = toy.toy_config()
+    config.perf.plan_trial_s = 0.01
+    config.perf.plan_rounds = 2
+    report = doctor.diagnose(config, steps=10, sections=("plan",))
+    plan = report["plan"]
+    assert plan["applicable"] and plan["source"] == "measured", plan
+    assert len(plan["plans"]) == 4 and all(r["steps_per_s"] > 0 for r in plan["plans"])
+    table = doctor_report.format_table(report)
+    assert "(8) execution plan" in table and table.count("<- chosen") == 1
+    assert "xla on, steps_per_loop 10" in table
+    config.perf.plan = "fixed"
+    fixed = doctor.diagnose(config, steps=10, sections=("plan",))["plan"]
+    assert not fixed["applicable"] and "fixed" in fixed["note"]

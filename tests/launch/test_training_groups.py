@@ -7,6 +7,7 @@ global batch (64) is the reference.
 """
 
 import glob
+import json
 import os
 import re
 import signal
@@ -139,3 +140,22 @@ def test_max_restarts_completes_after_an_injected_crash(tmp_path, reference_weig
     for task in ("worker-0", "worker-1"):
         assert_same_weights(reference_weights, tmp_path / f"weights-{task}.npz")
     assert wait_until_dead(run.all_task_pids(), 5) == []
+
+
+def test_every_worker_runs_the_plan_the_chief_measured(tmp_path):
+    """perf.plan='auto' on 2 workers: both time the candidates on the same steps, the
+    chief decides, both run its choice (a plan differing across workers would deadlock
+    their collectives), and the run ends normally with the decision recorded."""
+    run = multiworker(["--workers", "2"], tmp_path, [
+        "--config.train.steps=80", "--config.train.log_every_steps=10",
+        "--config.perf.plan_min_run_s=0", "--config.perf.plan_trial_s=0.001",
+        "--config.perf.plan_rounds=2"])
+    assert run.finish(RUN_S) == 0, run.output[-6000:]
+    lines = [line for line in run.output.splitlines() if "plan: " in line]
+    assert {line.split("]")[0] for line in lines} == {"[worker:0", "[worker:1"}, lines
+    chosen = {re.sub(r"^\[worker:\d\] .*?plan: ", "", line).split(" at step")[0]
+              for line in lines}
+    assert len(chosen) == 1, lines
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (plan,) = [r for r in records if r.get("kind") == "plan"]
+    assert plan["source"] == "measured" and len(plan["plans"]) == 2  # no XLA: 2 replicas

@@ -153,7 +153,8 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         words = _input_words(manifest)
     workers = host_collectives.num_workers(strategy)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
-                                  data_resume.InputLayout.from_words(words[1:]))
+                                  data_resume.InputLayout.from_words(words[1:]),
+                                  manifest.get("plan") if chief else None)
     checkpoint_state.assign(groups, state)
     run.resumed(resumed)  # the step, and the input layout the train input continues
     if chief:

@@ -14,7 +14,7 @@ The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the group
 The manifest (JSON) holds the step (the input position: global batches consumed),
 ``global_batch_size``, ``seed``, replica/worker counts, the input layout
 (``input_layout``: the pipelines whose streams the input follows, see
-:mod:`trainer.data_resume`), and each group's variable NAMES, shapes and dtypes in
+:mod:`trainer.data_resume`), the execution plan (``plan``: :mod:`trainer.plan`), and each group's variable NAMES, shapes and dtypes in
 the stored order.
 
 Matching is by NAME within a group, never by position: a variable's name is its Keras
@@ -122,6 +122,9 @@ def manifest(run: RunContext, groups: Groups) -> dict:
         # a resume on another number of workers continues them.
         **({"input_layout": layout.to_manifest()}
            if (layout := run.input_report.get("input_layout")) else {}),
+        # The execution plan the run measured (trainer.plan): a resume on the same
+        # hardware and strategy adopts it instead of measuring again.
+        **({"plan": plan} if (plan := run.saved_plan) else {}),
         "groups": {g: [[name, list(v.shape), dtype_name(v)] for name, v in entries]
                    for g, entries in groups.items()},
     }

@@ -32,7 +32,10 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    inputs of its real input shape (per-replica batch) in an in-graph loop, with
    parameter and activation (output) memory. Needs layers with a known input
    (Sequential / functional models); others are listed as not timed.
-8. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
+8. ``plan``: the execution planner (``perf.plan="auto"``, :mod:`trainer.plan`) run on
+   the real run, whatever its length: the table of plans it timed, the one it keeps and
+   the seconds measuring took (``--config.perf.plan=fixed`` runs skip it too).
+9. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
    numbers and what to do.
 
 Output: a table, or with ``--json`` one JSON object with the keys above.
@@ -270,6 +273,25 @@ def measure_jit(config: ml_collections.ConfigDict, compute: Report, steps: int) 
             "speedup": on["examples_per_s"] / off["examples_per_s"]}
 
 
+def measure_plan(config: ml_collections.ConfigDict) -> Report:
+    """(8) The planner's measurement on the real run, stopped once it decides."""
+    if config.perf.plan == "fixed":
+        return {"applicable": False, "note": "perf.plan='fixed': the configured plan runs"}
+    trainer = build_trainer(_with(config, perf__plan_min_run_s=0.0, train__steps=10**7))
+    records: list[dict] = []
+
+    def on_event(record: dict) -> None:
+        if record["kind"] == "plan":
+            records.append(record)
+            trainer.request_stop("the plan is measured")
+
+    trainer.events.subscribe(on_event)
+    trainer.fit()
+    if not records:
+        return {"applicable": False, "note": "the run stopped before the plan was decided"}
+    return {"applicable": True, **{k: v for k, v in records[0].items() if k != "time"}}
+
+
 def measure_communication(trainer, compute: Report, steps: int, config_path: str | None,
                           overrides: Sequence[str]) -> Report:
     """(6) One replica vs N with the per-replica batch fixed (one-replica run in a subprocess)."""
@@ -338,6 +360,8 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
             trainer, report["compute"], steps, config_path, overrides)
     if "jit" in sections:
         report["jit"] = measure_jit(config, report["compute"], steps)
+    if "plan" in sections:
+        report["plan"] = measure_plan(config)
     if "batch" in sections:
         report["batch"] = search_batch(config, steps, max_batch_doublings, budget)
     if {"baseline", "input", "compute"} <= set(sections):

@@ -7,10 +7,10 @@ report for a person. :mod:`trainer.doctor` measures.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 # The doctor's measurements, in report order (see trainer.doctor).
-SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers")
+SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers", "plan")
 
 Report = dict[str, Any]
 
@@ -72,6 +72,28 @@ def _overhead_advice(report: Report, run: float, feed: float, step: float) -> st
                  f"preprocessing to other machines (the tf.data service) or cap the "
                  f"pipeline's threads (tf.data.Options().threading.private_threadpool_size)")
     return text
+
+
+def _plan_rows(plan: Report, row: Callable[..., str]) -> list[str]:
+    """(8) The plans the planner timed, the chosen one marked."""
+    if not plan.get("applicable"):
+        return [row("(8) execution plan", "n/a", plan["note"])]
+    if plan["source"] != "measured":
+        return [row("(8) execution plan", "not measured", plan.get("reason", plan["source"]))]
+    lines = [row("(8) execution plan", "steps/s",
+                 f"perf.plan='auto' measured {plan['rounds']} rounds in "
+                 f"{plan['measure_s']:.1f} s")]
+    for r in plan["plans"]:
+        name = f"    xla {'on' if r['xla'] else 'off'}, steps_per_loop {r['steps_per_loop']}"
+        chosen = r["xla"] == plan["chosen"]["xla"] and (
+            r["steps_per_loop"] == plan["chosen"]["steps_per_loop"])
+        if "dropped" in r:
+            lines.append(row(name, "-", f"dropped: {r['dropped']}"))
+            continue
+        note = (f"{r['vs_baseline']:.2f}x the configured" if r.get("vs_baseline") else "")
+        lines.append(row(name, f"{r['steps_per_s']:,.0f}" if r.get("steps_per_s") else "-",
+                         note + ("  <- chosen" if chosen else "")))
+    return lines
 
 
 def _tuning_advice(report: Report, kind: str) -> list[str]:
@@ -183,6 +205,8 @@ def format_table(report: Report) -> str:
             lines.append(row("    jit_compile off", f"{j['off_examples_per_s']:,.0f}", ""))
         else:
             lines.append(row("(5) jit_compile", "n/a", j["note"]))
+    if "plan" in report:
+        lines += _plan_rows(report["plan"], row)
     if "communication" in report:
         m = report["communication"]
         if m["applicable"]:

@@ -56,11 +56,31 @@ def event_line(record: dict) -> str:
         return (f"rollback at step {record['from_step']}: {record['reason']}; restored the "
                 f"checkpoint of step {step} (rollback {record['rollbacks']} of at most "
                 f"{record['max_rollbacks']}); the input goes on from where it was")
+    if kind == "plan":
+        return plan_line(record)
     if kind == "preemption":
         return (f"preempted at step {step}: stop signal (SIGTERM/SIGINT); the checkpoint "
                 f"of step {step} is saved, run the same command again to resume")
     return f"{kind} at step {step}: " + ", ".join(
         f"{k}={v}" for k, v in record.items() if k not in ("kind", "step", "time"))
+
+
+def plan_line(record: dict) -> str:
+    """The one line of an execution-plan decision (:mod:`trainer.plan`)."""
+
+    def describe(plan: dict) -> str:
+        return f"xla {'on' if plan['xla'] else 'off'}, steps_per_loop {plan['steps_per_loop']}"
+
+    chosen, source = describe(record["chosen"]), record["source"]
+    if source == "measured":
+        timed = sum(1 for row in record["plans"] if row.get("vs_baseline") is not None)
+        versus = ("the configured plan" if record["chosen"] == record["baseline"]
+                  else f"{record['ratio']:.2f}x the configured plan ({describe(record['baseline'])})")
+        return (f"plan: {chosen} at step {record['step']}, {versus}; measured {timed} plans "
+                f"in {record['measure_s']:.1f} s (set perf.plan='fixed' to skip)")
+    if source == "checkpoint":
+        return f"plan: {chosen}, as measured before this resume (same hardware and strategy)"
+    return f"plan: {chosen} as configured, not measured: {record.get('reason', source)}"
 
 
 class _EraseBar(logging.Filter):

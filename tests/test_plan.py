@@ -1,0 +1,184 @@
+"""The execution planner's decisions (trainer.plan), driven through its public calls with
+synthetic loop timings: which plan each call runs, what it chooses, when it does not
+measure, what it adopts, and that every worker follows the chief."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from trainer import config as config_lib
+from trainer.plan import Plan, Planner, candidates
+
+SIGNATURE = {"strategy": "OneDeviceStrategy", "replicas": 1, "workers": 1,
+             "devices": ["CPU"], "gpus": [], "cpus": 2, "tensorflow": "2.21.0"}
+
+
+def make_config(**perf):
+    config = config_lib.get_config()
+    config.train.steps_per_loop = perf.pop("steps_per_loop", 50)
+    config.train.log_every_steps = perf.pop("log_every_steps", 100)
+    config.perf.plan_min_run_s = 0.0
+    for key, value in perf.items():
+        config.perf[key] = value
+    return config
+
+
+def make_planner(config, xla_problem=None, xla_error=None, from_chief=None,
+                 signature=SIGNATURE):
+    baseline = Plan(config.perf.jit_compile, config.train.steps_per_loop)
+    return Planner(config, baseline, xla_problem, xla_error or (lambda: None),
+                   from_chief or (lambda words: words), signature)
+
+
+def drive(planner, step_seconds, total_steps, log_every, call_overhead=0.0):
+    """Runs the driver's protocol: ``step_seconds(plan)`` per step, plus
+    ``call_overhead`` per call. Returns (calls as (plan, steps), decision records)."""
+    step, calls, records = 0, [], []
+    while step < total_steps:
+        plan = planner.next_plan()
+        next_log = (step // log_every + 1) * log_every
+        steps = min(plan.steps_per_loop, total_steps - step, next_log - step)
+        seconds = steps * step_seconds(plan) + call_overhead
+        step += steps
+        calls.append((plan, steps))
+        record = planner.after_call(plan, steps, seconds, total_steps - step)
+        if record is not None:
+            records.append(record)
+    return calls, records
+
+
+def test_candidates_are_the_config_first_then_xla_and_doubled_loops():
+    assert candidates(Plan(False, 50), 100, True) == [
+        Plan(False, 50), Plan(False, 100), Plan(True, 50), Plan(True, 100)]
+    assert candidates(Plan(True, 50), 100, True)[0] == Plan(True, 50)
+    # Doubling past the logging window changes nothing: calls end there anyway.
+    assert candidates(Plan(False, 100), 100, False) == [Plan(False, 100)]
+    assert candidates(Plan(False, 80), 100, False) == [Plan(False, 80), Plan(False, 100)]
+
+
+def test_a_faster_xla_is_chosen_and_reported_with_every_plans_rate():
+    planner = make_planner(make_config())
+    calls, records = drive(planner, lambda p: 1e-3 / (1.3 if p.xla else 1.0), 20_000, 100,
+                           call_overhead=1e-3)
+    (record,) = records
+    assert record["source"] == "measured"
+    assert record["chosen"] == {"xla": True, "steps_per_loop": 100}
+    assert record["ratio"] > 1.3  # and fewer calls
+    assert len(record["plans"]) == 4 and all(row["steps_per_s"] for row in record["plans"])
+    assert all(plan == Plan(True, 100) for plan, _ in calls[-10:])
+
+
+def test_the_configured_plan_stays_unless_another_is_measurably_faster():
+    planner = make_planner(make_config())
+    _, (record,) = drive(planner, lambda p: 1e-3 / (1.005 if p.xla else 1.0), 20_000, 100)
+    assert record["chosen"] == record["baseline"] == {"xla": False, "steps_per_loop": 50}
+
+
+def test_a_slower_xla_is_not_chosen_and_fewer_calls_win_on_host_overhead():
+    planner = make_planner(make_config())
+    _, (record,) = drive(planner, lambda p: 1e-3 / (0.56 if p.xla else 1.0), 20_000, 100,
+                         call_overhead=5e-3)
+    assert record["chosen"] == {"xla": False, "steps_per_loop": 100}
+
+
+def test_short_runs_and_single_candidates_are_not_measured():
+    planner = make_planner(make_config(plan_min_run_s=30.0))
+    calls, (record,) = drive(planner, lambda p: 1e-3, 2_000, 100)  # ~2 s
+    assert record["source"] == "skipped" and "perf.plan_min_run_s=30" in record["reason"]
+    assert {plan for plan, _ in calls} == {Plan(False, 50)}
+    planner = make_planner(make_config(steps_per_loop=100), xla_problem="two replicas")
+    _, (record,) = drive(planner, lambda p: 1e-3, 100_000, 100)
+    assert record["source"] == "skipped" and record["reason"] == "one candidate plan"
+
+
+def test_a_fixed_plan_runs_the_config_and_is_never_saved():
+    planner = make_planner(make_config(plan="fixed"))
+    calls, records = drive(planner, lambda p: 1e-3 / (2.0 if p.xla else 1.0), 20_000, 100)
+    assert records == [] and {plan for plan, _ in calls} == {Plan(False, 50)}
+    assert planner.saved() is None
+
+
+def test_a_plan_xla_cannot_lower_is_dropped_before_it_runs():
+    planner = make_planner(make_config(), xla_error=lambda: "InvalidArgumentError: PyFunc")
+    calls, (record,) = drive(planner, lambda p: 1e-3, 20_000, 100)
+    assert not any(plan.xla for plan, _ in calls)
+    dropped = [row for row in record["plans"] if "dropped" in row]
+    assert [row["xla"] for row in dropped] == [True, True]
+    assert "PyFunc" in dropped[0]["dropped"]
+
+
+def test_a_checkpoints_plan_is_adopted_only_on_the_same_signature():
+    measured = make_planner(make_config())
+    drive(measured, lambda p: 1e-3 / (1.3 if p.xla else 1.0), 20_000, 100, call_overhead=1e-3)
+    saved = measured.saved()
+    assert saved == {"chosen": {"xla": True, "steps_per_loop": 100}, "signature": SIGNATURE}
+    again = make_planner(make_config())
+    assert again.adopt(saved)["source"] == "checkpoint"
+    assert again.next_plan() == Plan(True, 100)
+    moved = make_planner(make_config(), signature={**SIGNATURE, "cpus": 64})
+    assert moved.adopt(saved) is None and not moved.decided
+
+
+def test_every_worker_follows_the_chiefs_decisions():
+    """A worker whose own timings favour XLA still runs what the chief chose."""
+    chief_words = {}
+
+    def chief(words):
+        chief_words.setdefault(len(chief_words), words.copy())
+        return words
+
+    chief_planner = make_planner(make_config(), from_chief=chief)
+    drive(chief_planner, lambda p: 1e-3 / (0.5 if p.xla else 1.0), 20_000, 100)
+    sent = list(chief_words.values())
+    received = iter(sent)
+    worker = make_planner(make_config(), from_chief=lambda words: next(received))
+    _, (record,) = drive(worker, lambda p: 1e-3 / (3.0 if p.xla else 1.0), 20_000, 100)
+    assert record["chosen"] == chief_planner.record["chosen"]
+    assert not record["chosen"]["xla"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps_per_loop=st.integers(1, 200), log_every=st.integers(1, 300),
+       total=st.integers(1, 5_000), xla_speed=st.floats(0.3, 3.0),
+       overhead=st.floats(0.0, 0.01), xla_allowed=st.booleans(),
+       rounds=st.integers(1, 6))
+def test_plans_respect_the_cadence_and_the_budget(steps_per_loop, log_every, total, xla_speed,
+                                                  overhead, xla_allowed, rounds):
+    config = make_config(steps_per_loop=steps_per_loop, log_every_steps=log_every,
+                         plan_rounds=rounds)
+    planner = make_planner(config, xla_problem=None if xla_allowed else "not allowed")
+    step_s = 1e-3
+    calls, records = drive(planner, lambda p: step_s / (xla_speed if p.xla else 1.0), total,
+                           log_every, overhead)
+    assert sum(steps for _, steps in calls) == total  # every step once, none repeated
+    assert all(1 <= steps <= plan.steps_per_loop for plan, steps in calls)
+    assert all(plan in planner.plans for plan, _ in calls)
+    assert len(records) <= 1
+    if planner.decided and records and records[0]["source"] == "measured":
+        record = records[0]
+        # Noiseless timings: the winner is the fastest plan, or the config on a near tie.
+        scores = {(r["xla"], r["steps_per_loop"]): r["vs_baseline"] for r in record["plans"]}
+        best = max(scores.values())
+        chosen = (record["chosen"]["xla"], record["chosen"]["steps_per_loop"])
+        assert scores[chosen] == best or (best <= 1.01 and record["chosen"] == record["baseline"])
+        assert math.isfinite(record["measure_s"])
+    # After the decision, every call runs the chosen plan.
+    if planner.decided:
+        tail = [plan for plan, _ in calls][-1]
+        assert tail == planner.chosen
+
+
+def test_plan_config_is_validated():
+    config = config_lib.get_config()
+    config.perf.plan = "fastest"
+    with pytest.raises(config_lib.ConfigError, match="perf.plan='fastest' must be 'auto' or 'fixed'"):
+        config_lib.validate(config)
+    config = config_lib.get_config()
+    config.perf.plan_rounds = 0
+    with pytest.raises(config_lib.ConfigError, match="perf.plan_rounds"):
+        config_lib.validate(config)
+    assert np.isfinite(config_lib.get_config().perf.plan_min_run_s)

@@ -1,0 +1,308 @@
+"""The run's execution plan (``perf.plan``): which of the equivalent ways to run the
+train loop is fastest here, measured on the run itself.
+
+A :class:`Plan` is ``(xla, steps_per_loop)``: whether the default train step's forward
+and backward pass is XLA-compiled, and how many steps one ``tf.function`` call runs.
+Every plan trains the same steps on the same batches with the same cadence (logging,
+evaluation, checkpoints and profiler windows still end loop calls exactly), so the
+numbers of a run do not depend on the plan, up to the reassociation of float sums XLA
+may do (docs/training.md).
+
+``perf.plan="fixed"``: the configured plan (``perf.jit_compile``,
+``train.steps_per_loop``), nothing measured. ``"auto"`` (default), by the
+:class:`Planner`, during the first loop calls of the first ``fit()``:
+
+1. warm-up: the configured plan's first call (it traces the step), then one timed call
+   that estimates the step time. The chief decides, for every worker: measure, or not
+   (the run's remaining steps at that rate take less than ``perf.plan_min_run_s``;
+   a checkpoint's plan recorded on the same hardware and strategy is adopted at once);
+2. candidates (:func:`candidates`): XLA on and off where the strategy allows it (one
+   replica per process, not TPU, the default train step), and ``steps_per_loop`` as
+   configured and doubled (at most ``train.log_every_steps``, past which calls end at
+   the logging boundary anyway). A plan whose XLA lowering fails is dropped with one
+   log line, before it runs a step;
+3. rounds: every candidate runs a trial of real training steps (about
+   ``perf.plan_trial_s`` seconds, at most 3 % of the estimated run over all trials),
+   in an order rotated each round, ``perf.plan_rounds`` rounds; a plan's first call
+   (trace, XLA compilation) is not timed. A trial's rate is steps over the host seconds
+   of its loop calls; a plan's score is the median over rounds of its rate divided by
+   the configured plan's rate in the same round, so the machine's drift cancels;
+4. the chief keeps the best score (the configured plan unless another scores above
+   1.01) and every worker gets its choice (a plan that differs across workers would
+   deadlock their collectives).
+
+The decision is a run event (``{"kind": "plan", ...}``: :meth:`Planner.record`) and is
+saved in checkpoints; a resumed run on the same hardware and strategy adopts it without
+measuring. Host only; the plan's loops are the driver's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+_TIE = 1.01  # another plan must beat the configured one by more than this to be chosen
+_BUDGET = 0.03  # the trials take at most this share of the estimated run
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One way to run the train loop: XLA on the replica step, steps per loop call."""
+
+    xla: bool
+    steps_per_loop: int
+
+    def describe(self) -> str:
+        return f"xla {'on' if self.xla else 'off'}, steps_per_loop {self.steps_per_loop}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"xla": self.xla, "steps_per_loop": self.steps_per_loop}
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> "Plan":
+        return cls(bool(value["xla"]), int(value["steps_per_loop"]))
+
+
+def candidates(baseline: Plan, log_every_steps: int, xla_allowed: bool) -> list[Plan]:
+    """The plans worth timing, the configured ``baseline`` first (see the module doc)."""
+    cap = max(1, log_every_steps)
+    loops = [baseline.steps_per_loop]
+    if min(2 * baseline.steps_per_loop, cap) > min(baseline.steps_per_loop, cap):
+        loops.append(min(2 * baseline.steps_per_loop, cap))
+    xlas = [baseline.xla, not baseline.xla] if xla_allowed else [baseline.xla]
+    plans = [Plan(xla, n) for xla in xlas for n in loops]
+    return [baseline] + [p for p in plans if p != baseline]
+
+
+def signature(strategy: tf.distribute.Strategy, workers: int) -> dict[str, Any]:
+    """What a plan's measurement depends on: the devices, the strategy and its size, the
+    CPU count and TensorFlow's version. A checkpoint's plan is adopted only when equal."""
+    gpus = [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
+            for gpu in tf.config.list_physical_devices("GPU")]
+    kinds = sorted({d.device_type for d in tf.config.list_logical_devices()})
+    return {"strategy": type(strategy).__name__,
+            "replicas": int(strategy.num_replicas_in_sync), "workers": int(workers),
+            "devices": kinds, "gpus": gpus, "cpus": os.cpu_count(),
+            "tensorflow": tf.__version__}
+
+
+@dataclasses.dataclass
+class _Trial:
+    """One plan's turn in one round. Only calls that ran the plan's full
+    ``steps_per_loop`` are timed: a call cut short by a boundary, or because the
+    previous trial ended mid-window, says nothing about the plan's length. A trial that
+    sees too few full calls (boundaries closer than its ``steps_per_loop``) times all."""
+
+    plan: int  # index into the candidates
+    round: int
+    steps: int = 0  # timed
+    seconds: float = 0.0
+    all_steps: int = 0
+    all_seconds: float = 0.0
+
+    def add(self, steps: int, seconds: float, full: bool) -> None:
+        self.all_steps += steps
+        self.all_seconds += seconds
+        if full:
+            self.steps += steps
+            self.seconds += seconds
+
+    def finished(self, trial_steps: int, steps_per_loop: int) -> bool:
+        if self.steps >= trial_steps:
+            return True
+        if self.all_steps < 4 * max(trial_steps, steps_per_loop):
+            return False
+        self.steps, self.seconds = self.all_steps, self.all_seconds
+        return True
+
+
+class Planner:
+    """Decides the plan of every train loop call of one Trainer (host, every worker).
+
+    The driver asks :meth:`next_plan` before each loop call and reports the call with
+    :meth:`after_call`; both run on every worker at the same points, and the chief's
+    decisions reach the others through ``from_chief``. XLA is a candidate only with one
+    replica in sync, hence one worker: its lowering check needs no agreement.
+
+    Args:
+      config: the run's config (``perf.plan``, ``perf.plan_*``).
+      baseline: the configured plan.
+      xla_problem: why XLA cannot be a candidate (None: it can).
+      xla_error: ``() -> str | None``: the XLA lowering's error for the real step, or
+        None; asked once before an XLA plan runs a step.
+      from_chief: ``int32 words -> the chief's words`` (identity on one worker).
+      signature: this run's :func:`signature`.
+    """
+
+    def __init__(self, config: Any, baseline: Plan, xla_problem: str | None,
+                 xla_error: Callable[[], str | None],
+                 from_chief: Callable[[np.ndarray], np.ndarray], signature: dict[str, Any]):
+        self._config = config
+        self.baseline = baseline
+        self.xla_problem = xla_problem
+        self._xla_error = xla_error
+        self._from_chief = from_chief
+        self._signature = signature
+        self.plans = candidates(baseline, config.train.log_every_steps, xla_problem is None)
+        self.chosen: Plan | None = None
+        self.record: dict[str, Any] | None = None  # the decision (the run event's fields)
+        if config.perf.plan == "fixed":
+            self._decide(baseline, "fixed", {})
+        self._calls = 0  # loop calls seen while undecided
+        self._trial_steps = 0
+        self._trials: list[_Trial] = []  # to run, the current one first
+        self._done: list[_Trial] = []
+        self._warm: set[bool] = {baseline.xla}  # XLA settings whose loops have run
+        self._dropped: dict[int, str] = {}
+        self._started = 0.0
+        self._measured_steps = 0
+
+    @property
+    def decided(self) -> bool:
+        return self.chosen is not None
+
+    # ------------------------------------------------------------ checkpoint
+    def saved(self) -> dict[str, Any] | None:
+        """What a checkpoint records: the plan chosen by measuring (or adopted) and the
+        signature it holds on; None when the plan is fixed or not decided."""
+        if self.record is None or self.record["source"] in ("fixed", "skipped"):
+            return None
+        return {"chosen": self.chosen.to_dict(), "signature": self._signature}
+
+    def adopt(self, saved: dict[str, Any] | None) -> dict[str, Any] | None:
+        """At the start of ``fit()`` (every worker; ``saved`` is read on the chief, None
+        elsewhere): adopts a checkpoint's plan recorded on this hardware and strategy.
+        Returns the event's fields when it decides, else None."""
+        if self.decided:
+            return None
+        usable = (saved is not None and saved.get("signature") == self._signature
+                  and Plan.from_dict(saved["chosen"]) in self.plans)
+        index = self.plans.index(Plan.from_dict(saved["chosen"])) if usable else -1
+        index = int(self._from_chief(np.array([index + 1], np.int32))[0]) - 1
+        if index < 0:
+            return None
+        return self._decide(self.plans[index], "checkpoint", {})
+
+    # ------------------------------------------------------------ the loop
+    def next_plan(self) -> Plan:
+        """The plan of the next loop call."""
+        if self.chosen is not None:
+            return self.chosen
+        return self.plans[self._trials[0].plan] if self._trials else self.baseline
+
+    def after_call(self, plan: Plan, steps: int, seconds: float,
+                   remaining_steps: int) -> dict[str, Any] | None:
+        """After a loop call of ``plan`` (``steps`` steps in ``seconds`` host seconds; the
+        run has ``remaining_steps`` left). Returns the event's fields when it decides."""
+        if self.chosen is not None:
+            return None
+        self._calls += 1
+        if self._calls == 1:  # the first call traced the step: not timed
+            self._started = time.perf_counter()
+            return None
+        self._measured_steps += steps
+        if self._calls == 2:
+            return self._plan_trials(steps, seconds, remaining_steps)
+        if plan.xla not in self._warm:  # its loops' first call: traced and compiled
+            self._warm.add(plan.xla)
+            return None
+        trial = self._trials[0]
+        trial.add(steps, seconds, full=steps == plan.steps_per_loop)
+        if trial.finished(self._trial_steps, plan.steps_per_loop):
+            self._done.append(self._trials.pop(0))
+        return None if self._trials else self._choose()
+
+    # ------------------------------------------------------------ decisions
+    def _plan_trials(self, steps: int, seconds: float,
+                     remaining_steps: int) -> dict[str, Any] | None:
+        """After the timed warm-up call: measure or not (the chief's call)."""
+        perf = self._config.perf
+        step_s = max(seconds / max(steps, 1), 1e-9)
+        estimate = remaining_steps * step_s
+        trial_s = min(perf.plan_trial_s,
+                      _BUDGET * estimate / (len(self.plans) * perf.plan_rounds))
+        measure = len(self.plans) > 1 and estimate >= perf.plan_min_run_s
+        words = self._from_chief(np.array([int(measure), max(1, int(trial_s / step_s))],
+                                          np.int32))
+        if not words[0]:
+            why = ("one candidate plan" if len(self.plans) == 1 else
+                   f"the remaining {remaining_steps} steps take ~{estimate:.0f} s < "
+                   f"perf.plan_min_run_s={perf.plan_min_run_s:g}")
+            return self._decide(self.baseline, "skipped", {"reason": why})
+        self._trial_steps = int(words[1])
+        if any(plan.xla not in self._warm for plan in self.plans):
+            error = self._xla_error()
+            if error is not None:
+                self._drop(error)
+        live = [i for i in range(len(self.plans)) if i not in self._dropped]
+        for r in range(perf.plan_rounds):
+            shift = r % len(live)
+            self._trials += [_Trial(i, r) for i in live[shift:] + live[:shift]]
+        if len(live) > 1:
+            return None
+        return self._decide(self.baseline, "skipped",
+                            {"reason": "the other plans were dropped", **self._table({})})
+
+    def _drop(self, error: str) -> None:
+        """Drops the plans of the XLA setting not configured (its lowering failed)."""
+        first = (error.strip().splitlines() or ["unknown error"])[0][:300]
+        logging.warning("plan: XLA %s dropped from the candidates: %s",
+                        "on" if not self.baseline.xla else "off", first)
+        for i, plan in enumerate(self.plans):
+            if plan.xla != self.baseline.xla:
+                self._dropped[i] = first
+
+    def _scores(self) -> dict[int, float]:
+        """Each timed plan's median over rounds of its rate / the baseline's rate in
+        the same round."""
+        rates = {(t.plan, t.round): t.steps / t.seconds for t in self._done if t.seconds > 0}
+        scores = {}
+        for i in range(len(self.plans)):
+            ratios = [rate / rates[(0, r)] for (p, r), rate in rates.items()
+                      if p == i and (0, r) in rates]
+            if ratios:
+                scores[i] = statistics.median(ratios)
+        return scores
+
+    def _table(self, scores: dict[int, float]) -> dict[str, Any]:
+        """The event's ``plans`` table: each candidate's median rate and score."""
+        rates: dict[int, list[float]] = {}
+        for t in self._done:
+            if t.seconds > 0:
+                rates.setdefault(t.plan, []).append(t.steps / t.seconds)
+        return {"plans": [
+            {**plan.to_dict(),
+             "steps_per_s": statistics.median(rates[i]) if i in rates else None,
+             "vs_baseline": scores.get(i),
+             **({"dropped": self._dropped[i]} if i in self._dropped else {})}
+            for i, plan in enumerate(self.plans)]}
+
+    def _choose(self) -> dict[str, Any]:
+        scores = self._scores()
+        best = max(scores, key=scores.get)
+        index = best if scores[best] > _TIE else 0
+        index = int(self._from_chief(np.array([index], np.int32))[0])
+        measure_s = time.perf_counter() - self._started
+        chosen_rate = self._table(scores)["plans"][index]["steps_per_s"] or math.inf
+        return self._decide(self.plans[index], "measured", {
+            "ratio": scores.get(index, 1.0), "rounds": self._config.perf.plan_rounds,
+            "measure_s": measure_s,
+            # What measuring added to the run: its time minus the same steps at the
+            # chosen plan's rate.
+            "cost_s": max(0.0, measure_s - self._measured_steps / chosen_rate),
+            **self._table(scores)})
+
+    def _decide(self, plan: Plan, source: str, fields: dict[str, Any]) -> dict[str, Any]:
+        self.chosen = plan
+        self.record = {"source": source, "chosen": plan.to_dict(),
+                       "baseline": self.baseline.to_dict(), "ratio": 1.0, "measure_s": 0.0,
+                       "plans": [], **fields}
+        return self.record
