@@ -29,9 +29,14 @@ def make_config(**perf):
 
 def make_planner(config, xla_problem=None, xla_error=None, from_chief=None,
                  signature=SIGNATURE):
-    baseline = Plan(config.perf.jit_compile, config.train.steps_per_loop)
-    return Planner(config, baseline, xla_problem, xla_error or (lambda: None),
+    baseline = Plan("grads" if config.perf.jit_compile else "off", config.train.steps_per_loop)
+    return Planner(config, baseline, xla_problem, xla_error or (lambda setting: None),
                    from_chief or (lambda words: words), signature)
+
+
+def step_time(xla_speedup):
+    """Seconds per step of a plan: 1 ms, divided by ``xla_speedup`` with XLA."""
+    return lambda plan: 1e-3 / (xla_speedup if plan.xla == "step" else 1.0)
 
 
 def drive(planner, step_seconds, total_steps, log_every, call_overhead=0.0):
@@ -52,44 +57,46 @@ def drive(planner, step_seconds, total_steps, log_every, call_overhead=0.0):
 
 
 def test_candidates_are_the_config_first_then_xla_and_doubled_loops():
-    assert candidates(Plan(False, 50), 100, True) == [
-        Plan(False, 50), Plan(False, 100), Plan(True, 50), Plan(True, 100)]
-    assert candidates(Plan(True, 50), 100, True)[0] == Plan(True, 50)
+    assert candidates(Plan("off", 50), 100, True) == [
+        Plan("off", 50), Plan("off", 100), Plan("step", 50), Plan("step", 100)]
+    # perf.jit_compile=True (forward + backward): the whole step and no XLA are tried too.
+    assert [p.xla for p in candidates(Plan("grads", 50), 100, True)] == [
+        "grads", "grads", "step", "step", "off", "off"]
     # Doubling past the logging window changes nothing: calls end there anyway.
-    assert candidates(Plan(False, 100), 100, False) == [Plan(False, 100)]
-    assert candidates(Plan(False, 80), 100, False) == [Plan(False, 80), Plan(False, 100)]
+    assert candidates(Plan("off", 100), 100, False) == [Plan("off", 100)]
+    assert candidates(Plan("off", 80), 100, False) == [Plan("off", 80), Plan("off", 100)]
 
 
 def test_a_faster_xla_is_chosen_and_reported_with_every_plans_rate():
     planner = make_planner(make_config())
-    calls, records = drive(planner, lambda p: 1e-3 / (1.3 if p.xla else 1.0), 20_000, 100,
+    calls, records = drive(planner, step_time(1.3), 20_000, 100,
                            call_overhead=1e-3)
     (record,) = records
     assert record["source"] == "measured"
-    assert record["chosen"] == {"xla": True, "steps_per_loop": 100}
+    assert record["chosen"] == {"xla": "step", "steps_per_loop": 100}
     assert record["ratio"] > 1.3  # and fewer calls
     assert len(record["plans"]) == 4 and all(row["steps_per_s"] for row in record["plans"])
-    assert all(plan == Plan(True, 100) for plan, _ in calls[-10:])
+    assert all(plan == Plan("step", 100) for plan, _ in calls[-10:])
 
 
 def test_the_configured_plan_stays_unless_another_is_measurably_faster():
     planner = make_planner(make_config())
-    _, (record,) = drive(planner, lambda p: 1e-3 / (1.005 if p.xla else 1.0), 20_000, 100)
-    assert record["chosen"] == record["baseline"] == {"xla": False, "steps_per_loop": 50}
+    _, (record,) = drive(planner, step_time(1.005), 20_000, 100)
+    assert record["chosen"] == record["baseline"] == {"xla": "off", "steps_per_loop": 50}
 
 
 def test_a_slower_xla_is_not_chosen_and_fewer_calls_win_on_host_overhead():
     planner = make_planner(make_config())
-    _, (record,) = drive(planner, lambda p: 1e-3 / (0.56 if p.xla else 1.0), 20_000, 100,
+    _, (record,) = drive(planner, step_time(0.56), 20_000, 100,
                          call_overhead=5e-3)
-    assert record["chosen"] == {"xla": False, "steps_per_loop": 100}
+    assert record["chosen"] == {"xla": "off", "steps_per_loop": 100}
 
 
 def test_short_runs_and_single_candidates_are_not_measured():
     planner = make_planner(make_config(plan_min_run_s=30.0))
     calls, (record,) = drive(planner, lambda p: 1e-3, 2_000, 100)  # ~2 s
     assert record["source"] == "skipped" and "perf.plan_min_run_s=30" in record["reason"]
-    assert {plan for plan, _ in calls} == {Plan(False, 50)}
+    assert {plan for plan, _ in calls} == {Plan("off", 50)}
     planner = make_planner(make_config(steps_per_loop=100), xla_problem="two replicas")
     _, (record,) = drive(planner, lambda p: 1e-3, 100_000, 100)
     assert record["source"] == "skipped" and record["reason"] == "one candidate plan"
@@ -97,28 +104,35 @@ def test_short_runs_and_single_candidates_are_not_measured():
 
 def test_a_fixed_plan_runs_the_config_and_is_never_saved():
     planner = make_planner(make_config(plan="fixed"))
-    calls, records = drive(planner, lambda p: 1e-3 / (2.0 if p.xla else 1.0), 20_000, 100)
-    assert records == [] and {plan for plan, _ in calls} == {Plan(False, 50)}
+    calls, records = drive(planner, step_time(2.0), 20_000, 100)
+    assert records == [] and {plan for plan, _ in calls} == {Plan("off", 50)}
     assert planner.saved() is None
 
 
 def test_a_plan_xla_cannot_lower_is_dropped_before_it_runs():
-    planner = make_planner(make_config(), xla_error=lambda: "InvalidArgumentError: PyFunc")
+    asked = []
+
+    def lowering(setting):
+        asked.append(setting)
+        return "InvalidArgumentError: PyFunc"
+
+    planner = make_planner(make_config(), xla_error=lowering)
     calls, (record,) = drive(planner, lambda p: 1e-3, 20_000, 100)
-    assert not any(plan.xla for plan, _ in calls)
+    assert asked == ["step"]  # once, before any step of it
+    assert all(plan.xla == "off" for plan, _ in calls)
     dropped = [row for row in record["plans"] if "dropped" in row]
-    assert [row["xla"] for row in dropped] == [True, True]
+    assert [row["xla"] for row in dropped] == ["step", "step"]
     assert "PyFunc" in dropped[0]["dropped"]
 
 
 def test_a_checkpoints_plan_is_adopted_only_on_the_same_signature():
     measured = make_planner(make_config())
-    drive(measured, lambda p: 1e-3 / (1.3 if p.xla else 1.0), 20_000, 100, call_overhead=1e-3)
+    drive(measured, step_time(1.3), 20_000, 100, call_overhead=1e-3)
     saved = measured.saved()
-    assert saved == {"chosen": {"xla": True, "steps_per_loop": 100}, "signature": SIGNATURE}
+    assert saved == {"chosen": {"xla": "step", "steps_per_loop": 100}, "signature": SIGNATURE}
     again = make_planner(make_config())
     assert again.adopt(saved)["source"] == "checkpoint"
-    assert again.next_plan() == Plan(True, 100)
+    assert again.next_plan() == Plan("step", 100)
     moved = make_planner(make_config(), signature={**SIGNATURE, "cpus": 64})
     assert moved.adopt(saved) is None and not moved.decided
 
@@ -132,13 +146,13 @@ def test_every_worker_follows_the_chiefs_decisions():
         return words
 
     chief_planner = make_planner(make_config(), from_chief=chief)
-    drive(chief_planner, lambda p: 1e-3 / (0.5 if p.xla else 1.0), 20_000, 100)
+    drive(chief_planner, step_time(0.5), 20_000, 100)
     sent = list(chief_words.values())
     received = iter(sent)
     worker = make_planner(make_config(), from_chief=lambda words: next(received))
-    _, (record,) = drive(worker, lambda p: 1e-3 / (3.0 if p.xla else 1.0), 20_000, 100)
+    _, (record,) = drive(worker, step_time(3.0), 20_000, 100)
     assert record["chosen"] == chief_planner.record["chosen"]
-    assert not record["chosen"]["xla"]
+    assert record["chosen"]["xla"] == "off"
 
 
 @settings(max_examples=60, deadline=None)
@@ -151,8 +165,7 @@ def test_plans_respect_the_cadence_and_the_budget(steps_per_loop, log_every, tot
     config = make_config(steps_per_loop=steps_per_loop, log_every_steps=log_every,
                          plan_rounds=rounds)
     planner = make_planner(config, xla_problem=None if xla_allowed else "not allowed")
-    step_s = 1e-3
-    calls, records = drive(planner, lambda p: step_s / (xla_speed if p.xla else 1.0), total,
+    calls, records = drive(planner, step_time(xla_speed), total,
                            log_every, overhead)
     assert sum(steps for _, steps in calls) == total  # every step once, none repeated
     assert all(1 <= steps <= plan.steps_per_loop for plan, steps in calls)
@@ -175,7 +188,8 @@ def test_plans_respect_the_cadence_and_the_budget(steps_per_loop, log_every, tot
 def test_plan_config_is_validated():
     config = config_lib.get_config()
     config.perf.plan = "fastest"
-    with pytest.raises(config_lib.ConfigError, match="perf.plan='fastest' must be 'auto' or 'fixed'"):
+    with pytest.raises(config_lib.ConfigError,
+                       match="perf.plan='fastest' must be 'auto' or 'fixed'"):
         config_lib.validate(config)
     config = config_lib.get_config()
     config.perf.plan_rounds = 0

@@ -41,7 +41,7 @@ def test_auto_measures_on_the_run_records_it_and_a_resume_adopts_it(tmp_path):
     (record,) = plan_records(tmp_path / "auto")
     assert record["source"] == "measured"
     assert {(row["xla"], row["steps_per_loop"]) for row in record["plans"]} == {
-        (False, 5), (False, 10), (True, 5), (True, 10)}
+        ("off", 5), ("off", 10), ("step", 5), ("step", 10)}
     assert all(row["steps_per_s"] > 0 for row in record["plans"])
     assert record["measure_s"] > 0 and record["cost_s"] >= 0
     assert auto.step == 240
@@ -59,7 +59,7 @@ def test_auto_measures_on_the_run_records_it_and_a_resume_adopts_it(tmp_path):
     resumed.fit()
     adopted = [r for r in resumed.events.records if r["kind"] == "plan"]
     assert [(r["source"], r["chosen"]) for r in adopted] == [("checkpoint", record["chosen"])]
-    assert resumed.steps.xla == record["chosen"]["xla"]
+    assert resumed.driver.planner.chosen.to_dict() == record["chosen"]
     # On another strategy the checkpoint's plan does not hold: measured again.
     moved = ToyTrainer(toy_config(**{**MEASURE, "train.steps": 540,
                                      "distribute.strategy": "default"}),
@@ -74,7 +74,7 @@ def test_short_runs_keep_the_configured_plan_and_say_why(tmp_path):
     (record,) = plan_records(tmp_path)
     assert record["source"] == "skipped"
     assert "perf.plan_min_run_s=30" in record["reason"]
-    assert record["chosen"] == {"xla": False, "steps_per_loop": 5}
+    assert record["chosen"] == {"xla": "off", "steps_per_loop": 5}
     assert "plan" not in latest_manifest(tmp_path)  # nothing measured: nothing to adopt
 
 
@@ -96,8 +96,8 @@ def test_a_model_xla_cannot_lower_drops_xla_before_any_step(tmp_path):
     auto.fit()
     (record,) = plan_records(tmp_path)
     dropped = [row for row in record["plans"] if "dropped" in row]
-    assert [row["xla"] for row in dropped] == [True, True]
-    assert record["chosen"]["xla"] is False
+    assert [row["xla"] for row in dropped] == ["step", "step"]
+    assert record["chosen"]["xla"] == "off"
     # Only steps_per_loop varied: the run is the fixed plan's, bit for bit (no batch
     # was consumed by a failed XLA step).
     fixed = HostCallbackTrainer(toy_config(**MEASURE, **{"perf.plan": "fixed"}))

@@ -73,14 +73,21 @@ class CompiledLoops:
       strategy: the run's strategy.
       train_step, eval_step: replica functions ``batch -> dict`` (``"loss"`` required;
         checked by :mod:`trainer.hook_checks`, which the Trainer wraps them in).
+      jit_step: compile the whole replica train step with XLA (``tf.function(
+        jit_compile=True)``: forward, backward, gradient path, optimizer update and metric
+        updates; the iterator and the output slots stay outside). One replica only.
       step_counter: incremented after every train step.
       train_loss, eval_loss: ``keras.metrics.Mean`` of the steps' ``"loss"`` (train: the
         mean over the call's steps of each replica's ``"loss"``, averaged over elements).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, train_step: Callable,
-                 eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss):
+                 eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss,
+                 jit_step: bool = False):
         self.slots: StepOutputSlots | None = None  # created by prepare()
+        if jit_step:
+            train_step = tf.function(train_step, jit_compile=True, autograph=False)
+        self._train_step = train_step
 
         @no_autograph
         def replica_eval(batch):
@@ -128,6 +135,23 @@ class CompiledLoops:
         self._strategy = strategy
         self.train = train
         self.evaluate = evaluate
+
+    def lowering_error(self, batch_spec) -> str | None:
+        """With ``jit_step``: lowers the XLA train step for one replica's batch of
+        ``batch_spec`` (zeros; traced and lowered, nothing runs, no state changes) and
+        returns the error, or None when it lowers. Host; one replica."""
+        batch = tf.nest.map_structure(
+            lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
+            batch_spec)
+
+        def lower(replica_batch):  # in replica context, as the loop calls the step
+            self._train_step.experimental_get_compiler_ir(replica_batch)(stage="hlo")
+
+        try:
+            self._strategy.run(lower, args=(batch,))
+        except Exception as error:  # any failure drops the plan, with the reason
+            return f"{type(error).__name__}: {error}"
+        return None
 
     def prepare(self, iterator) -> None:
         """Host, before the first ``train`` call: traces the step on ``iterator``'s

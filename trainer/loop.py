@@ -115,7 +115,7 @@ class LoopDriver:
         self.trainer = trainer
         self.history = History()
         self._train_step, self._eval_step = train_step, eval_step
-        self._loops: dict[bool, CompiledLoops] = {}  # by XLA setting
+        self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
         self._planner: plan_lib.Planner | None = None
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
@@ -143,34 +143,43 @@ class LoopDriver:
         if self._planner is None:
             t = self.trainer
             cfg = t.config
-            problem = ("train_step is overridden (the framework compiles the default step "
-                       "only)" if t.overrides("train_step") else t.steps.xla_problem)
+            # perf.jit_compile compiles the DEFAULT step's forward + backward only.
+            grads = t.steps.xla and not t.overrides("train_step")
             workers = host_collectives.num_workers(t.strategy)
             self._planner = plan_lib.Planner(
-                cfg, plan_lib.Plan(t.steps.xla, cfg.train.steps_per_loop), problem,
-                lambda: t.steps.xla_lowering_error(self.train_batch_spec()),
+                cfg, plan_lib.Plan("grads" if grads else "off", cfg.train.steps_per_loop),
+                t.steps.xla_problem, self._xla_lowering_error,
                 lambda words: host_collectives.words_from_chief(t.strategy, words),
                 plan_lib.signature(t.strategy, workers))
         return self._planner
 
+    def _xla_lowering_error(self, setting: str) -> str | None:
+        """The XLA lowering's error for the train step with XLA ``setting``, or None."""
+        spec = self.train_batch_spec()
+        if setting == "grads":
+            return self.trainer.steps.xla_lowering_error(spec)
+        return self._loops_for(setting).lowering_error(spec)
+
     @property
     def loops(self) -> CompiledLoops:
         """The compiled loops of the current plan's XLA setting (evaluation uses the
-        configured setting's: it never compiles with XLA)."""
+        first loops built: the eval step never compiles with XLA)."""
         plan = self.planner.next_plan() if self._planner else None
-        return self._loops_for(plan.xla if plan else self.trainer.steps.xla)
+        return self._loops_for(plan.xla if plan else
+                               "grads" if self.trainer.steps.xla else "off")
 
-    def _loops_for(self, xla: bool) -> CompiledLoops:
-        """The loops traced with the default step's XLA setting ``xla`` (built once);
-        sets it on the steps, whose next trace reads it."""
+    def _loops_for(self, setting: str) -> CompiledLoops:
+        """The loops of XLA ``setting`` (:mod:`trainer.plan`; built once); sets the
+        default step's own XLA flag, which its next trace reads."""
         t = self.trainer
-        t.steps.xla = xla
-        if xla not in self._loops:
+        t.steps.xla = setting == "grads"
+        if setting not in self._loops:
             reducer = t.gradients.reducer
-            self._loops[xla] = CompiledLoops(
+            self._loops[setting] = CompiledLoops(
                 t.strategy, reducer.wrap_train(self._train_step),
-                reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss)
-        return self._loops[xla]
+                reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss,
+                jit_step=setting == "step")
+        return self._loops[setting]
 
     def ensure_built(self, dist_dataset=None, what: str = "build_train_dataset") -> None:
         """Checks the dataset's features against the model's inputs (when the model
@@ -375,8 +384,8 @@ class LoopDriver:
         callbacks.on_fit_end(results)
         return results
 
-    def _train_loop(self, iterator, xla: bool, num_steps: int) -> tuple[dict, float]:
-        """One call of the train loop of the XLA setting ``xla``: ``(outputs, host
+    def _train_loop(self, iterator, xla: str, num_steps: int) -> tuple[dict, float]:
+        """One call of the train loop of XLA setting ``xla``: ``(outputs, host
         seconds)``; a user's mistake becomes one InputError."""
         loops = self._loops_for(xla)
         start = time.perf_counter()

@@ -1,8 +1,11 @@
 """The run's execution plan (``perf.plan``): which of the equivalent ways to run the
 train loop is fastest here, measured on the run itself.
 
-A :class:`Plan` is ``(xla, steps_per_loop)``: whether the default train step's forward
-and backward pass is XLA-compiled, and how many steps one ``tf.function`` call runs.
+A :class:`Plan` is ``(xla, steps_per_loop)``: what XLA compiles — ``"off"``: nothing;
+``"grads"``: the default train step's forward and backward pass (``perf.jit_compile``);
+``"step"``: the whole replica train step (forward, backward, gradient path, optimizer
+update, metrics: what a hand-tuned loop compiles) — and how many steps one
+``tf.function`` call runs.
 Every plan trains the same steps on the same batches with the same cadence (logging,
 evaluation, checkpoints and profiler windows still end loop calls exactly), so the
 numbers of a run do not depend on the plan, up to the reassociation of float sums XLA
@@ -16,11 +19,12 @@ may do (docs/training.md).
    that estimates the step time. The chief decides, for every worker: measure, or not
    (the run's remaining steps at that rate take less than ``perf.plan_min_run_s``;
    a checkpoint's plan recorded on the same hardware and strategy is adopted at once);
-2. candidates (:func:`candidates`): XLA on and off where the strategy allows it (one
-   replica per process, not TPU, the default train step), and ``steps_per_loop`` as
+2. candidates (:func:`candidates`): the configured XLA setting, the whole step compiled
+   where the strategy allows XLA (one replica in sync, not TPU, not manual data
+   parallelism over several devices) and no XLA, each with ``steps_per_loop`` as
    configured and doubled (at most ``train.log_every_steps``, past which calls end at
-   the logging boundary anyway). A plan whose XLA lowering fails is dropped with one
-   log line, before it runs a step;
+   the logging boundary anyway). A setting whose XLA lowering fails (an op XLA cannot
+   compile) is dropped with one log line, before it runs a step;
 3. rounds: every candidate runs a trial of real training steps (about
    ``perf.plan_trial_s`` seconds, at most 3 % of the estimated run over all trials),
    in an order rotated each round, ``perf.plan_rounds`` rounds; a plan's first call
@@ -57,27 +61,32 @@ _BUDGET = 0.03  # the trials take at most this share of the estimated run
 class Plan:
     """One way to run the train loop: XLA on the replica step, steps per loop call."""
 
-    xla: bool
+    xla: str  # "off" | "grads" | "step"
     steps_per_loop: int
 
     def describe(self) -> str:
-        return f"xla {'on' if self.xla else 'off'}, steps_per_loop {self.steps_per_loop}"
+        return f"xla {self.xla}, steps_per_loop {self.steps_per_loop}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"xla": self.xla, "steps_per_loop": self.steps_per_loop}
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> "Plan":
-        return cls(bool(value["xla"]), int(value["steps_per_loop"]))
+        return cls(str(value["xla"]), int(value["steps_per_loop"]))
+
+
+XLA_SETTINGS = ("off", "grads", "step")
 
 
 def candidates(baseline: Plan, log_every_steps: int, xla_allowed: bool) -> list[Plan]:
-    """The plans worth timing, the configured ``baseline`` first (see the module doc)."""
+    """The plans worth timing, the configured ``baseline`` first (see the module doc);
+    ``xla_allowed``: the strategy lets XLA compile the replica step."""
     cap = max(1, log_every_steps)
     loops = [baseline.steps_per_loop]
     if min(2 * baseline.steps_per_loop, cap) > min(baseline.steps_per_loop, cap):
         loops.append(min(2 * baseline.steps_per_loop, cap))
-    xlas = [baseline.xla, not baseline.xla] if xla_allowed else [baseline.xla]
+    xlas = [baseline.xla] + [x for x in ("step", "off") if x != baseline.xla and (
+        xla_allowed or x == "off")]
     plans = [Plan(xla, n) for xla in xlas for n in loops]
     return [baseline] + [p for p in plans if p != baseline]
 
@@ -135,15 +144,16 @@ class Planner:
     Args:
       config: the run's config (``perf.plan``, ``perf.plan_*``).
       baseline: the configured plan.
-      xla_problem: why XLA cannot be a candidate (None: it can).
-      xla_error: ``() -> str | None``: the XLA lowering's error for the real step, or
-        None; asked once before an XLA plan runs a step.
+      xla_problem: why the strategy does not let XLA compile the step (None: it does).
+      xla_error: ``setting -> str | None``: the XLA lowering's error for the real step
+        with XLA setting ``"grads"`` or ``"step"``, or None; asked once per setting
+        before its plans run a step.
       from_chief: ``int32 words -> the chief's words`` (identity on one worker).
       signature: this run's :func:`signature`.
     """
 
     def __init__(self, config: Any, baseline: Plan, xla_problem: str | None,
-                 xla_error: Callable[[], str | None],
+                 xla_error: Callable[[str], str | None],
                  from_chief: Callable[[np.ndarray], np.ndarray], signature: dict[str, Any]):
         self._config = config
         self.baseline = baseline
@@ -160,7 +170,7 @@ class Planner:
         self._trial_steps = 0
         self._trials: list[_Trial] = []  # to run, the current one first
         self._done: list[_Trial] = []
-        self._warm: set[bool] = {baseline.xla}  # XLA settings whose loops have run
+        self._warm: set[str] = {baseline.xla}  # XLA settings whose loops have run
         self._dropped: dict[int, str] = {}
         self._started = 0.0
         self._measured_steps = 0
@@ -238,10 +248,10 @@ class Planner:
                    f"perf.plan_min_run_s={perf.plan_min_run_s:g}")
             return self._decide(self.baseline, "skipped", {"reason": why})
         self._trial_steps = int(words[1])
-        if any(plan.xla not in self._warm for plan in self.plans):
-            error = self._xla_error()
+        for setting in dict.fromkeys(p.xla for p in self.plans if p.xla not in self._warm):
+            error = self._xla_error(setting) if setting != "off" else None
             if error is not None:
-                self._drop(error)
+                self._drop(setting, error)
         live = [i for i in range(len(self.plans)) if i not in self._dropped]
         for r in range(perf.plan_rounds):
             shift = r % len(live)
@@ -251,13 +261,12 @@ class Planner:
         return self._decide(self.baseline, "skipped",
                             {"reason": "the other plans were dropped", **self._table({})})
 
-    def _drop(self, error: str) -> None:
-        """Drops the plans of the XLA setting not configured (its lowering failed)."""
+    def _drop(self, setting: str, error: str) -> None:
+        """Drops the plans of XLA ``setting`` (its lowering failed), with one log line."""
         first = (error.strip().splitlines() or ["unknown error"])[0][:300]
-        logging.warning("plan: XLA %s dropped from the candidates: %s",
-                        "on" if not self.baseline.xla else "off", first)
+        logging.warning("plan: XLA setting %r dropped from the candidates: %s", setting, first)
         for i, plan in enumerate(self.plans):
-            if plan.xla != self.baseline.xla:
+            if plan.xla == setting:
                 self._dropped[i] = first
 
     def _scores(self) -> dict[int, float]:

@@ -143,7 +143,7 @@ def test_the_plan_section_shows_the_table_of_plans_the_planner_measured():
     assert len(plan["plans"]) == 4 and all(r["steps_per_s"] > 0 for r in plan["plans"])
     table = doctor_report.format_table(report)
     assert "(8) execution plan" in table and table.count("<- chosen") == 1
-    assert "xla on, steps_per_loop 10" in table
+    assert "xla step, steps_per_loop 10" in table
     config.perf.plan = "fixed"
     fixed = doctor.diagnose(config, steps=10, sections=("plan",))["plan"]
     assert not fixed["applicable"] and "fixed" in fixed["note"]

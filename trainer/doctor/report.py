@@ -84,7 +84,7 @@ def _plan_rows(plan: Report, row: Callable[..., str]) -> list[str]:
                  f"perf.plan='auto' measured {plan['rounds']} rounds in "
                  f"{plan['measure_s']:.1f} s")]
     for r in plan["plans"]:
-        name = f"    xla {'on' if r['xla'] else 'off'}, steps_per_loop {r['steps_per_loop']}"
+        name = f"    xla {r['xla']}, steps_per_loop {r['steps_per_loop']}"
         chosen = r["xla"] == plan["chosen"]["xla"] and (
             r["steps_per_loop"] == plan["chosen"]["steps_per_loop"])
         if "dropped" in r:

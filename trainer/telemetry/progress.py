@@ -69,7 +69,7 @@ def plan_line(record: dict) -> str:
     """The one line of an execution-plan decision (:mod:`trainer.plan`)."""
 
     def describe(plan: dict) -> str:
-        return f"xla {'on' if plan['xla'] else 'off'}, steps_per_loop {plan['steps_per_loop']}"
+        return f"xla {plan['xla']}, steps_per_loop {plan['steps_per_loop']}"
 
     chosen, source = describe(record["chosen"]), record["source"]
     if source == "measured":
