@@ -24,9 +24,9 @@ reduction the gradient path switches off.
 Cost: the update reads every weight and its average once per applied update. Where
 the variables are not distributed (one replica: the default or ``one_device`` strategy,
 ``distribute.strategy="manual"``) it runs as ONE small XLA-compiled function over all
-the averages (one fused pass per variable: ~2.5x cheaper than the three TensorFlow ops
-per variable, which bring the MLP benchmark's step time down by ~10%;
-benchmarks/README.md, "Training controls"). Under multi-replica strategies (mirrored
+the averages (one fused pass per variable: ~2.5x cheaper than three TensorFlow ops per
+variable, which cost the MLP benchmark ~10% of its step time; benchmarks/README.md,
+"Training controls"). Under multi-replica strategies (mirrored
 variables: each assignment goes through the strategy) and with ``fused=False`` it runs
 as three ops per variable. Both compute ``ema - (1-d) * (ema - w)`` in float32; they
 may differ in the last bit (XLA may contract the multiply-subtract), not more.
