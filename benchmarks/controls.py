@@ -6,9 +6,18 @@ weights, side by side with a plain run in one process; prints examples/s and rat
 Modes (each its own Trainer on the same workload, Adam, ``steps_per_loop=50``, no
 workdir): ``plain`` (``telemetry.grad_norm=False``, no EMA), ``grad_norm`` (the default:
 the global norm of the reduced gradients is added up in the graph every update) and
-``ema`` (``optimizer.ema_decay=0.999`` on top). Every round runs ``--steps`` more steps of
-each mode in a rotating order; the table shows the median examples/s and the median of
-the per-round ratios to ``plain``. Targets (issue "training controls"): grad_norm < 2%,
+``ema`` (``optimizer.ema_decay=0.999`` on top: the framework's EMA, one XLA-compiled
+update per step on one replica). ``--ema_variants`` adds the other implementations of
+the same EMA on top of ``grad_norm`` (benchmarks/ema_variants.py): ``ema_ops`` (three
+TensorFlow ops per variable, ``fused=False``: the implementation before issue 29),
+``ema_gd`` (two ops: a difference and ``ResourceApplyGradientDescent``) and
+``ema_every4`` / ``ema_every10`` (the fused update every N updates with decay d**N).
+
+Every round runs ``--steps`` more steps of each mode in a rotating order; the table shows
+the median examples/s, the median of the per-round ratios to ``plain`` and their range
+(min-max), in wall time and in this process's CPU time (less sensitive to other
+processes on a shared machine), and the ratio of the best rounds (max examples/s of the
+mode over that of ``plain``: the least disturbed round of each). Targets (issue "training controls"): grad_norm < 2%,
 EMA < 5% on the MLP.
 """
 
@@ -22,14 +31,29 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+DECAY = 0.999
 MODES = {
     "plain": {"telemetry.grad_norm": False},
     "grad_norm": {},
-    "ema": {"optimizer.ema_decay": 0.999},
+    "ema": {"optimizer.ema_decay": DECAY},
 }
+EMA_VARIANTS = ("ema_ops", "ema_gd", "ema_every4", "ema_every10")
 
 
-def measure(workload_name: str, rounds: int, steps: int) -> dict:
+def variant_ema(mode: str, trainer):
+    """The EMA object of an ``--ema_variants`` mode (replaces the trainer's own)."""
+    from benchmarks import ema_variants
+    from trainer.ema import ExponentialMovingAverage
+
+    if mode == "ema_ops":
+        return ExponentialMovingAverage(DECAY, fused=False)
+    if mode == "ema_gd":
+        return ema_variants.ApplyGradientDescentEMA(DECAY)
+    n = int(mode[len("ema_every"):])
+    return ema_variants.EveryNEMA(DECAY, n, lambda: trainer.optimizer.iterations)
+
+
+def measure(workload_name: str, rounds: int, steps: int, modes: list[str]) -> dict:
     from absl import logging
 
     from benchmarks.workloads import WORKLOADS, framework_trainer
@@ -37,23 +61,33 @@ def measure(workload_name: str, rounds: int, steps: int) -> dict:
     logging.set_verbosity(logging.WARNING)
     workload = WORKLOADS[workload_name]
     trainers = {mode: framework_trainer(workload, 50, **{
-        "distribute.strategy": "one_device", "train.log_every_steps": 10**6, **overrides})
-        for mode, overrides in MODES.items()}
-    for trainer in trainers.values():  # trace and warm up
-        trainer.config.train.steps = trainer.step + 100
+        "distribute.strategy": "one_device", "train.log_every_steps": 10**6,
+        **MODES.get(mode, MODES["ema"])}) for mode in modes}
+    for mode, trainer in trainers.items():
+        if mode not in MODES:  # before the first fit builds and traces the EMA
+            trainer.ema = trainer.gradients.ema = variant_ema(mode, trainer)
+        trainer.config.train.steps = trainer.step + 100  # trace and warm up
         trainer.fit()
-    rates = {mode: [] for mode in MODES}
-    order = list(MODES)
+    rates = {mode: {"wall": [], "cpu": []} for mode in modes}
     for r in range(rounds):
-        for mode in order[r % len(order):] + order[:r % len(order)]:
+        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
             trainer = trainers[mode]
             trainer.config.train.steps = trainer.step + steps
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             trainer.fit()
-            rates[mode].append(steps * workload.batch_size / (time.perf_counter() - start))
-    return {mode: {"examples_per_s": statistics.median(values),
-                   "vs_plain": statistics.median(v / p for v, p in zip(values, rates["plain"]))}
-            for mode, values in rates.items()}
+            examples = steps * workload.batch_size
+            rates[mode]["wall"].append(examples / (time.perf_counter() - start))
+            rates[mode]["cpu"].append(examples / (time.process_time() - cpu_start))
+    results = {}
+    for mode, clocks in rates.items():
+        row = {"examples_per_s": statistics.median(clocks["wall"]),
+               "best_vs_plain": max(clocks["wall"]) / max(rates["plain"]["wall"])}
+        for clock, values in clocks.items():
+            ratios = [v / p for v, p in zip(values, rates["plain"][clock])]
+            row[f"vs_plain_{clock}"] = statistics.median(ratios)
+            row[f"range_{clock}"] = (min(ratios), max(ratios))
+        results[mode] = row
+    return results
 
 
 def main() -> None:
@@ -61,14 +95,22 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp,transformer")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--ema_variants", action="store_true",
+                        help=f"also measure {', '.join(EMA_VARIANTS)}")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    modes = list(MODES) + (list(EMA_VARIANTS) if args.ema_variants else [])
     results = {}
-    print(f"{'workload':<12}{'mode':<12}{'ex/s':>12}{'vs plain':>10}")
+    print(f"{'workload':<12}{'mode':<12}{'ex/s':>10}{'vs plain (wall)':>26}"
+          f"{'vs plain (cpu)':>26}{'best':>8}")
     for name in args.workloads.split(","):
-        results[name] = measure(name, args.rounds, args.steps)
+        results[name] = measure(name, args.rounds, args.steps, modes)
         for mode, row in results[name].items():
-            print(f"{name:<12}{mode:<12}{row['examples_per_s']:>12,.0f}{row['vs_plain']:>10.3f}")
+            cells = "".join(
+                f"{row[f'vs_plain_{c}']:>10.3f} ({row[f'range_{c}'][0]:.2f}-"
+                f"{row[f'range_{c}'][1]:.2f})" for c in ("wall", "cpu"))
+            print(f"{name:<12}{mode:<12}{row['examples_per_s']:>10,.0f}{cells}"
+                  f"{row['best_vs_plain']:>8.3f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
