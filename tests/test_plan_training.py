@@ -42,7 +42,13 @@ def test_auto_measures_on_the_run_records_it_and_a_resume_adopts_it(tmp_path):
     assert record["source"] == "measured"
     assert {(row["xla"], row["steps_per_loop"]) for row in record["plans"]} == {
         ("off", 5), ("off", 10), ("step", 5), ("step", 10)}
-    assert all(row["steps_per_s"] > 0 for row in record["plans"])
+    # The configured steps_per_loop is timed with and without XLA; the doubled one only
+    # when a call is shorter than a trial (timing-dependent on a tiny model).
+    for row in record["plans"]:
+        if row["steps_per_loop"] == 5:
+            assert row["steps_per_s"] > 0, row
+        else:
+            assert row["steps_per_s"] or row["dropped"].startswith("not timed"), row
     assert record["measure_s"] > 0 and record["cost_s"] >= 0
     assert auto.step == 240
     # The same steps as the configured plan: up to XLA's rounding of the trial steps.

@@ -168,6 +168,7 @@ class Planner:
             self._decide(baseline, "fixed", {})
         self._calls = 0  # loop calls seen while undecided
         self._trial_steps = 0
+        self._call_cap = 0  # > 0: trial calls run at most this many steps
         self._trials: list[_Trial] = []  # to run, the current one first
         self._done: list[_Trial] = []
         self._warm: set[str] = {baseline.xla}  # XLA settings whose loops have run
@@ -206,7 +207,12 @@ class Planner:
         """The plan of the next loop call."""
         if self.chosen is not None:
             return self.chosen
-        return self.plans[self._trials[0].plan] if self._trials else self.baseline
+        if not self._trials:
+            return self.baseline
+        plan = self.plans[self._trials[0].plan]
+        if self._call_cap:  # steps long next to a trial: trial-sized calls
+            return Plan(plan.xla, min(plan.steps_per_loop, self._call_cap))
+        return plan
 
     def after_call(self, plan: Plan, steps: int, seconds: float,
                    remaining_steps: int) -> dict[str, Any] | None:
@@ -248,6 +254,15 @@ class Planner:
                    f"perf.plan_min_run_s={perf.plan_min_run_s:g}")
             return self._decide(self.baseline, "skipped", {"reason": why})
         self._trial_steps = int(words[1])
+        if self.baseline.steps_per_loop > self._trial_steps:
+            # One call is longer than a trial: its per-call host overhead is amortized
+            # (well below the noise), so only XLA settings are timed, in trial-sized calls.
+            self._call_cap = self._trial_steps
+            for i, plan in enumerate(self.plans):
+                if plan.steps_per_loop != self.baseline.steps_per_loop:
+                    self._dropped[i] = (
+                        f"not timed: one call of {self.baseline.steps_per_loop} steps "
+                        f"outlasts a trial, so its per-call overhead is amortized")
         for setting in dict.fromkeys(p.xla for p in self.plans if p.xla not in self._warm):
             error = self._xla_error(setting) if setting != "off" else None
             if error is not None:
@@ -259,7 +274,7 @@ class Planner:
         if len(live) > 1:
             return None
         return self._decide(self.baseline, "skipped",
-                            {"reason": "the other plans were dropped", **self._table({})})
+                            {"reason": "no other plan to time", **self._table({})})
 
     def _drop(self, setting: str, error: str) -> None:
         """Drops the plans of XLA ``setting`` (its lowering failed), with one log line."""
@@ -267,7 +282,7 @@ class Planner:
         logging.warning("plan: XLA setting %r dropped from the candidates: %s", setting, first)
         for i, plan in enumerate(self.plans):
             if plan.xla == setting:
-                self._dropped[i] = first
+                self._dropped[i] = f"XLA cannot lower the step: {first}"
 
     def _scores(self) -> dict[int, float]:
         """Each timed plan's median over rounds of its rate / the baseline's rate in

@@ -135,12 +135,14 @@ def test_verdict_for_each_constructed_case(case, report, kind, advice):
 
 def test_the_plan_section_shows_the_table_of_plans_the_planner_measured():
     config = toy.toy_config()
-    config.perf.plan_trial_s = 0.01
+    config.perf.plan_trial_s = 0.05
     config.perf.plan_rounds = 2
     report = doctor.diagnose(config, steps=10, sections=("plan",))
     plan = report["plan"]
     assert plan["applicable"] and plan["source"] == "measured", plan
-    assert len(plan["plans"]) == 4 and all(r["steps_per_s"] > 0 for r in plan["plans"])
+    assert len(plan["plans"]) == 4
+    # The doubled steps_per_loop is timed unless one call outlasts a trial (slow box).
+    assert all(r["steps_per_s"] or r["dropped"].startswith("not timed") for r in plan["plans"])
     table = doctor_report.format_table(report)
     assert "(8) execution plan" in table and table.count("<- chosen") == 1
     assert "xla step, steps_per_loop 10" in table

@@ -88,7 +88,7 @@ def _plan_rows(plan: Report, row: Callable[..., str]) -> list[str]:
         chosen = r["xla"] == plan["chosen"]["xla"] and (
             r["steps_per_loop"] == plan["chosen"]["steps_per_loop"])
         if "dropped" in r:
-            lines.append(row(name, "-", f"dropped: {r['dropped']}"))
+            lines.append(row(name, "-", r["dropped"]))
             continue
         note = (f"{r['vs_baseline']:.2f}x the configured" if r.get("vs_baseline") else "")
         lines.append(row(name, f"{r['steps_per_s']:,.0f}" if r.get("steps_per_s") else "-",
