@@ -42,8 +42,11 @@ class MainProcess:
         self.workdir, self.timeout = workdir, timeout
         cmd = [sys.executable, "-m", "trainer.main", f"--config={REPO / config}",
                f"--workdir={workdir}", *flags]
+        # Files, not pipes: nobody reads a pipe before result(), and a full one would
+        # stop the process.
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         self._proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                      stdout=self._out, stderr=self._err)
         self._done: subprocess.CompletedProcess | None = None
 
     def result(self) -> subprocess.CompletedProcess:
@@ -51,10 +54,11 @@ class MainProcess:
         waiting, as ``subprocess.run`` does."""
         if self._done is None:
             try:
-                out, err = self._proc.communicate(timeout=self.timeout)
+                self._proc.wait(timeout=self.timeout)
             except subprocess.TimeoutExpired:
                 self.stop()
                 raise
+            out, err = (_read_and_close(f) for f in (self._out, self._err))
             self._done = subprocess.CompletedProcess(self._proc.args, self._proc.returncode,
                                                      out, err)
         return self._done
@@ -63,7 +67,13 @@ class MainProcess:
         """Kills the process if it still runs (a fixture's teardown)."""
         if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.communicate()
+            self._proc.wait()
+
+
+def _read_and_close(file) -> str:
+    file.seek(0)
+    with file:
+        return file.read()
 
 
 def run_main(workdir: Path, *flags: str, config: str = "models/configs/digits.py",

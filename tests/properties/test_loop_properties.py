@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from hypothesis import example, given, settings
@@ -51,15 +52,20 @@ def two_replica_run(request):
         return
     env = subprocess_env()
     env[profiles.PROFILE_ENV] = settings.get_current_profile_name()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.properties.run_replicas",
-                             "--replicas", "2"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    # A file, not a pipe: nobody reads before the test, and a full pipe stops the run.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.properties.run_replicas",
+                                 "--replicas", "2"], cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        yield proc, log
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_the_properties_hold_on_two_mirrored_replicas(two_replica_run):
-    output, _ = two_replica_run.communicate(timeout=900)
-    assert two_replica_run.returncode == 0, output[-6000:]
+    proc, log = two_replica_run
+    proc.wait(timeout=900)
+    log.seek(0)
+    output = log.read()
+    assert proc.returncode == 0, output[-6000:]
