@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests import toy
-from tests.conftest import REPO, run_main, subprocess_env
+from tests.conftest import REPO, early_main, run_main, subprocess_env
 from tests.run_callbacks import CallbackTrainer, Recorder, get_config
 from trainer import Callback
 
@@ -23,6 +23,12 @@ EXPECTED = [("on_fit_start", 0), ("on_loop_end", 5),
             ("on_loop_end", 15),
             ("on_log", 20), ("on_eval_end", 20), ("on_checkpoint", 20), ("on_loop_end", 20),
             ("on_fit_end", 20)]
+
+
+mirrored_main = early_main("mirrored_main", "test_two_mirrored_replicas_see_the_same_sequence",
+                           "--config.distribute.strategy=mirrored",
+                           "--config.distribute.virtual_devices=2",
+                           config="tests/run_callbacks.py")
 
 
 def hooks(calls) -> list[tuple[str, int]]:
@@ -111,9 +117,8 @@ def test_a_raising_callback_stops_the_run_naming_itself_and_leaves_checkpoints_w
         assert CallbackTrainer(config, str(tmp_path)).restore(step) == step
 
 
-def test_two_mirrored_replicas_see_the_same_sequence(tmp_path):
-    run = run_main(tmp_path, "--config.distribute.strategy=mirrored",
-                   "--config.distribute.virtual_devices=2", config="tests/run_callbacks.py")
+def test_two_mirrored_replicas_see_the_same_sequence(mirrored_main):
+    run, tmp_path = mirrored_main.result(), mirrored_main.workdir
     assert run.returncode == 0, run.stderr[-3000:]
     assert hooks(json.loads((tmp_path / "hooks-local-0.json").read_text())) == EXPECTED
 

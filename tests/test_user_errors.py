@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tf_cluster.tf_config import build_tf_config
 from tests import toy
-from tests.conftest import REPO, run_main, subprocess_env
+from tests.conftest import REPO, early_main, subprocess_env
 from tests.helpers import NO_TENSORFLOW_PRELUDE, last_lines
 import trainer as trainer_package
 from trainer import Callback, Trainer, checks, errors
@@ -349,9 +349,13 @@ def test_a_full_or_read_only_disk_is_a_workdir_error():
     assert errors.write_error(OSError(errno_codes.ECONNRESET, "reset"), "x") is None
 
 
-def test_a_run_ends_with_a_plain_result_line_on_stdout(tmp_path):
-    proc = run_main(tmp_path, "--config.train.steps=20", "--config.train.log_every_steps=10",
-                    "--config.eval.every_steps=0", "--config.telemetry.progress=bar")
+digits_main = early_main("digits_main", "test_a_run_ends_with_a_plain_result_line_on_stdout",
+                         "--config.train.steps=20", "--config.train.log_every_steps=10",
+                         "--config.eval.every_steps=0", "--config.telemetry.progress=bar")
+
+
+def test_a_run_ends_with_a_plain_result_line_on_stdout(digits_main):
+    proc, tmp_path = digits_main.result(), digits_main.workdir
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = [line for line in proc.stdout.splitlines() if line.startswith("result: ")]
     assert len(result) == 1, proc.stdout

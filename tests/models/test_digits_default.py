@@ -9,7 +9,12 @@ import numpy as np
 
 from models import digits
 from models.configs import digits as digits_config
-from tests.conftest import final_results, run_main
+from tests.conftest import early_main, final_results
+
+mirrored_main = early_main("mirrored_main",
+                           "test_main_on_two_mirrored_virtual_devices_reaches_95_percent",
+                           "--config.distribute.virtual_devices=2",
+                           "--config.distribute.strategy=mirrored")
 
 
 def test_fit_reaches_95_percent_and_evaluate_matches_hand_computation():
@@ -28,9 +33,8 @@ def test_fit_reaches_95_percent_and_evaluate_matches_hand_computation():
     assert evaluation["accuracy"] == results["eval/accuracy"]
 
 
-def test_main_on_two_mirrored_virtual_devices_reaches_95_percent(tmp_path):
-    proc = run_main(tmp_path, "--config.distribute.virtual_devices=2",
-                    "--config.distribute.strategy=mirrored")
+def test_main_on_two_mirrored_virtual_devices_reaches_95_percent(mirrored_main):
+    proc, tmp_path = mirrored_main.result(), mirrored_main.workdir
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "replicas in sync: 2" in proc.stderr
     assert final_results(proc)["eval/accuracy"] >= 0.95

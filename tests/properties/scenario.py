@@ -5,8 +5,10 @@ weights)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
+import traceback
 from typing import Any
 
 import numpy as np
@@ -99,7 +101,15 @@ def fit(case: Case, workdir: str, stop_at: int | None = None) -> Outcome:
     weights = [w.copy() for w in t.model.get_weights()]
     if t.ema is not None and t.ema.built:
         weights += [v.numpy() for v in t.ema.variables]
-    return Outcome(error, t.step, watch.loop_ends, weights)
+    outcome = Outcome(error, t.step, watch.loop_ends, weights)
+    # Free the Trainer now, young (tests/conftest.py says why): a test runs many
+    # examples, and their Trainers collected together at its end stall it for seconds.
+    # The error keeps its type, message and traceback lines, not the frames' locals.
+    if error is not None:
+        traceback.clear_frames(error.__traceback__)
+    del t
+    gc.collect()
+    return outcome
 
 
 def records(workdir: str) -> list[dict[str, Any]]:

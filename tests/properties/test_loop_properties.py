@@ -1,17 +1,20 @@
 """Properties of the loop's cadences and controls over drawn configs (hypothesis).
 
 One replica in this process; two Mirrored replicas in one subprocess that runs its own
-examples (one replica count per process). Profiles, example counts and how to replay a
-failure: tests/README.md.
+examples (one replica count per process), started with the module so that both run at
+once. Profiles, example counts and how to replay a failure: tests/README.md.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 
+import pytest
 from hypothesis import example, given, settings
 
+from tests.conftest import collected
 from tests.helpers import REPO, subprocess_env
 from tests.properties import checks, profiles, strategies
 
@@ -36,10 +39,33 @@ def test_a_run_stopped_anywhere_resumes_bit_exactly(case):
     checks.check_resume(case)
 
 
-def test_the_properties_hold_on_two_mirrored_replicas():
+TWO_REPLICAS = "test_the_properties_hold_on_two_mirrored_replicas"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_replica_run(request):
+    """The two-replica subprocess, started before the first in-process example so it
+    runs alongside them (the in-process examples keep about one core busy); only when
+    its test was collected. The test waits for it."""
+    if not collected(request, TWO_REPLICAS):
+        yield None
+        return
     env = subprocess_env()
     env[profiles.PROFILE_ENV] = settings.get_current_profile_name()
-    run = subprocess.run([sys.executable, "-m", "tests.properties.run_replicas",
-                          "--replicas", "2"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+    # A file, not a pipe: nobody reads before the test, and a full pipe stops the run.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.properties.run_replicas",
+                                 "--replicas", "2"], cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        yield proc, log
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_properties_hold_on_two_mirrored_replicas(two_replica_run):
+    proc, log = two_replica_run
+    proc.wait(timeout=900)
+    log.seek(0)
+    output = log.read()
+    assert proc.returncode == 0, output[-6000:]

@@ -10,8 +10,9 @@ import pytest
 
 from models import digits
 from models.configs import digits as digits_config
-from tests.conftest import run_main
+from tests.conftest import early_main
 from trainer.telemetry import flops
+
 
 
 def _config(**overrides):
@@ -39,6 +40,13 @@ def _dense_macs(model: keras.Model) -> list[int]:
     """Multiply-adds per example of each Dense layer, in order."""
     return [int(layer.kernel.shape[0] * layer.kernel.shape[1])
             for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+
+
+mirrored_main = early_main(
+    "mirrored_main", "test_the_estimate_per_example_is_the_same_on_two_mirrored_replicas",
+    "--config.distribute.virtual_devices=2", "--config.distribute.strategy=mirrored",
+    "--config.train.steps=10", "--config.train.log_every_steps=10",
+    "--config.eval.every_steps=0", "--config.telemetry.peak_tflops=2.0")
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +141,12 @@ def test_peak_table_matches_gpu_names_and_dtypes():
     assert table["A100"]["tf32"] > table["A100"]["float32"]
 
 
-def test_the_estimate_per_example_is_the_same_on_two_mirrored_replicas(digits_run, tmp_path):
+def test_the_estimate_per_example_is_the_same_on_two_mirrored_replicas(digits_run,
+                                                                      mirrored_main):
     """Model FLOPs per example do not depend on the replica count; the loop graph holds
     one step per replica, so the hardware count per example hardly changes."""
     _, records = digits_run
-    proc = run_main(tmp_path, "--config.distribute.virtual_devices=2",
-                    "--config.distribute.strategy=mirrored", "--config.train.steps=10",
-                    "--config.train.log_every_steps=10", "--config.eval.every_steps=0",
-                    "--config.telemetry.peak_tflops=2.0")
+    proc, tmp_path = mirrored_main.result(), mirrored_main.workdir
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "replicas in sync: 2" in proc.stderr
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
