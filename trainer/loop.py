@@ -38,6 +38,7 @@ from trainer import checks, data, data_resume, eval_pass, host_collectives
 from trainer import plan as plan_lib
 from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
+from trainer.metric_readout import MetricReadout
 from trainer.errors import Preempted
 from trainer.run_context import RunContext, Service, next_multiple
 
@@ -46,42 +47,6 @@ def _replica_spec(spec):
     """One replica's spec of a distributed dataset/iterator ``element_spec``
     (``PerReplicaSpec`` on several local replicas holds one spec per replica)."""
     return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
-
-
-class MetricReadout:
-    """A loss metric and named metrics (``{"loss": ..., NAME: ...}``), read as Python
-    floats and reset.
-
-    ``compiled``: read and reset in ONE ``tf.function`` call (op by op from the host it
-    cost a noticeable share of a short logging window: benchmarks/README.md);
-    ``result()`` must then be a function of the metric's variables, as
-    for every Keras metric. Otherwise eagerly, as ``keras.Model.evaluate`` reads them.
-    Values are reduced over replicas and workers (Keras metric variables are
-    ON_READ/SUM, read in cross-replica context): call on every worker. Host.
-    """
-
-    def __init__(self, loss_metric, metrics: dict, compiled: bool):
-        self._metrics = {"loss": loss_metric, **metrics}
-        self._compiled = compiled
-        self._read_and_reset = (tf.function(self._read_and_reset_fn, autograph=False)
-                                if compiled else self._read_and_reset_fn)
-
-    def _read_and_reset_fn(self) -> dict[str, tf.Tensor]:
-        values = {name: metric.result() for name, metric in self._metrics.items()}
-        for metric in self._metrics.values():  # after the reads: same variables, in order
-            metric.reset_state()
-        return values
-
-    def reset(self) -> None:
-        if self._compiled:  # one call, the reads discarded
-            self._read_and_reset()
-            return
-        for metric in self._metrics.values():
-            metric.reset_state()
-
-    def take(self) -> dict[str, float]:
-        """The values accumulated since the last reset; resets."""
-        return {name: float(value) for name, value in self._read_and_reset().items()}
 
 
 class History(Service):
