@@ -61,7 +61,7 @@ def measure(workload_name: str, rounds: int, steps: int, modes: list[str]) -> di
     logging.set_verbosity(logging.WARNING)
     workload = WORKLOADS[workload_name]
     trainers = {mode: framework_trainer(workload, 50, **{
-        "distribute.strategy": "one_device", "train.log_every_steps": 10**6,
+        "distribute.strategy": "one_device", "train.log_every_steps": 10**6, "perf.plan": "fixed",
         **MODES.get(mode, MODES["ema"])}) for mode in modes}
     for mode, trainer in trainers.items():
         if mode not in MODES:  # before the first fit builds and traces the EMA

@@ -46,7 +46,7 @@ def _trainer(workload, distribute: dict):
     from benchmarks.workloads import framework_trainer
 
     return framework_trainer(workload, K, **{
-        "telemetry.probe_every_windows": 0, "distribute.virtual_devices": 2,
+        "telemetry.probe_every_windows": 0, "distribute.virtual_devices": 2, "perf.plan": "fixed",
         **{f"distribute.{key}": value for key, value in distribute.items()}})
 
 

@@ -46,7 +46,7 @@ def build_trainer(workload, policy: str, jit: bool, strategy: str):
 
     return framework_trainer(workload, STEPS_PER_LOOP, **{
         "precision.policy": policy, "perf.jit_compile": jit, "distribute.strategy": strategy,
-        "telemetry.probe_every_windows": 0})
+        "telemetry.probe_every_windows": 0, "perf.plan": "fixed"})
 
 
 def run_steps(t, steps: int) -> float:

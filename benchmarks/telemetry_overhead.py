@@ -38,7 +38,8 @@ MODES = ("off", "on_no_probes", "on")
 def _trainer(workload, mode: str, steps_per_loop: int, log_every: int, workdir: str | None):
     from benchmarks.workloads import framework_trainer
 
-    overrides = {"train.log_every_steps": log_every, "distribute.strategy": "one_device"}
+    overrides = {"train.log_every_steps": log_every, "distribute.strategy": "one_device",
+                 "perf.plan": "fixed"}  # the modes compare one plan
     if mode == "on_no_probes":
         overrides["telemetry.probe_every_windows"] = 0
     return framework_trainer(workload, steps_per_loop, workdir=workdir, **overrides)
