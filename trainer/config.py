@@ -13,13 +13,12 @@ The whole schema, field by field, is documented in docs/configuration.md.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
-from typing import Any
 
 import ml_collections
 
+from trainer.config_rules import check_choice, check_positive, require, suggest
 from trainer.errors import ConfigError  # raised here; importers take it from trainer.config
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
@@ -105,7 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
             jit_compile=False,
             grad_accum_steps=1,
             recompute=False,
-            # "auto": time candidate plans (XLA on/off, steps per loop) on the first
+            # "auto": time candidate plans (XLA settings, steps per loop) on the first
             # steps and keep the fastest (trainer.plan); "fixed": exactly this config.
             plan="auto",
             plan_min_run_s=30.0,  # runs estimated shorter are not measured
@@ -158,12 +157,6 @@ def get_config() -> ml_collections.ConfigDict:
     return config
 
 
-def suggest(name: str, choices) -> str:
-    """" Did you mean 'X'?" for the closest of ``choices``, or ""."""
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" Did you mean '{close[0]}'?" if close else ""
-
-
 def _check_known_keys(config: ml_collections.ConfigDict) -> None:
     schema = get_config()
     for key in config.keys():
@@ -193,23 +186,6 @@ def _check_section_keys(where: str, section, schema: ml_collections.ConfigDict) 
             _check_section_keys(f"{where}.{sub}", section[sub], schema[sub])
 
 
-def _check_choice(field: str, value: Any, choices) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"config.{field}={value!r} is not one of {', '.join(map(repr, choices))}."
-            f"{suggest(str(value), choices)}"
-        )
-
-
-def _check_positive(field: str, value: Any, allow_zero: bool = False) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and (
-        value >= 0 if allow_zero else value > 0
-    )
-    if not ok:
-        bound = "a non-negative" if allow_zero else "a positive"
-        raise ConfigError(f"config.{field}={value!r} must be {bound} integer.")
-
-
 def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
     """``distribute.device_weights``: non-negative numbers, one per device, manual only."""
     weights = dcfg.device_weights
@@ -231,12 +207,6 @@ def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
                           f"distribute.devices {tuple(dcfg.devices)!r}; give one per device.")
 
 
-def _require(field: str, value: Any, ok: bool, rule: str) -> None:
-    """Raises ``config.FIELD=VALUE must be RULE.`` unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"config.{field}={value!r} must be {rule}.")
-
-
 def validate(config: ml_collections.ConfigDict) -> None:
     """Checks the config against the schema; raises ConfigError naming the field.
 
@@ -244,49 +214,81 @@ def validate(config: ml_collections.ConfigDict) -> None:
     :func:`check_batch_divisible`, called once the strategy exists.
     """
     _check_known_keys(config)
-    _check_positive("train.global_batch_size", config.train.global_batch_size)
-    _check_positive("train.steps", config.train.steps)
-    _check_positive("train.steps_per_loop", config.train.steps_per_loop)
-    _check_positive("train.log_every_steps", config.train.log_every_steps)
-    _check_choice("train.on_nonfinite", config.train.on_nonfinite,
+    check_positive("train.global_batch_size", config.train.global_batch_size)
+    check_positive("train.steps", config.train.steps)
+    check_positive("train.steps_per_loop", config.train.steps_per_loop)
+    check_positive("train.log_every_steps", config.train.log_every_steps)
+    check_choice("train.on_nonfinite", config.train.on_nonfinite,
                   ("auto", "skip", "stop", "rollback"))
-    _check_positive("train.rollback_after", config.train.rollback_after)
-    _check_positive("train.max_rollbacks", config.train.max_rollbacks, allow_zero=True)
+    check_positive("train.rollback_after", config.train.rollback_after)
+    check_positive("train.max_rollbacks", config.train.max_rollbacks, allow_zero=True)
     bound = config.train.loss_upper_bound
-    _require("train.loss_upper_bound", bound, bound >= 0, ">= 0 (0: off)")
+    require("train.loss_upper_bound", bound, bound >= 0, ">= 0 (0: off)")
     _check_early_stopping(config.train.early_stopping)
-    _check_positive("eval.global_batch_size", config.eval.global_batch_size, allow_zero=True)
-    _check_positive("eval.every_steps", config.eval.every_steps, allow_zero=True)
+    check_positive("eval.global_batch_size", config.eval.global_batch_size, allow_zero=True)
+    check_positive("eval.every_steps", config.eval.every_steps, allow_zero=True)
     steps = config.eval.steps
-    _require("eval.steps", steps, isinstance(steps, int) and (steps == -1 or steps > 0),
+    require("eval.steps", steps, isinstance(steps, int) and (steps == -1 or steps > 0),
              "-1 (full pass) or > 0")
-    _check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
-    _check_choice("optimizer.schedule", config.optimizer.schedule, SCHEDULES)
-    _check_choice("optimizer.lr_scaling", config.optimizer.lr_scaling, ("none", "linear"))
+    check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
+    check_choice("optimizer.schedule", config.optimizer.schedule, SCHEDULES)
+    check_choice("optimizer.lr_scaling", config.optimizer.lr_scaling, ("none", "linear"))
     opt = config.optimizer
-    _require("optimizer.learning_rate", opt.learning_rate, opt.learning_rate >= 0, ">= 0")
-    _require("optimizer.ema_decay", opt.ema_decay, 0 <= opt.ema_decay < 1,
+    require("optimizer.learning_rate", opt.learning_rate, opt.learning_rate >= 0, ">= 0")
+    require("optimizer.ema_decay", opt.ema_decay, 0 <= opt.ema_decay < 1,
              "in [0, 1) (0: off; e.g. 0.999)")
-    _require("optimizer.clipnorm", opt.clipnorm, opt.clipnorm >= 0, ">= 0")
-    _check_positive("optimizer.warmup_steps", config.optimizer.warmup_steps, allow_zero=True)
-    _check_positive("optimizer.decay_steps", config.optimizer.decay_steps, allow_zero=True)
-    _check_choice("precision.policy", config.precision.policy, POLICIES)
+    require("optimizer.clipnorm", opt.clipnorm, opt.clipnorm >= 0, ">= 0")
+    check_positive("optimizer.warmup_steps", config.optimizer.warmup_steps, allow_zero=True)
+    check_positive("optimizer.decay_steps", config.optimizer.decay_steps, allow_zero=True)
+    check_choice("precision.policy", config.precision.policy, POLICIES)
     scale = config.precision.initial_loss_scale
-    _require("precision.initial_loss_scale", scale, scale > 0, "> 0")
-    _check_positive("precision.growth_interval", config.precision.growth_interval)
-    _check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
-    _check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
+    require("precision.initial_loss_scale", scale, scale > 0, "> 0")
+    check_positive("precision.growth_interval", config.precision.growth_interval)
+    check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
+    check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
     _check_device_weights(config.distribute)
-    _check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
-    _check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
-    _check_positive("perf.grad_accum_steps", config.perf.grad_accum_steps)
+    check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
+    check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
+    _check_perf(config)
+    check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
+    wait = config.checkpoint.shared_workdir_timeout_s
+    require("checkpoint.shared_workdir_timeout_s", wait, isinstance(wait, (int, float))
+             and not isinstance(wait, bool) and wait >= 0,
+             "a number of seconds >= 0 (0 turns the shared-workdir check off)")
+    check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
+    best = config.checkpoint.best_metric
+    if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")
+                     and best.partition("/")[2]):
+        raise ConfigError(f"config.checkpoint.best_metric={best!r} must be '' or name a value "
+                          f"fit() reports: 'eval/NAME' or 'train/NAME', e.g. 'eval/accuracy'.")
+    check_choice("telemetry.progress", config.telemetry.progress, ("auto", "bar", "lines", "off"))
+    parse_profile_steps(config.telemetry.profile_steps)
+    check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
+                    allow_zero=True)
+    check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
+    tel = config.telemetry
+    require("telemetry.probe_budget", tel.probe_budget, 0 <= tel.probe_budget < 1,
+             "in [0, 1) (e.g. 0.005; 0: no cap)")
+    check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
+    check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
+    _check_loggers(config.telemetry.loggers)
+    _check_data_service(config)
+    require("telemetry.peak_tflops", tel.peak_tflops, tel.peak_tflops >= 0,
+             ">= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table)")
+    require("telemetry.alert_drop", tel.alert_drop, 0 < tel.alert_drop < 1,
+             "a fraction in (0, 1), e.g. 0.3 for a 30% drop")
+
+
+def _check_perf(config: ml_collections.ConfigDict) -> None:
+    """``perf.*``, and the steps a gradient accumulation window must divide."""
     perf = config.perf
-    _require("perf.plan", perf.plan, perf.plan in ("auto", "fixed"), "'auto' or 'fixed'")
-    _require("perf.plan_min_run_s", perf.plan_min_run_s, perf.plan_min_run_s >= 0, ">= 0")
-    _require("perf.plan_trial_s", perf.plan_trial_s, perf.plan_trial_s > 0, "> 0")
-    _check_positive("perf.plan_rounds", perf.plan_rounds)
-    _check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
-    accum = config.perf.grad_accum_steps
+    require("perf.plan", perf.plan, perf.plan in ("auto", "fixed"), "'auto' or 'fixed'")
+    require("perf.plan_min_run_s", perf.plan_min_run_s, perf.plan_min_run_s >= 0, ">= 0")
+    require("perf.plan_trial_s", perf.plan_trial_s, perf.plan_trial_s > 0, "> 0")
+    check_positive("perf.plan_rounds", perf.plan_rounds)
+    check_positive("perf.grad_accum_steps", perf.grad_accum_steps)
+    check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
+    accum = perf.grad_accum_steps
     for field in ("train.steps", "checkpoint.every_steps"):
         section, name = field.split(".")
         if config[section][name] % accum:
@@ -294,33 +296,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                 f"config.{field}={config[section][name]} is not a multiple of "
                 f"perf.grad_accum_steps={accum}: steps count micro-batches and an optimizer "
                 f"update happens every {accum}; use a multiple of {accum}.")
-    _check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
-    wait = config.checkpoint.shared_workdir_timeout_s
-    _require("checkpoint.shared_workdir_timeout_s", wait, isinstance(wait, (int, float))
-             and not isinstance(wait, bool) and wait >= 0,
-             "a number of seconds >= 0 (0 turns the shared-workdir check off)")
-    _check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
-    best = config.checkpoint.best_metric
-    if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")
-                     and best.partition("/")[2]):
-        raise ConfigError(f"config.checkpoint.best_metric={best!r} must be '' or name a value "
-                          f"fit() reports: 'eval/NAME' or 'train/NAME', e.g. 'eval/accuracy'.")
-    _check_choice("telemetry.progress", config.telemetry.progress, ("auto", "bar", "lines", "off"))
-    parse_profile_steps(config.telemetry.profile_steps)
-    _check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
-                    allow_zero=True)
-    _check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
-    tel = config.telemetry
-    _require("telemetry.probe_budget", tel.probe_budget, 0 <= tel.probe_budget < 1,
-             "in [0, 1) (e.g. 0.005; 0: no cap)")
-    _check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
-    _check_positive("telemetry.alert_windows", config.telemetry.alert_windows)
-    _check_loggers(config.telemetry.loggers)
-    _check_data_service(config)
-    _require("telemetry.peak_tflops", tel.peak_tflops, tel.peak_tflops >= 0,
-             ">= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table)")
-    _require("telemetry.alert_drop", tel.alert_drop, 0 < tel.alert_drop < 1,
-             "a fraction in (0, 1), e.g. 0.3 for a 30% drop")
 
 
 def _check_early_stopping(es: ml_collections.ConfigDict) -> None:
@@ -328,8 +303,8 @@ def _check_early_stopping(es: ml_collections.ConfigDict) -> None:
                           and len(es.metric) > 5):
         raise ConfigError(f"config.train.early_stopping.metric={es.metric!r} must be '' (off) "
                           f"or an evaluation value 'eval/NAME', e.g. 'eval/loss'.")
-    _check_choice("train.early_stopping.mode", es.mode, ("min", "max"))
-    _check_positive("train.early_stopping.patience", es.patience, allow_zero=True)
+    check_choice("train.early_stopping.mode", es.mode, ("min", "max"))
+    check_positive("train.early_stopping.patience", es.patience, allow_zero=True)
     if not es.min_delta >= 0:
         raise ConfigError(f"config.train.early_stopping.min_delta={es.min_delta!r} must be "
                           f">= 0.")

@@ -365,9 +365,16 @@ class LoopDriver:
         return outputs, time.perf_counter() - start
 
     def _announce_plan(self, record: dict | None) -> None:
-        """A decision of the planner (its fields, or None): one run event."""
-        if record is not None:
-            self.trainer.events.plan(self.trainer.step, record)
+        """A decision of the planner (its fields, or None): a run event when plans were
+        measured or adopted; one log line when nothing was measured (a short run)."""
+        if record is None:
+            return
+        if record["source"] == "skipped" and not record["plans"]:
+            logging.info("plan: %s as configured, not measured: %s",
+                         plan_lib.Plan.from_dict(record["chosen"]).describe(),
+                         record["reason"])
+            return
+        self.trainer.events.plan(self.trainer.step, record)
 
     def _window_logs(self, outputs: dict, steps: int, seconds: float) -> dict[str, float]:
         """The ``on_log`` values of a window; resets the train metrics."""
