@@ -118,7 +118,8 @@ def test_short_runs_and_single_candidates_are_not_measured():
     assert {plan for plan, _ in calls} == {Plan("off", 50)}
     planner = make_planner(make_config(steps_per_loop=100), xla_problem="two replicas")
     _, (record,) = drive(planner, lambda p: 1e-3, 100_000, 100)
-    assert record["source"] == "skipped" and record["reason"] == "one candidate plan"
+    assert record["source"] == "skipped"
+    assert record["reason"] == "one candidate plan (XLA two replicas)"
 
 
 def test_a_fixed_plan_runs_the_config_and_is_never_saved():
@@ -154,6 +155,8 @@ def test_a_checkpoints_plan_is_adopted_only_on_the_same_signature():
     assert again.next_plan() == Plan("step", 100)
     moved = make_planner(make_config(), signature={**SIGNATURE, "cpus": 64})
     assert moved.adopt(saved) is None and not moved.decided
+    for foreign in ({"chosen": {"xla": True}}, {"chosen": "fast"}, {}):  # other versions
+        assert make_planner(make_config()).adopt(foreign) is None
 
 
 def test_every_worker_follows_the_chiefs_decisions():

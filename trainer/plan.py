@@ -194,9 +194,12 @@ class Planner:
         Returns the event's fields when it decides, else None."""
         if self.decided:
             return None
-        usable = (saved is not None and saved.get("signature") == self._signature
-                  and Plan.from_dict(saved["chosen"]) in self.plans)
-        index = self.plans.index(Plan.from_dict(saved["chosen"])) if usable else -1
+        try:
+            plan = Plan.from_dict(saved["chosen"]) if saved else None
+        except (KeyError, TypeError, ValueError):  # not a plan this version wrote
+            plan = None
+        usable = plan in self.plans and saved.get("signature") == self._signature
+        index = self.plans.index(plan) if usable else -1
         index = int(self._from_chief(np.array([index + 1], np.int32))[0]) - 1
         if index < 0:
             return None
@@ -249,7 +252,8 @@ class Planner:
         words = self._from_chief(np.array([int(measure), max(1, int(trial_s / step_s))],
                                           np.int32))
         if not words[0]:
-            why = ("one candidate plan" if len(self.plans) == 1 else
+            why = (f"one candidate plan (XLA {self.xla_problem})" if len(self.plans) == 1
+                   and self.xla_problem else "one candidate plan" if len(self.plans) == 1 else
                    f"the remaining {remaining_steps} steps take ~{estimate:.0f} s < "
                    f"perf.plan_min_run_s={perf.plan_min_run_s:g}")
             return self._decide(self.baseline, "skipped", {"reason": why})
