@@ -82,6 +82,7 @@ class LoopDriver:
         self._train_step, self._eval_step = train_step, eval_step
         self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
         self._planner: plan_lib.Planner | None = None
+        self._last_setting = ""  # the XLA setting of the last train loop call
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
@@ -242,12 +243,13 @@ class LoopDriver:
             self.ensure_built(self._eval_dataset, "build_eval_dataset")
 
     def train_graph(self) -> tf.Graph | None:
-        """The graph of the compiled train loop as ``fit()`` traced it (no retrace);
-        None before the first ``fit()``. Its loop body calls the step function once:
+        """The graph of the compiled train loop as ``fit()`` traced it for the last loop
+        call's plan (no retrace); None before the first ``fit()``. Its loop body calls the step function once:
         ``strategy.run`` of the train step on this worker's replicas."""
-        if self._fit_iterator is None or not self._loops:
+        loops = self._loops.get(self._last_setting)
+        if self._fit_iterator is None or loops is None:
             return None
-        return self.loops.train.get_concrete_function(
+        return loops.train.get_concrete_function(
             self._fit_iterator, tf.constant(1, tf.int64)).graph
 
     def train_batch_spec(self) -> Any:
@@ -353,6 +355,7 @@ class LoopDriver:
         """One call of the train loop of XLA setting ``xla``: ``(outputs, host
         seconds)``; a user's mistake becomes one InputError."""
         loops = self._loops_for(xla)
+        self._last_setting = xla
         start = time.perf_counter()
         try:
             loops.prepare(iterator)  # the first call of these loops traces the step
