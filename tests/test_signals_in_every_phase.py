@@ -171,3 +171,24 @@ def test_a_second_signal_exits_at_once(runs):
     assert run.proc.returncode == 130, run.output[-3000:]
     assert last_lines(run.output, 1) == "SIGINT again: exiting at once with 130."
     assert "preempted at step" not in run.output  # it did not wait for the save
+
+
+def test_each_delivery_is_handled_once_whatever_order_the_channels_see_them():
+    """SIGTERM then SIGINT: the watcher's pipe sees them in that order, Python's handler
+    runs pending ones by signal number (SIGINT first). Whatever the interleaving, the
+    first delivery of each is handled once and the other channel's copy is not."""
+    from trainer.signals import Deliveries
+
+    orders = [
+        [("pipe", TERM), ("handler", INT), ("handler", TERM), ("pipe", INT)],
+        [("pipe", TERM), ("pipe", INT), ("handler", INT), ("handler", TERM)],
+        [("handler", TERM), ("pipe", TERM), ("pipe", INT), ("handler", INT)],
+    ]
+    for order in orders:
+        deliveries = Deliveries()
+        handled = [sig for channel, sig in order if deliveries.is_new(channel, sig)]
+        assert sorted(handled) == sorted([TERM, INT]), order
+    # The same signal twice is two deliveries: the second is new on either channel.
+    deliveries = Deliveries()
+    seen = [deliveries.is_new(c, TERM) for c in ("pipe", "handler", "handler", "pipe")]
+    assert seen == [True, False, True, False]

@@ -40,6 +40,26 @@ from typing import Callable
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class Deliveries:
+    """Which signal deliveries are new: each delivery reaches two channels (the watcher
+    thread's pipe and the Python-level handler), and the first channel to see it handles
+    it. Counted PER SIGNAL: Python runs pending handlers in signal-number order (SIGINT
+    before SIGTERM), not in the order the signals arrived, so one count per channel
+    would take a SIGTERM the handler sees late for a second signal."""
+
+    def __init__(self):
+        self._seen: dict[tuple[str, int], int] = {}
+        self._handled: dict[int, int] = {}
+
+    def is_new(self, channel: str, signum: int) -> bool:
+        """``channel`` sees one delivery of ``signum``: True when no channel handled it."""
+        seen = self._seen[(channel, signum)] = self._seen.get((channel, signum), 0) + 1
+        if seen <= self._handled.get(signum, 0):
+            return False
+        self._handled[signum] = seen
+        return True
+
+
 class _State:
     """The one process-wide installation (signals are process-wide)."""
 
@@ -50,10 +70,7 @@ class _State:
         self.previous_fd = -1
         self.received: int | None = None
         self.callback: Callable[[int], None] | None = None
-        # Deliveries seen by each channel (the watcher's pipe, the Python handler) and
-        # handled: each delivery reaches both; the first channel to see it handles it.
-        self.seen = {"pipe": 0, "handler": 0}
-        self.handled = 0
+        self.deliveries = Deliveries()
 
 
 _STATE = _State()
@@ -136,10 +153,8 @@ def _deliver(signum: int, channel: str) -> None:
     """One delivery of ``signum`` seen by ``channel``; acts unless already handled."""
     name = signal.Signals(signum).name
     with _STATE.lock:
-        _STATE.seen[channel] += 1
-        if _STATE.seen[channel] <= _STATE.handled:
+        if not _STATE.deliveries.is_new(channel, signum):
             return  # the other channel handled this delivery
-        _STATE.handled = _STATE.seen[channel]
         first = _STATE.received is None
         if first:
             _STATE.received = signum

@@ -82,7 +82,8 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(doctor.SECTIONS) - {"batch"} | {"config", "verdict"} <= set(report)
+    # The batch search (4) and the execution plan (8) are covered in-process.
+    assert set(doctor.SECTIONS) - {"batch", "plan"} | {"config", "verdict"} <= set(report)
     assert report["config"]["replicas"] == 2
     comm = report["communication"]
     assert comm["applicable"] and comm["per_replica_batch"] == 32
@@ -93,7 +94,7 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     assert report["verdict"] == doctor_report.verdict(measured)
     table = doctor_report.format_table(report)
     for label in ("(1) real run", "(2) input pipeline alone", "(3) compute alone",
-                  "(6) 1 vs 2 replicas", "(7) top layers", "(8) verdict"):
+                  "(6) 1 vs 2 replicas", "(7) top layers", "(9) verdict"):
         assert label in table, label
 
 

@@ -229,5 +229,5 @@ def format_table(report: Report) -> str:
             lines.append(f"  not timed: {', '.join(lay['untimed'])}")
     if "verdict" in report:
         v = report["verdict"]
-        lines += ["", f"(8) verdict: {v['text']}"] + [f"    - {a}" for a in v["advice"]]
+        lines += ["", f"(9) verdict: {v['text']}"] + [f"    - {a}" for a in v["advice"]]
     return "\n".join(lines)
