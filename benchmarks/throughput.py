@@ -252,7 +252,9 @@ def format_plan(run: dict) -> str:
     def shown(p: dict) -> str:
         return f"xla={p['xla']} steps_per_loop={p['steps_per_loop']}"
 
-    timed = ", ".join(f"xla={p['xla']}/{p['steps_per_loop']} {p['vs_baseline']:.2f}"
+    timed = ", ".join(f"xla={p['xla']}/{p['steps_per_loop']} "
+                      + (f"{p['vs_baseline']:.2f}" if p["vs_baseline"] is not None
+                         else "not timed")
                       for p in plan["plans"])
     return (f"plan {where}: {plan['source']} at step {plan['step']}, chosen "
             f"{shown(plan['chosen'])}, {plan['ratio']:.2f}x the baseline "

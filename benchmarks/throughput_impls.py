@@ -88,7 +88,7 @@ class Framework(_Impl):
             self.run(max(steps, math.ceil(PLANNED_RUN_S / (step_s or 1e-3))))
         self.run(steps)
         if self.plan() is not None:
-            self.xla = bool(self.plan()["chosen"]["xla"])
+            self.xla = self.plan()["chosen"]["xla"]  # "off" | "grads" | "step"
 
     def run(self, steps: int) -> None:
         self.trainer.config.train.steps = self.trainer.step + steps
