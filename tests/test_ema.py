@@ -67,3 +67,28 @@ def test_one_replica_update_is_one_xla_compiled_call():
     _, _, ops_step = averaged_run(False, steps=1)
     assert len(xla_compiled_ops(fused_step)) == 1
     assert xla_compiled_ops(ops_step) == []
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_n_updates_moves_by_the_decay_to_the_n_at_multiples_of_the_update_count(fused):
+    """optimizer.ema_every_steps=N: after the updates whose count is a multiple of N,
+    ema = d^N ema + (1 - d^N) w; between them the average stays."""
+    rng = np.random.default_rng(1)
+    weight = tf.Variable(rng.normal(size=(4,)).astype(np.float32))
+    count = tf.Variable(0, dtype=tf.int64)  # the optimizer's update count
+    ema = ExponentialMovingAverage(DECAY, fused=fused, every=3)
+    ema.build(tf.distribute.get_strategy(), [weight])
+    want = weight.numpy().astype(np.float64)
+
+    @tf.function(autograph=False)
+    def step(value):
+        weight.assign(value)
+        count.assign_add(1)
+        ema.update([weight], count)
+
+    for n in range(1, 11):
+        value = rng.normal(size=(4,)).astype(np.float32)
+        step(value)
+        if n % 3 == 0:
+            want = DECAY ** 3 * want + (1 - DECAY ** 3) * value
+        np.testing.assert_allclose(ema.variables[0].numpy(), want, rtol=0, atol=1e-6)

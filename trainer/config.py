@@ -78,6 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
             # > 0: keep an exponential moving average of the weights (trainer.ema), used
             # by evaluate(), the best-checkpoint metric and export().
             ema_decay=0.0,
+            ema_every_steps=1,  # N > 1: move the EMA every N updates by ema_decay**N
             lr_scaling="none",  # "none" | "linear" (against reference_batch_size)
             reference_batch_size=0,
         )
@@ -238,6 +239,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     require("optimizer.ema_decay", opt.ema_decay, 0 <= opt.ema_decay < 1,
              "in [0, 1) (0: off; e.g. 0.999)")
     require("optimizer.clipnorm", opt.clipnorm, opt.clipnorm >= 0, ">= 0")
+    check_positive("optimizer.ema_every_steps", opt.ema_every_steps)
     check_positive("optimizer.warmup_steps", config.optimizer.warmup_steps, allow_zero=True)
     check_positive("optimizer.decay_steps", config.optimizer.decay_steps, allow_zero=True)
     check_choice("precision.policy", config.precision.policy, POLICIES)

@@ -6,7 +6,12 @@ applied, becomes
 
     ema = d * ema + (1 - d) * w
 
-with ``d = optimizer.ema_decay`` exactly: no bias correction, no warm-up. Steps whose
+with ``d = optimizer.ema_decay`` exactly: no bias correction, no warm-up. With
+``optimizer.ema_every_steps = N > 1`` the average moves only after the applied updates
+whose count (the optimizer's ``iterations`` after the update: checkpointed, so a resumed
+run moves at the same updates) is a multiple of N, by ``ema = d^N * ema + (1 - d^N) * w``:
+the same horizon at 1/N of the cost, an approximation of the per-update average (it
+samples the weights every N updates instead of averaging each). Steps whose
 update is skipped (non-finite gradients) and the micro-steps of a gradient accumulation
 window (``perf.grad_accum_steps``) do not update it. Training continues on the raw
 weights; ``Trainer.evaluate()``, the best-checkpoint metric and ``Trainer.export()``
@@ -53,10 +58,13 @@ class ExponentialMovingAverage:
       decay: ``d`` in ``[0, 1)``.
       fused: True (default): one XLA-compiled update over all averages where no variable
         is distributed, else three ops per variable; False: always three ops per variable.
+      every: N: move the averages after every N-th applied update, by ``decay ** N``
+        (``decay`` below is that per-move decay).
     """
 
-    def __init__(self, decay: float, fused: bool = True):
-        self.decay = float(decay)
+    def __init__(self, decay: float, fused: bool = True, every: int = 1):
+        self.every = int(every)
+        self.decay = float(decay) ** self.every  # per move
         self.fused = fused
         self.pairs: list[tuple[tf.Variable, tf.Variable]] = []  # (weight, average)
         self._index: dict[int, int] = {}
@@ -85,8 +93,10 @@ class ExponentialMovingAverage:
                 self.pairs.append((weight, average))
 
     @no_autograph
-    def update(self, weights: list) -> None:
-        """After an applied update of ``weights``: moves their averages (others ignored).
+    def update(self, weights: list, updates: tf.Variable | None = None) -> None:
+        """After an applied update of ``weights``: moves their averages (others ignored);
+        with ``every > 1`` only when ``updates`` (the optimizer's update count after this
+        update) is a multiple of it.
 
         Traced inside the training step (replica context, or cross-replica inside the
         gradient path's ``merge_call``); see the module docstring for the two forms.
@@ -94,6 +104,19 @@ class ExponentialMovingAverage:
         indices = tuple(self._index[id(w)] for w in weights if id(w) in self._index)
         if not indices:
             return
+        if self.every > 1:
+            def move() -> tf.Tensor:
+                self._move_averages(indices)
+                return tf.constant(True)
+
+            count = tf.cast(tf.convert_to_tensor(updates), tf.int64)
+            tf.cond(tf.equal(count % self.every, 0), move,
+                    lambda: tf.constant(False))
+            return
+        self._move_averages(indices)
+
+    def _move_averages(self, indices: tuple[int, ...]) -> None:
+        """Moves the averages of the weights at ``indices`` by ``decay`` (traced)."""
         pairs = [self.pairs[i] for i in indices]
         if not (self.fused and not any(isinstance(v, tf.distribute.DistributedValues)
                                        for pair in pairs for v in pair)):

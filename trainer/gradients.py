@@ -282,17 +282,17 @@ class GradientPath:
         grads, finite = self._finalize(reduced, count, optimizer.iterations)
         if not self.checks_finite:  # no tf.cond: the update need not wait for a check
             keras_compat.apply_reduced(optimizer, grads, variables)
-            self._after_apply(variables)
+            self._after_apply(optimizer, variables)
             return
         in_update_context(
             lambda ops, values: self._apply_or_skip(ops, optimizer, variables, *values),
             (grads, finite))
 
     @no_autograph
-    def _after_apply(self, variables: list) -> None:
+    def _after_apply(self, optimizer, variables: list) -> None:
         """Where an update was applied (replica or cross-replica context): the EMA."""
         if self.ema is not None:
-            self.ema.update(variables)
+            self.ema.update(variables, optimizer.iterations)
 
     @no_autograph
     def _apply_or_skip(self, ops, optimizer, variables: list, grads: list,
@@ -303,7 +303,7 @@ class GradientPath:
 
         def on_finite():
             ops.apply(optimizer, grads, variables)
-            self._after_apply(variables)
+            self._after_apply(optimizer, variables)
             state.on_finite()
             return tf.constant(True)
 
@@ -343,7 +343,7 @@ class GradientPath:
                     self._apply_or_skip(ops, optimizer, variables, grads_, finite)
                 else:
                     ops.apply(optimizer, grads_, variables)
-                    self._after_apply(variables)
+                    self._after_apply(optimizer, variables)
                 ops.each(zero)
                 return tf.constant(True)
 

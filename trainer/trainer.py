@@ -102,7 +102,8 @@ class Trainer:
         self.step = 0
         self.hooks = Hooks(self)  # every hook call goes through its checks
         self.events = RunEvents()  # restore, stop, rollback, preemption
-        self.ema = (ExponentialMovingAverage(config.optimizer.ema_decay)
+        self.ema = (ExponentialMovingAverage(config.optimizer.ema_decay,
+                                             every=config.optimizer.ema_every_steps)
                     if config.optimizer.ema_decay > 0 else None)  # built with the model
         with self.strategy.scope(), keras_compat.fresh_names():
             self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",

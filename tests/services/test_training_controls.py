@@ -49,16 +49,25 @@ def ema_config(**overrides):
                              **overrides})
 
 
-def test_resume_gives_bit_identical_ema(tmp_path):
-    whole = toy.ToyTrainer(ema_config(), str(tmp_path / "whole"))
+@pytest.mark.parametrize("every", [1, 3])
+def test_resume_gives_bit_identical_ema(tmp_path, every):
+    """Also when the EMA moves every 3 updates and the checkpoint (step 10) falls
+    between two moves: the schedule follows the optimizer's checkpointed update count."""
+    config = {"optimizer.ema_every_steps": every}
+    whole = toy.ToyTrainer(ema_config(**config), str(tmp_path / "whole"))
     whole.fit()
-    first = toy.ToyTrainer(ema_config(**{"train.steps": 10}), str(tmp_path / "split"))
+    first = toy.ToyTrainer(ema_config(**config, **{"train.steps": 10}), str(tmp_path / "split"))
     first.fit()
-    resumed = toy.ToyTrainer(ema_config(), str(tmp_path / "split"))
+    resumed = toy.ToyTrainer(ema_config(**config), str(tmp_path / "split"))
     resumed.fit()
     assert resumed.step == 20
     for got, want in zip(resumed.ema.variables, whole.ema.variables):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+    if every > 1:  # the option changes the average (a sampled, not a per-update, EMA)
+        per_update = toy.ToyTrainer(ema_config())
+        per_update.fit()
+        assert not np.allclose(per_update.ema.variables[0].numpy(),
+                               whole.ema.variables[0].numpy(), atol=1e-7)
 
 
 def test_export_holds_the_ema_weights(tmp_path):
