@@ -254,7 +254,7 @@ class Planner:
         if not words[0]:
             why = (f"one candidate plan (XLA {self.xla_problem})" if len(self.plans) == 1
                    and self.xla_problem else "one candidate plan" if len(self.plans) == 1 else
-                   f"the remaining {remaining_steps} steps take ~{estimate:.0f} s < "
+                   f"the remaining {remaining_steps} steps take ~{estimate:.1f} s < "
                    f"perf.plan_min_run_s={perf.plan_min_run_s:g}")
             return self._decide(self.baseline, "skipped", {"reason": why})
         self._trial_steps = int(words[1])
