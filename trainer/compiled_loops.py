@@ -21,6 +21,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from trainer.data import zeros_for_spec
 from trainer.tracing import no_autograph
 
 _MEAN = tf.distribute.ReduceOp.MEAN
@@ -140,9 +141,7 @@ class CompiledLoops:
         """With ``jit_step``: lowers the XLA train step for one replica's batch of
         ``batch_spec`` (zeros; traced and lowered, nothing runs, no state changes) and
         returns the error, or None when it lowers. Host; one replica."""
-        batch = tf.nest.map_structure(
-            lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
-            batch_spec)
+        batch = zeros_for_spec(batch_spec)
 
         def lower(replica_batch):  # in replica context, as the loop calls the step
             self._train_step.experimental_get_compiler_ir(replica_batch)(stage="hlo")

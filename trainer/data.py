@@ -161,6 +161,13 @@ def check_dispatcher(address: str, timeout_s: float = _DISPATCHER_TIMEOUT_S) -> 
 
 
 @tf.autograph.experimental.do_not_convert
+def zeros_for_spec(spec: Any) -> Any:
+    """Zeros shaped like ``spec`` (a structure of ``tf.TensorSpec``; unknown dims: 1),
+    e.g. to build a model or lower a step without touching the input."""
+    return tf.nest.map_structure(
+        lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype), spec)
+
+
 def split_batch(batch) -> tuple[Any, Any]:
     """``(features, labels)`` of a batch: a 2-tuple, or a dict with a "label(s)" key.
 

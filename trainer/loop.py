@@ -169,8 +169,7 @@ class LoopDriver:
             if features is not None:
                 checks.check_features(features, model, what)
         if unbuilt:
-            dummy = tf.nest.map_structure(
-                lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), features)
+            dummy = data.zeros_for_spec(features)
             with t.strategy.scope():
                 model(dummy, training=False)
         t.gradients.build_optimizer_variables(t.optimizer, model.trainable_variables)

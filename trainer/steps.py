@@ -26,7 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import precision
-from trainer.data import split_batch
+from trainer.data import split_batch, zeros_for_spec
 from trainer.gradients import GradientPath, check_per_example_loss
 from trainer.tracing import no_autograph
 
@@ -159,9 +159,7 @@ class DefaultSteps:
         """Lowers the XLA forward + backward for one replica's batch of ``batch_spec``
         (zeros; nothing runs, no state changes): the error, or None when it lowers.
         Host, one replica (XLA is used with one only)."""
-        batch = tf.nest.map_structure(
-            lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
-            batch_spec)
+        batch = zeros_for_spec(batch_spec)
         try:
             self.jit_grads().experimental_get_compiler_ir(batch)(stage="hlo")
         except Exception as error:  # any failure drops XLA from the plans, with the reason
