@@ -106,15 +106,18 @@ class InputLayout:
 class Resumed:
     """What a restored checkpoint says about the run that wrote it: its ``step``, its
     number of workers (``from_workers``), this run's (``to_workers``), the input
-    layout its train input followed (None: not recorded), and the execution plan it
+    layout its train input followed (None: not recorded), the execution plan it
     chose (:meth:`trainer.plan.Planner.saved`; read on the chief only, None elsewhere
-    or when not recorded)."""
+    or when not recorded), and the services' states
+    (:meth:`trainer.run_context.Service.checkpoint_state`, by key; the same on every
+    worker; empty when none was recorded)."""
 
     step: int
     from_workers: int
     to_workers: int
     layout: InputLayout | None
     plan: dict | None = None
+    services: dict = dataclasses.field(default_factory=dict)
 
 
 def layout_to_continue(resumed: InputLayout | None, ctx: tf.distribute.InputContext,

@@ -8,6 +8,9 @@ wherever training works. On a single worker they are local and cost nothing.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -59,6 +62,20 @@ def words_from_chief(strategy: tf.distribute.Strategy, words: np.ndarray) -> np.
     if num_workers(strategy) == 1:
         return words
     return sum_over_workers(strategy, words if is_chief(strategy) else np.zeros_like(words))
+
+
+def json_from_chief(strategy: tf.distribute.Strategy, value: Any) -> Any:
+    """The chief's JSON-able ``value`` on every worker (the others' is ignored), as
+    ``json`` reads it back; no communication on one worker. Every worker must call it
+    at the same point."""
+    if num_workers(strategy) == 1:
+        return value
+    chief = is_chief(strategy)
+    raw = json.dumps(value).encode() if chief else b""
+    size = from_chief(strategy, len(raw))
+    words = (np.frombuffer(raw.ljust(size + -size % 4, b"\0"), np.int32).copy() if chief
+             else np.zeros((size + 3) // 4, np.int32))
+    return json.loads(words_from_chief(strategy, words).tobytes()[:size])
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

@@ -23,11 +23,14 @@ class LoopContext:
       trainer: the Trainer (its public attributes and hooks).
       driver: its :class:`trainer.loop.LoopDriver`.
       restore: ``() -> step | None``: the latest checkpoint, after pending saves.
+      service_states: ``() -> {checkpoint_key: state}`` of the services.
     """
 
-    def __init__(self, trainer: Any, driver: Any, restore: Callable[[], int | None]):
+    def __init__(self, trainer: Any, driver: Any, restore: Callable[[], int | None],
+                 service_states: Callable[[], dict]):
         self._trainer, self._driver = trainer, driver
         self._restore = restore
+        self._service_states = service_states
         self._announced: list[tuple[str, Any]] = []
 
     # ------------------------------------------------------------------ read
@@ -84,6 +87,10 @@ class LoopContext:
     @property
     def saved_plan(self) -> dict | None:
         return self._driver.planner.saved()
+
+    @property
+    def service_states(self) -> dict[str, dict]:
+        return self._service_states()
 
     @property
     def last_resume(self) -> Any:

@@ -95,9 +95,15 @@ class RunContext(Protocol):
         undecided or when the plan is fixed or was not measured."""
 
     @property
+    def service_states(self) -> dict[str, dict]:
+        """What the services keep in the checkpoint (:meth:`Service.checkpoint_state`),
+        by ``checkpoint_key``."""
+
+    @property
     def last_resume(self) -> Any:
         """The :class:`trainer.data_resume.Resumed` of the latest restore (None before
-        one): the step and the worker counts before and now."""
+        one): the step, the worker counts before and now, the services' saved states.
+        A new object at every restore (a resume, a rollback)."""
 
     @property
     def stopped_by(self) -> str | None:
@@ -186,6 +192,16 @@ class Service:
     def next_boundary(self, step: int) -> float:
         """The next step (> ``step``) at which a train loop must end; inf: none."""
         return math.inf
+
+    #: The key of this service's state in the checkpoint manifest (``services.KEY``);
+    #: "" (the default): it keeps none.
+    checkpoint_key = ""
+
+    def checkpoint_state(self) -> dict | None:
+        """Host, at each save: the JSON-able state this service needs after a resume or
+        a rollback (it reads it back from ``run.last_resume.services[checkpoint_key]``);
+        None: nothing to keep."""
+        return None
 
 
 def next_multiple(step: int, every: int) -> float:

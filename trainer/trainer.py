@@ -139,7 +139,8 @@ class Trainer:
             checkpointer.wait()  # the latest save may still be committing
             return checkpointing.restore(self.context)
 
-        self.context = LoopContext(self, self.driver, restore_after_saves)
+        self.context = LoopContext(self, self.driver, restore_after_saves,
+                                   lambda: self.callbacks.service_states())
         self.callbacks = CallbackList(services,
                                       [*callbacks, *self.hooks.call("build_callbacks")],
                                       self, self.context)

@@ -18,6 +18,7 @@ from tests import toy
 from tests.helpers import REPO, run_in_parallel, subprocess_env
 from tests.run_callbacks import CallbackTrainer, get_config
 from trainer import optimizers
+from trainer.checkpoint.store import read_manifest
 from trainer.config import ConfigError, validate
 
 
@@ -105,34 +106,61 @@ EARLY = {"optimizer.learning_rate": 0.0, "train.steps": 100, "eval.every_steps":
          "train.early_stopping.patience": 2}
 
 
-def test_early_stopping_stops_after_patience_plus_one_evals(tmp_path):
+def early_config(**overrides):
     config = get_config()
     config.distribute.strategy = "one_device"
-    for key, value in EARLY.items():
-        *sections, field = key.split(".")
-        node = config
-        for section in sections:
-            node = node[section]
-        node[field] = value
-    trainer = CallbackTrainer(config, str(tmp_path))
+    config.update_from_flattened_dict({**EARLY, **overrides})
+    return config
+
+
+def _eval_steps(workdir, task: str = "local-0") -> list[int]:
+    calls = json.loads((workdir / f"hooks-{task}.json").read_text())
+    return [step for name, step, _ in calls if name == "on_eval_end"]
+
+
+def test_early_stopping_stops_after_patience_plus_one_evals(tmp_path):
+    trainer = CallbackTrainer(early_config(), str(tmp_path))
     trainer.fit()
-    calls = json.loads((tmp_path / "hooks-local-0.json").read_text())
-    assert [step for name, step, _ in calls if name == "on_eval_end"] == [5, 10, 15]
+    assert _eval_steps(tmp_path) == [5, 10, 15]
     assert trainer.step == 15 and "best" in trainer.driver.stopped_by
     assert os.listdir(tmp_path / "checkpoints") == ["15"]
 
 
+def test_early_stopping_resumes_its_judgement_from_the_checkpoint(tmp_path):
+    """Interrupted at step 10 (2 evaluations without improvement after the best at 5):
+    the resumed run stops at its first evaluation, 15, as the uninterrupted one does
+    (a fresh judgement would run to 25)."""
+    first = CallbackTrainer(early_config(**{"train.steps": 10}), str(tmp_path))
+    first.fit()
+    assert _eval_steps(tmp_path) == [5, 10] and first.driver.stopped_by is None
+    saved = read_manifest(str(tmp_path / "checkpoints" / "10"))["services"]["early_stopping"]
+    assert saved["best_step"] == 5 and saved["since_best"] == 2
+    resumed = CallbackTrainer(early_config(), str(tmp_path))
+    resumed.fit()
+    assert _eval_steps(tmp_path) == [15]
+    assert resumed.step == 15 and "at step 5" in resumed.driver.stopped_by
+    # Judged the other way: the saved judgement is not taken; a fresh one runs 3 evals.
+    other = CallbackTrainer(early_config(**{"train.early_stopping.mode": "max",
+                                            "train.steps": 200}), str(tmp_path))
+    other.fit()
+    assert _eval_steps(tmp_path) == [20, 25, 30]
+
+
 def test_early_stopping_on_two_workers_stops_both_at_the_same_step(tmp_path):
-    flags = [f"--config.{k}={v}" for k, v in EARLY.items()]
-    run = subprocess.run(
-        [sys.executable, "-m", "launch.multiworker", "--workers", "2",
-         f"--config={REPO / 'tests' / 'run_callbacks.py'}", f"--workdir={tmp_path}", *flags],
-        cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stderr[-4000:]
-    for task in ("worker-0", "worker-1"):
-        calls = json.loads((tmp_path / f"hooks-{task}.json").read_text())
-        assert [step for name, step, _ in calls if name == "on_eval_end"] == [5, 10, 15]
-        assert calls[-1][:2] == ["on_fit_end", 15]
+    """Two real workers, interrupted at step 10 and relaunched: both stop at 15, where
+    the uninterrupted run stops (the chief's saved judgement reaches both)."""
+    for steps, evals in ((10, [5, 10]), (100, [15])):
+        flags = [f"--config.{k}={v}" for k, v in {**EARLY, "train.steps": steps}.items()]
+        run = subprocess.run(
+            [sys.executable, "-m", "launch.multiworker", "--workers", "2",
+             f"--config={REPO / 'tests' / 'run_callbacks.py'}", f"--workdir={tmp_path}",
+             *flags], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+            timeout=400)
+        assert run.returncode == 0, run.stderr[-4000:]
+        for task in ("worker-0", "worker-1"):
+            assert _eval_steps(tmp_path, task) == evals
+            calls = json.loads((tmp_path / f"hooks-{task}.json").read_text())
+            assert calls[-1][:2] == ["on_fit_end", min(steps, 15)]
 
 
 def test_early_stopping_metric_that_eval_does_not_produce_names_the_ones_it_does():

@@ -152,9 +152,11 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         restored = manifest["step"]
         words = _input_words(manifest)
     workers = host_collectives.num_workers(strategy)
+    services = host_collectives.json_from_chief(
+        strategy, manifest.get("services", {}) if chief else None)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
                                   data_resume.InputLayout.from_words(words[1:]),
-                                  manifest.get("plan") if chief else None)
+                                  manifest.get("plan") if chief else None, services)
     checkpoint_state.assign(groups, state)
     run.resumed(resumed)  # the step, and the input layout the train input continues
     if chief:

@@ -14,8 +14,10 @@ The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the group
 The manifest (JSON) holds the step (the input position: global batches consumed),
 ``global_batch_size``, ``seed``, replica/worker counts, the input layout
 (``input_layout``: the pipelines whose streams the input follows, see
-:mod:`trainer.data_resume`), the execution plan (``plan``: :mod:`trainer.plan`), and each group's variable NAMES, shapes and dtypes in
-the stored order.
+:mod:`trainer.data_resume`), the execution plan (``plan``: :mod:`trainer.plan`), the
+services' states (``services``: e.g. early stopping's best value,
+:meth:`trainer.run_context.Service.checkpoint_state`), and each group's variable NAMES,
+shapes and dtypes in the stored order.
 
 Matching is by NAME within a group, never by position: a variable's name is its Keras
 path (``sequential/dense/kernel``, ``adam/iteration``) or, for a plain ``tf.Variable``,
@@ -125,6 +127,8 @@ def manifest(run: RunContext, groups: Groups) -> dict:
         # The execution plan the run measured (trainer.plan): a resume on the same
         # hardware and strategy adopts it instead of measuring again.
         **({"plan": plan} if (plan := run.saved_plan) else {}),
+        # What services keep across a resume (run_context.Service.checkpoint_state).
+        **({"services": states} if (states := run.service_states) else {}),
         "groups": {g: [[name, list(v.shape), dtype_name(v)] for name, v in entries]
                    for g, entries in groups.items()},
     }

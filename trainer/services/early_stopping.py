@@ -11,9 +11,17 @@ is written; the stop event (:mod:`trainer.events`) says why and which step was b
 set to the same metric, the best checkpoint is kept in ``workdir/checkpoints_best``.
 A metric the evaluation does not produce (or a Trainer without an eval dataset) is a
 ConfigError when ``fit()`` starts, before any step, naming the ones it does produce.
+
+The judgement (best value, its step, evaluations since) is kept in every checkpoint
+(``services.early_stopping`` in its manifest) and taken back at every restore: a resumed
+run stops at the same evaluation as the uninterrupted one, and a rollback forgets the
+evaluations after the step it returns to. Each ``fit()`` that does not start from a
+restore starts a fresh judgement.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from trainer.run_context import RunContext, Service
 from trainer.config import ConfigError
@@ -22,6 +30,8 @@ from trainer.config import ConfigError
 class EarlyStopping(Service):
     """Requests a stop when ``config.train.early_stopping.metric`` stops improving."""
 
+    checkpoint_key = "early_stopping"
+
     def __init__(self, config):
         es = config.train.early_stopping
         self.metric, self.mode = es.metric, es.mode
@@ -29,9 +39,30 @@ class EarlyStopping(Service):
         self.best: float | None = None
         self.best_step: int | None = None
         self.since_best = 0
+        self._taken: Any = None  # the last restore whose state was taken back
+
+    def checkpoint_state(self) -> dict | None:
+        if not self.metric:
+            return None
+        return {"metric": self.metric, "mode": self.mode, "best": self.best,
+                "best_step": self.best_step, "since_best": self.since_best}
+
+    def _take_back(self, run: RunContext) -> None:
+        """After a restore not taken back yet: its judgement (a checkpoint written
+        without one, or judging another metric or mode: a fresh judgement)."""
+        resumed = run.last_resume
+        if resumed is None or resumed is self._taken:
+            return
+        self._taken = resumed
+        saved = resumed.services.get(self.checkpoint_key) or {}
+        if (saved.get("metric"), saved.get("mode")) != (self.metric, self.mode):
+            saved = {}
+        self.best, self.best_step = saved.get("best"), saved.get("best_step")
+        self.since_best = int(saved.get("since_best", 0))
 
     def on_fit_start(self, run: RunContext) -> None:
         self.best, self.best_step, self.since_best = None, None, 0
+        self._take_back(run)
         if not self.metric:
             return
         field = f"config.train.early_stopping.metric={self.metric!r}"
@@ -55,6 +86,7 @@ class EarlyStopping(Service):
     def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.metric:
             return
+        self._take_back(run)  # a rollback since the last evaluation
         value = logs[self.metric]
         if self._improves(value):
             self.best, self.best_step, self.since_best = value, run.step, 1
