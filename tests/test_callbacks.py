@@ -38,9 +38,7 @@ def hooks(calls) -> list[tuple[str, int]]:
 def one_device_config(**overrides):
     config = get_config()
     config.distribute.strategy = "one_device"
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 
@@ -141,3 +139,34 @@ def test_stop_requested_on_worker_1_stops_both_workers_at_that_step(tmp_path):
                        config="tests/run_callbacks.py")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 10" in resumed.stderr
+
+
+def test_a_callback_failing_in_on_fit_start_ends_the_ones_that_started():
+    """The second callback raises in on_fit_start: the first one (and every service)
+    gets on_fit_end, the failing one does not, the error names it and nothing trains;
+    the Trainer's SIGTERM handler is released (the preemption service's on_fit_end)."""
+    import signal
+
+    calls = []
+
+    class Seen(Callback):
+        def on_fit_start(self, trainer):
+            calls.append("start")
+
+        def on_fit_end(self, trainer, logs):
+            calls.append(("end", dict(logs)))
+
+    class Fails(Callback):
+        def on_fit_start(self, trainer):
+            raise KeyError("no such table")
+
+        def on_fit_end(self, trainer, logs):
+            calls.append("never")
+
+    before = signal.getsignal(signal.SIGTERM)
+    t = toy.ToyTrainer(toy.toy_config(**{"train.steps": 10}), None,
+                       callbacks=[Seen(), Fails()])
+    with pytest.raises(KeyError, match=r"Fails\.on_fit_start"):
+        t.fit()
+    assert calls == ["start", ("end", {})] and t.step == 0
+    assert signal.getsignal(signal.SIGTERM) == before

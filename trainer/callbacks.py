@@ -51,6 +51,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from absl import logging
+
 from trainer.errors import UserError
 from trainer.run_context import Service
 
@@ -115,9 +117,13 @@ class CallbackList:
     def __iter__(self):
         return iter(self.services + self.user)
 
-    def _call(self, hook: str, *args) -> None:
+    def _call(self, hook: str, *args, done: list | None = None) -> None:
+        """``hook`` on every service, then every user callback; each one whose hook
+        returned is appended to ``done`` (when given)."""
         for service in self.services:
             getattr(service, hook)(self._run, *args)
+            if done is not None:
+                done.append(service)
             self._dispatch_announcements()
         for callback in self.user:
             try:
@@ -125,6 +131,8 @@ class CallbackList:
             except Exception as error:
                 _name_in_message(error, f"{type(callback).__name__}.{hook}")
                 raise
+            if done is not None:
+                done.append(callback)
 
     def _dispatch_announcements(self) -> None:
         for hook, arg in self._run.take_announcements():
@@ -133,9 +141,41 @@ class CallbackList:
     def next_boundary(self, step: int) -> float:
         return min((c.next_boundary(step) for c in self), default=math.inf)
 
+    def service_states(self) -> dict[str, dict]:
+        """``{checkpoint_key: checkpoint_state()}`` of the services that keep one."""
+        states = {s.checkpoint_key: s.checkpoint_state() for s in self.services
+                  if s.checkpoint_key}
+        return {key: state for key, state in states.items() if state is not None}
+
     def on_fit_start(self) -> None:
+        """When one callback raises, every one whose ``on_fit_start`` returned gets its
+        ``on_fit_end`` (empty results: an MLflow run is ended as FAILED, threads and
+        signal handlers are released), then the error propagates; the others get
+        neither."""
         self._run.take_announcements()  # none left from a fit() that raised mid-hook
-        self._call("on_fit_start")
+        started: list = []
+        try:
+            self._call("on_fit_start", done=started)
+        except BaseException:
+            self._end(started, {}, reraise=False)
+            raise
+
+    def _end(self, callbacks: list, logs: dict[str, float], reraise: bool) -> None:
+        """``on_fit_end`` on each of ``callbacks`` even when one raises; the first error
+        is re-raised (``reraise``) or logged."""
+        first: Exception | None = None
+        for callback in callbacks:
+            user = callback in self.user
+            try:
+                callback.on_fit_end(self._trainer if user else self._run, logs)
+            except Exception as error:  # noqa: BLE001 - re-raised or logged below
+                if user:
+                    _name_in_message(error, f"{type(callback).__name__}.on_fit_end")
+                first = first or error
+        if first is not None:
+            if reraise:
+                raise first
+            logging.warning("on_fit_end after a failed fit start also raised: %s", first)
 
     def on_loop_end(self) -> None:
         self._call("on_loop_end")
@@ -148,17 +188,7 @@ class CallbackList:
 
     def on_fit_end(self, logs: dict[str, float]) -> None:
         """Calls every callback even when one raises; the first error is re-raised."""
-        first: Exception | None = None
-        for callback in self:
-            user = callback in self.user
-            try:
-                callback.on_fit_end(self._trainer if user else self._run, logs)
-            except Exception as error:  # noqa: BLE001 - re-raised below
-                if user:
-                    _name_in_message(error, f"{type(callback).__name__}.on_fit_end")
-                first = first or error
-        if first is not None:
-            raise first
+        self._end(list(self), logs, reraise=True)
 
 
 def _name_in_message(error: Exception, where: str) -> None:

@@ -300,12 +300,12 @@ class LoopDriver:
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
-        callbacks.on_fit_start()
-        self._announce_plan(planner.adopt(self.resumed.plan if self.resumed else None))
-        if t.step >= total:
-            t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step {t.step} "
-                                  f">= train.steps={total}: nothing to train")
+        callbacks.on_fit_start()  # when it raises, what started has ended
         try:
+            self._announce_plan(planner.adopt(self.resumed.plan if self.resumed else None))
+            if t.step >= total:
+                t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step "
+                                      f"{t.step} >= train.steps={total}: nothing to train")
             while t.step < total:
                 next_log = next_multiple(t.step, cfg.train.log_every_steps)
                 plan = planner.next_plan()

@@ -111,3 +111,19 @@ def test_only_the_chief_logs_to_mlflow(tmp_path, monkeypatch):
     assert logger.run_id is None and mlflow.active_run() is None
     assert MlflowClient(tracking_uri=uri).search_runs(
         [e.experiment_id for e in MlflowClient(tracking_uri=uri).search_experiments()]) == []
+
+
+def test_a_fit_whose_start_fails_ends_the_mlflow_run_it_opened(tmp_path, monkeypatch):
+    """Early stopping's check fails in on_fit_start AFTER the MLflow logger opened its
+    run: the run is ended (FAILED), not left RUNNING, and the ConfigError propagates."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "failed-start")
+    config = _config(**{"telemetry.loggers": ("jsonl", "mlflow"),
+                        "train.early_stopping.metric": "eval/nope"})
+    with pytest.raises(config_lib.ConfigError, match="eval/nope"):
+        toy.ToyEvalTrainer(config, str(tmp_path / "workdir")).fit()
+    assert mlflow.active_run() is None
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("failed-start").experiment_id])
+    assert run.info.status == "FAILED"
