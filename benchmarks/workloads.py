@@ -120,7 +120,5 @@ def framework_trainer(workload: Workload, steps_per_loop: int | None, strategy=N
     config.train.log_every_steps = 10**9
     config.optimizer.name = "adam"
     config.telemetry.progress = "off"
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
+    config.update_from_flattened_dict(overrides)
     return BenchTrainer(config, workdir, strategy=strategy, callbacks=callbacks)

@@ -68,9 +68,7 @@ def tiny_config(name: str, **overrides):
     if name == "gan":
         config.train.global_batch_size = 32
         config.model.hidden = 32
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 

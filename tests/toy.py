@@ -31,9 +31,7 @@ def toy_config(**overrides):
     config.optimizer.name = "sgd"
     config.optimizer.learning_rate = 0.1
     config.distribute.strategy = "one_device"
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 

@@ -62,12 +62,7 @@ def build_config(case: Case):
     config.telemetry.loggers = ("jsonl",)
     config.checkpoint.max_to_keep = 100  # every saved step stays visible to the checks
     config.data.poison_step = -1 if case.poison_step is None else case.poison_step
-    for key, value in case.overrides.items():
-        node = config
-        *sections, field = key.split(".")
-        for section in sections:
-            node = node[section]
-        node[field] = value
+    config.update_from_flattened_dict(case.overrides)
     return config
 
 

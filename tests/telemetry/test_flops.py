@@ -22,9 +22,7 @@ def _config(**overrides):
     config.eval.every_steps = 0
     config.telemetry.progress = "off"
     config.telemetry.probe_every_windows = 0
-    for key, value in overrides.items():
-        section, field = key.split(".")
-        config[section][field] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 
