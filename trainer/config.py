@@ -94,6 +94,10 @@ def get_config() -> ml_collections.ConfigDict:
             memory_growth=False,
             log_placement=False,
             memory_limit_mb=0,  # > 0: cap this process's memory on each GPU
+            # TF's thread pools, sized before its runtime starts; 0: TF sizes them itself.
+            # Measured per run by `python -m trainer.doctor --sections=threads`.
+            inter_op_threads=0,
+            intra_op_threads=0,
             tpu="",  # TPU name or grpc:// address; "" = local / from the environment
             all_reduce="auto",
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
@@ -251,6 +255,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _check_device_weights(config.distribute)
     check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
     check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
+    for pool in ("inter_op_threads", "intra_op_threads"):
+        check_positive(f"distribute.{pool}", config.distribute[pool], allow_zero=True)
     _check_perf(config)
     check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
     wait = config.checkpoint.shared_workdir_timeout_s

@@ -1,7 +1,7 @@
 """Device setup and the strategy factory.
 
 Owns everything that decides *where* computation runs: virtual (logical) devices,
-GPU memory growth and memory caps, placement logging, and which
+GPU memory growth and memory caps, the sizes of TF's thread pools, placement logging, and which
 ``tf.distribute.Strategy`` a run uses. :func:`configure_devices` must run before
 TensorFlow initialises its runtime (before the first op or ``list_logical_devices``);
 :func:`build_strategy` calls it.
@@ -37,7 +37,8 @@ from trainer.config import ConfigError, check_batch_divisible
 from trainer.data import BatchSizes
 from trainer.host_collectives import is_chief, num_workers
 
-__all__ = ["accelerator_devices", "build_strategy", "configure_devices", "describe",
+__all__ = ["accelerator_devices", "build_strategy", "configure_devices", "configure_threads",
+           "describe",
            "is_chief", "num_workers", "resolve_devices", "resolve_strategy_name",
            "tf_config_task_type"]
 
@@ -62,6 +63,34 @@ def _set_logical(device, configs: Sequence, what: str) -> None:
             f"in a fresh process: pass it on the command line or build the Trainer before "
             f"running any TensorFlow op."
         ) from error
+
+
+_POOLS = {
+    "inter_op_threads": (tf.config.threading.get_inter_op_parallelism_threads,
+                         tf.config.threading.set_inter_op_parallelism_threads),
+    "intra_op_threads": (tf.config.threading.get_intra_op_parallelism_threads,
+                         tf.config.threading.set_intra_op_parallelism_threads),
+}
+
+
+def configure_threads(dcfg: ml_collections.ConfigDict) -> None:
+    """Applies ``distribute.{inter_op_threads, intra_op_threads}``: a size > 0 sizes
+    TensorFlow's pool; 0 leaves it as it is (TF's own choice unless set earlier in the
+    process). Before TensorFlow initialises its runtime (before any strategy): a
+    process already running with another size is a ConfigError."""
+    for field, (get, set_size) in _POOLS.items():
+        wanted = int(dcfg[field])
+        if wanted == 0 or get() == wanted:
+            continue
+        try:
+            set_size(wanted)
+        except RuntimeError as error:
+            raise ConfigError(
+                f"config.distribute.{field}={wanted} must be set before TensorFlow "
+                f"initialises its runtime, and this process already runs with "
+                f"{get() or 'its own choice'} ({error}). Set it in a fresh process: pass it "
+                f"on the command line or build the Trainer before running any TensorFlow "
+                f"op.") from error
 
 
 def configure_devices(dcfg: ml_collections.ConfigDict) -> None:
@@ -271,6 +300,7 @@ def build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
 
 def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
+    configure_threads(dcfg)  # before anything touches the runtime
     name = resolve_strategy_name(dcfg)
     if (os.environ.get("TF_CONFIG") and name not in ("multi_worker", "tpu")
             and tf_config_task_type() != "evaluator"):  # the evaluator runs alone by design
@@ -327,6 +357,9 @@ def describe(strategy: tf.distribute.Strategy) -> str:
     if resolver is not None and num_workers(strategy) > 1:
         lines.append(f"  this task: {resolver.task_type}:{resolver.task_id} "
                      f"(chief: {is_chief(strategy)})")
+    pools = [f"{field.split('_op')[0]}-op {get() or 'TF default'}"
+             for field, (get, _) in _POOLS.items()]
+    lines.append(f"  thread pools: {', '.join(pools)}")
     lines.append(f"  placement logging: {tf.debugging.get_log_device_placement()}")
     return "\n".join(lines)
 

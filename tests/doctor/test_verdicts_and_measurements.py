@@ -94,7 +94,7 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     assert report["verdict"] == doctor_report.verdict(measured)
     table = doctor_report.format_table(report)
     for label in ("(1) real run", "(2) input pipeline alone", "(3) compute alone",
-                  "(6) 1 vs 2 replicas", "(7) top layers", "(9) verdict"):
+                  "(6) 1 vs 2 replicas", "(7) top layers", "(10) verdict"):
         assert label in table, label
 
 

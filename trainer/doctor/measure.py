@@ -35,7 +35,10 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
 8. ``plan``: the execution planner (``perf.plan="auto"``, :mod:`trainer.plan`) run on
    the real run, whatever its length: the table of plans it timed, the one it keeps and
    the seconds measuring took (``--config.perf.plan=fixed`` runs skip it too).
-9. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
+9. ``threads``: (1) in one fresh process per size of TensorFlow's thread pools
+   (``distribute.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
+   process, so no plan measures them): :mod:`trainer.doctor.thread_pools`.
+10. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
    numbers and what to do.
 
 Output: a table, or with ``--json`` one JSON object with the keys above.
@@ -63,6 +66,7 @@ from trainer import data, distribute
 from trainer.telemetry import probes
 from trainer.doctor.report import SECTIONS, Report, verdict
 from trainer.doctor.layer_profile import profile_layers
+from trainer.doctor.thread_pools import measure_threads
 from trainer.trainer import resolve_trainer_class
 
 MIN_SECONDS = 1.0  # each measurement repeats its chunk of steps at least this long
@@ -364,6 +368,8 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
         report["plan"] = measure_plan(config)
     if "batch" in sections:
         report["batch"] = search_batch(config, steps, max_batch_doublings, budget)
+    if "threads" in sections:
+        report["threads"] = measure_threads(steps, config_path, overrides)
     if {"baseline", "input", "compute"} <= set(sections):
         report["verdict"] = verdict(report)
     return report

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 # The doctor's measurements, in report order (see trainer.doctor).
-SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers", "plan")
+SECTIONS = ("baseline", "input", "compute", "batch", "jit", "communication", "layers", "plan",
+            "threads")
 
 Report = dict[str, Any]
 
 
 def verdict(report: Report) -> Report:
-    """(8) The diagnosis, from the measured numbers.
+    """(10) The diagnosis, from the measured numbers.
 
     The bound is the slower of the two parts, each timed alone: ``input-bound`` when the
     pipeline delivers fewer examples/s than the step consumes (``narrowly`` within 15%),
@@ -96,6 +97,22 @@ def _plan_rows(plan: Report, row: Callable[..., str]) -> list[str]:
     return lines
 
 
+def _thread_rows(threads: Report, row: Callable[..., str]) -> list[str]:
+    """(9) The real run under each thread-pool setting, each in its own process."""
+    if not threads.get("applicable"):
+        return [row("(9) thread pools", "n/a", threads["note"])]
+    lines = [row("(9) thread pools (inter/intra)", "examples/s",
+                 f"the real run, one process per setting, median of {threads['repeats']}")]
+    for r in threads["settings"]:
+        name = "    " + "/".join(str(r[p] or "TF") for p in ("inter_op_threads",
+                                                            "intra_op_threads"))
+        advised = threads["advised"] is not None and r == threads["advised"]
+        lines.append(row(name, f"{r['examples_per_s']:,.0f}",
+                         f"{r['vs_default']:.2f}x TF's sizing" + ("  <- advised" if advised
+                                                                   else "")))
+    return lines
+
+
 def _tuning_advice(report: Report, kind: str) -> list[str]:
     """XLA, a faster batch size and, for a compute-bound run, the costliest layers."""
     advice: list[str] = []
@@ -103,6 +120,12 @@ def _tuning_advice(report: Report, kind: str) -> list[str]:
     batch = report.get("batch") or {}
     if jit.get("applicable") and jit["speedup"] >= 1.15:
         advice.append(f"XLA speeds the step up {jit['speedup']:.2f}x: set perf.jit_compile=True")
+    pools = (report.get("threads") or {}).get("advised")
+    if pools:
+        flags = " ".join(f"--config.distribute.{pool}={pools[pool]}"
+                         for pool in ("inter_op_threads", "intra_op_threads") if pools[pool])
+        advice.append(f"TensorFlow's thread pools: {flags} runs {pools['vs_default']:.2f}x "
+                      f"as fast as its own sizing (each setting timed in its own process)")
     fastest = batch.get("fastest")
     # Compared with the configured batch timed in the same search (same conditions).
     configured = next((r for r in batch.get("tried", []) if r.get("examples_per_s")), None)
@@ -207,6 +230,8 @@ def format_table(report: Report) -> str:
             lines.append(row("(5) jit_compile", "n/a", j["note"]))
     if "plan" in report:
         lines += _plan_rows(report["plan"], row)
+    if "threads" in report:
+        lines += _thread_rows(report["threads"], row)
     if "communication" in report:
         m = report["communication"]
         if m["applicable"]:
@@ -229,5 +254,5 @@ def format_table(report: Report) -> str:
             lines.append(f"  not timed: {', '.join(lay['untimed'])}")
     if "verdict" in report:
         v = report["verdict"]
-        lines += ["", f"(9) verdict: {v['text']}"] + [f"    - {a}" for a in v["advice"]]
+        lines += ["", f"(10) verdict: {v['text']}"] + [f"    - {a}" for a in v["advice"]]
     return "\n".join(lines)
