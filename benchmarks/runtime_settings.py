@@ -42,18 +42,21 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parent.parent
-K = 100  # steps per loop (and per timed chunk) of every trainer here
+K = 100  # steps per loop (and per timed chunk) of the thread children's trainers
+INPUT_K = 20  # the same for the input part's (a JPEG batch costs far more)
 THREAD_SETTINGS = ("0/0", "1/2", "2/1", "1/1", "2/2", "4/4")
 INPUT_VARIANTS = ("default", "private_pool_2", "private_pool_4", "intra_op_1", "prefetch_8")
 
 
 def _train_for(trainer, seconds: float, batch: int) -> float:
-    """Trains ``trainer`` in chunks of K steps for about ``seconds``: examples/s."""
+    """Trains ``trainer`` in chunks of ``train.steps_per_loop`` steps for about
+    ``seconds``: examples/s."""
+    chunk = trainer.config.train.steps_per_loop
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        trainer.config.train.steps = trainer.step + K
+        trainer.config.train.steps = trainer.step + chunk
         trainer.fit()
-        steps += K
+        steps += chunk
     return steps * batch / (time.perf_counter() - start)
 
 
@@ -164,8 +167,8 @@ def _jpeg_trainer(builder, model_name: str, variant: str):
 
     config = config_lib.get_config()
     config.train.global_batch_size = BATCH
-    config.train.steps_per_loop = K
-    config.train.steps = K
+    config.train.steps_per_loop = INPUT_K
+    config.train.steps = INPUT_K
     config.train.log_every_steps = 10**9
     config.optimizer.name = "adam"
     config.telemetry.progress = "off"
