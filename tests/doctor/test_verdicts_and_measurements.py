@@ -82,8 +82,9 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    # The batch search (4) and the execution plan (8) are covered in-process.
-    assert set(doctor.SECTIONS) - {"batch", "plan"} | {"config", "verdict"} <= set(report)
+    # The batch search (4) and the execution plan (8) are covered in-process, the thread
+    # pools (9) in tests/doctor/test_thread_pools.py.
+    assert set(doctor.SECTIONS) - {"batch", "plan", "threads"} | {"config", "verdict"} <= set(report)
     assert report["config"]["replicas"] == 2
     comm = report["communication"]
     assert comm["applicable"] and comm["per_replica_batch"] == 32
