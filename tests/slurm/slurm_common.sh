@@ -50,7 +50,16 @@ SchedulerParameters=sched_interval=2,bf_interval=1,batch_sched_delay=0
 CONF
 }
 
-running() { local pid; pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }
+# Whether the daemon of pid file $1 runs: the pid is alive AND is that daemon (the file's
+# name up to its first '-' or '.': slurmctld, slurmd). A daemon killed with SIGKILL leaves
+# its pid file behind, and pids wrap (pid_max is 32768 here): an unchecked stale pid once
+# made `stop` send SIGTERM to whatever process had been given that pid since.
+running() {
+  local pid program
+  program=$(basename "$1"); program=${program%%[-.]*}
+  pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null \
+    && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$program" ]
+}
 
 # Stops the daemon of pid file $1 (SIGTERM, then up to 5 s for it to exit).
 stop() {
