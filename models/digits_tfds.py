@@ -89,22 +89,23 @@ def prepare(data_dir: str = "", split_seed: int = 0) -> SklearnDigits:
     Preparing writes :data:`NUM_SHARDS` TFRecord files per split (a second of work, no
     network); once prepared, nothing is written again. ``data_dir=""``: TFDS's default.
     """
-    builder = builder_for(data_dir, split_seed)
-    if builder.is_prepared():
-        return builder
-    root = os.fspath(builder.data_dir_root)
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".sklearn_digits.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            builder = builder_for(data_dir, split_seed)
-            if not builder.is_prepared():
-                tfds.disable_progress_bar()
-                builder.download_and_prepare(
-                    download_config=tfds.download.DownloadConfig(
-                        num_shards=NUM_SHARDS, try_download_gcs=False))
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    probe = builder_for(data_dir, split_seed)
+    if not probe.is_prepared():
+        root = os.fspath(probe.data_dir_root)
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, ".sklearn_digits.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                builder = builder_for(data_dir, split_seed)
+                if not builder.is_prepared():
+                    tfds.disable_progress_bar()
+                    builder.download_and_prepare(
+                        download_config=tfds.download.DownloadConfig(
+                            num_shards=NUM_SHARDS, try_download_gcs=False))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    # A builder reads its dataset_info when it is made: ``probe`` may have been made just
+    # before another process finished preparing (it then says prepared, with no splits).
     return builder_for(data_dir, split_seed)
 
 
