@@ -109,6 +109,9 @@ def get_config() -> ml_collections.ConfigDict:
             jit_compile=False,
             grad_accum_steps=1,
             recompute=False,
+            # IndexedSlices gradients (embeddings, gathers) across replicas: "auto" | "dense"
+            # | "gather" (trainer.sparse_gradients says what each costs).
+            sparse_reduce="auto",
             # "auto": time candidate plans (XLA settings, steps per loop) on the first
             # steps and keep the fastest (trainer.plan); "fixed": exactly this config.
             plan="auto",
@@ -291,6 +294,7 @@ def _check_perf(config: ml_collections.ConfigDict) -> None:
     """``perf.*``, and the steps a gradient accumulation window must divide."""
     perf = config.perf
     require("perf.plan", perf.plan, perf.plan in ("auto", "fixed"), "'auto' or 'fixed'")
+    check_choice("perf.sparse_reduce", perf.sparse_reduce, ("auto", "dense", "gather"))
     require("perf.plan_min_run_s", perf.plan_min_run_s, perf.plan_min_run_s >= 0, ">= 0")
     require("perf.plan_trial_s", perf.plan_trial_s, perf.plan_trial_s > 0, "> 0")
     check_positive("perf.plan_rounds", perf.plan_rounds)

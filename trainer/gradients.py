@@ -45,7 +45,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from trainer import data, keras_compat, precision
+from trainer import data, keras_compat, precision, sparse_gradients
 from trainer.ema import ExponentialMovingAverage
 from trainer.grad_norm import GradientNormStats
 from trainer.errors import InputError
@@ -240,13 +240,16 @@ class GradientPath:
             loss_sum, count = ctx.all_reduce(_SUM, [loss_sum, n_local])
             self._accumulate(optimizer, variables, grads, n_local)
             return loss_sum / count
+        policy, strategy = self.config.perf.sparse_reduce, self.strategy
         if per_example_loss.shape[0] == self.batch.per_replica:  # statically full: C = C_static
-            reduced = ctx.all_reduce(_SUM, grads + [loss_sum])
-            self._update(optimizer, variables, reduced[:-1], None)
-            return reduced[-1] / float(self.static_count)
-        reduced = ctx.all_reduce(_SUM, grads + [loss_sum, n_local])
-        self._update(optimizer, variables, reduced[:-2], reduced[-1])
-        return reduced[-2] / reduced[-1]
+            reduced, (loss_sum,) = sparse_gradients.all_reduce_sum(
+                grads, variables, [loss_sum], policy, strategy)
+            self._update(optimizer, variables, reduced, None)
+            return loss_sum / float(self.static_count)
+        reduced, (loss_sum, count) = sparse_gradients.all_reduce_sum(
+            grads, variables, [loss_sum, n_local], policy, strategy)
+        self._update(optimizer, variables, reduced, count)
+        return loss_sum / count
 
     @no_autograph
     def _finalize(self, grads: list, count: tf.Tensor | None,

@@ -54,8 +54,16 @@ class ReplicaOps:
     def __init__(self):
         self._ctx = tf.distribute.get_replica_context()
 
+    #: Whether every replica of the run is in this process (then :meth:`local_values`
+    #: holds them all). In replica context a replica sees only itself.
+    one_process = False
+
     def all_reduce(self, values: list) -> list:
         return self._ctx.all_reduce(_SUM, values)
+
+    def all_gather(self, value: tf.Tensor) -> tf.Tensor:
+        """Every replica's ``value`` concatenated on axis 0 (same shape on each)."""
+        return self._ctx.all_gather(value, axis=0)
 
     def each(self, fn: Callable, *args) -> Any:
         return fn(*args)
@@ -72,9 +80,20 @@ class CrossReplicaOps:
 
     def __init__(self, strategy: tf.distribute.Strategy):
         self._strategy = strategy
+        self.one_process = (len(strategy.extended.worker_devices)
+                            == strategy.num_replicas_in_sync)
 
     def all_reduce(self, values: list) -> list:
         return self._strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in values])
+
+    def all_gather(self, value) -> tf.Tensor:
+        """Every replica's ``value`` (per-replica, same shape on each) concatenated on
+        axis 0."""
+        return self._strategy.gather(value, axis=0)
+
+    def local_values(self, value) -> list:
+        """This process's replicas' components of ``value``, in replica order."""
+        return list(self._strategy.experimental_local_results(value))
 
     def each(self, fn: Callable, *args) -> Any:
         return self._strategy.extended.call_for_each_replica(fn, args=args)
@@ -87,11 +106,12 @@ class CrossReplicaOps:
 
 
 @no_autograph
-def in_update_context(body: Callable, values) -> None:
+def in_update_context(body: Callable, values) -> Any:
     """Replica context: runs ``body(ops, values)`` where it may ``tf.cond`` around an
-    optimizer apply; ``ops`` is a :class:`ReplicaOps` or :class:`CrossReplicaOps`."""
+    optimizer apply or a collective; ``ops`` is a :class:`ReplicaOps` or
+    :class:`CrossReplicaOps`. Returns what ``body`` returns (plain tensors: the same on
+    every replica)."""
     if tf.__internal__.distribute.strategy_supports_no_merge_call():
-        body(ReplicaOps(), values)
-        return
-    tf.distribute.get_replica_context().merge_call(
+        return body(ReplicaOps(), values)
+    return tf.distribute.get_replica_context().merge_call(
         lambda strategy, values_: body(CrossReplicaOps(strategy), values_), args=(values,))

@@ -1,0 +1,179 @@
+"""Sparse gradients (``tf.IndexedSlices``: embeddings, ``tf.gather``) across replicas.
+
+Why not TensorFlow's own all-reduce of ``IndexedSlices``: it all-gathers (indices,
+values) whose row count differs per replica and per step (a padded batch of another
+length, another number of tokens), and inside the in-graph K-step loop a collective keeps
+the shape of its first iteration: the next step fails with "Shape mismatch in the
+collective". So the gradient path reduces sparse gradients itself, by the policy
+``perf.sparse_reduce``:
+
+* ``"dense"``: each sparse gradient is made dense (``[V, D]``) and joins the one batched
+  all-reduce of the dense gradients. Fixed shape, works everywhere; moves the whole
+  table every step (a 200k x 64 float32 embedding: 51 MB per replica per step).
+* ``"gather"``: only the rows touched move. Each replica first sums its rows per index
+  (``tf.unique``), then
+
+  - one replica: nothing to communicate;
+  - strategies that reduce through ``merge_call`` (Mirrored, OneDevice: every replica in
+    one process and one graph): in cross-replica context the replicas' rows are
+    concatenated on one device and summed per index (device copies, no collective, any
+    shape);
+  - strategies without ``merge_call`` (MultiWorkerMirrored): the rows are all-gathered,
+    padded to a capacity taken from a fixed ladder (powers of two) by ``tf.switch_case``
+    on the all-gathered largest row count, so each collective keeps one shape in every
+    loop iteration; capacities at which gathering would move more than the dense
+    all-reduce are left to a dense branch.
+
+* ``"auto"`` (default): ``"gather"`` where the rows gathered can be fewer than the table
+  (always with a dynamic row count; with a static one, when replicas x rows x (D + 1) <
+  V x D), else ``"dense"``; ``"dense"`` on TPU (``tf.unique`` has no fixed shape).
+  ``benchmarks/sparse_reduce.py`` measures both.
+
+Every sparse gradient leaves here with UNIQUE indices, so its global norm (clipping,
+the logged gradient norm) is the norm of the dense gradient on any replica count.
+
+Contexts: :func:`all_reduce_sum` runs in REPLICA context while a step is traced.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from trainer.tracing import no_autograph
+from trainer.update_context import in_update_context
+
+_SUM = tf.distribute.ReduceOp.SUM
+POLICIES = ("auto", "dense", "gather")
+_MIN_CAPACITY = 64
+
+
+@no_autograph
+def sum_duplicates(indices: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(unique indices [u], values summed per index [u, ...])`` of sparse rows."""
+    unique, position = tf.unique(indices)
+    return unique, tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0])
+
+
+def _rows(grad: tf.IndexedSlices, variable) -> tuple[int, int]:
+    """(table rows V, elements per row D) of a sparse gradient's variable."""
+    shape = variable.shape
+    return int(shape[0]), int(shape[1:].num_elements() or 1)
+
+
+def chooses_dense(policy: str, grad: tf.IndexedSlices, variable,
+                  strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``policy`` reduces this sparse gradient densely (module docstring)."""
+    if policy == "dense" or isinstance(strategy, tf.distribute.TPUStrategy):
+        return True
+    if policy == "gather":
+        return False
+    table, width = _rows(grad, variable)
+    rows = grad.indices.shape[0]
+    if rows is None:
+        return False
+    return strategy.num_replicas_in_sync * rows * (width + 1) >= table * width
+
+
+def _capacities(replicas: int, table: int, width: int) -> list[int]:
+    """The ladder of gather capacities cheaper than the dense all-reduce."""
+    capacities, capacity = [], _MIN_CAPACITY
+    while capacity < table and replicas * capacity * (width + 1) < table * width:
+        capacities.append(capacity)
+        capacity *= 2
+    return capacities
+
+
+def _padded(capacity: int, table: int):
+    """Replica fn: ``(indices, values)`` padded to ``capacity`` rows (that static shape)
+    with zero rows at index ``table``, one past the last row (:func:`_drop_padding`)."""
+    def pad(indices, values):
+        extra = capacity - tf.shape(indices)[0]
+        rows = tf.ensure_shape(tf.pad(indices, [[0, extra]], constant_values=table),
+                               [capacity])
+        padding = [[0, extra]] + [[0, 0]] * (values.shape.rank - 1)
+        return rows, tf.ensure_shape(tf.pad(values, padding), [capacity, *values.shape[1:]])
+    return pad
+
+
+def _drop_padding(indices, values, table: int):
+    """The rows of a gathered sparse gradient without the padding row (index ``table``)."""
+    keep = indices < table
+    return tf.boolean_mask(indices, keep), tf.boolean_mask(values, keep)
+
+
+@no_autograph
+def _gather_rows(ops, indices, values, table: int, width: int, replicas: int):
+    """Where a collective may branch (:func:`in_update_context`): every replica's summed
+    rows as ``(unique indices, values)``, the same on every replica.
+
+    One process (all replicas in this graph): concatenated, no collective. Else
+    all-gathered at the smallest capacity of the ladder that holds the largest replica's
+    rows, or all-reduced densely past the ladder.
+    """
+    if ops.one_process:
+        return sum_duplicates(tf.concat(ops.local_values(indices), 0),
+                              tf.concat(ops.local_values(values), 0))
+    capacities = _capacities(replicas, table, width)
+
+    def dense():
+        summed = ops.each(lambda i, v: tf.math.unsorted_segment_sum(v, i, table),
+                          indices, values)
+        return tf.range(table, dtype=indices.dtype), ops.first(ops.all_reduce([summed])[0])
+
+    if not capacities:
+        return dense()
+
+    def gather_at(capacity: int):
+        def branch():
+            rows, vals = ops.each(_padded(capacity, table), indices, values)
+            return _drop_padding(*sum_duplicates(ops.all_gather(rows), ops.all_gather(vals)),
+                                 table)
+        return branch
+
+    counts = ops.all_gather(ops.each(lambda i: tf.reshape(tf.shape(i)[0], [1]), indices))
+    bucket = tf.reduce_sum(tf.cast(tf.reduce_max(counts) > tf.constant(capacities),
+                                   tf.int32))
+    return tf.switch_case(bucket, [gather_at(c) for c in capacities] + [dense])
+
+
+@no_autograph
+def _gather(grad: tf.IndexedSlices, variable, replicas: int) -> tf.IndexedSlices:
+    """Replica context: ``grad`` summed over replicas, rows touched only."""
+    dense_shape = tf.shape(variable, out_type=grad.indices.dtype)
+    indices, values = sum_duplicates(grad.indices, grad.values)
+    if replicas > 1:
+        table, width = _rows(grad, variable)
+        indices, values = in_update_context(
+            lambda ops, args: _gather_rows(ops, *args, table, width, replicas),
+            (indices, values))
+    return tf.IndexedSlices(values, indices, dense_shape)
+
+
+@no_autograph
+def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
+                   strategy: tf.distribute.Strategy) -> tuple[list, list]:
+    """Replica context: ``(grads summed over replicas, extras summed over replicas)``.
+
+    ``grads`` pair with ``variables``; dense ones and ``extras`` (scalars) go through one
+    batched all-reduce, sparse ones by ``policy`` (module docstring) and come back as
+    ``IndexedSlices`` with unique indices, or dense where the policy densifies them.
+    """
+    ctx = tf.distribute.get_replica_context()
+    sparse = {}
+    dense_values = []
+    for i, (grad, variable) in enumerate(zip(grads, variables)):
+        if isinstance(grad, tf.IndexedSlices):
+            if chooses_dense(policy, grad, variable, strategy):
+                grad = tf.convert_to_tensor(grad)
+            else:
+                sparse[i] = grad
+                continue
+        dense_values.append(grad)
+    reduced = iter(ctx.all_reduce(_SUM, dense_values + list(extras)))
+    reduced_dense = [next(reduced) for _ in dense_values]
+    reduced_extras = list(reduced)
+    dense_iter = iter(reduced_dense)
+    replicas = strategy.num_replicas_in_sync
+    out = [_gather(sparse[i], variables[i], replicas) if i in sparse else next(dense_iter)
+           for i in range(len(grads))]
+    return out, reduced_extras
