@@ -103,7 +103,7 @@ class TextClassifierTrainer(trainer.Trainer):
         return self._dataset(ctx, self.config.train.global_batch_size, "train", repeat=True)
 
     def build_eval_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        return self._dataset(ctx, self.config.eval.global_batch_size, "eval", repeat=False)
+        return self._dataset(ctx, self.eval_global_batch_size, "eval", repeat=False)
 
     def compute_loss(self, batch, outputs) -> tf.Tensor:
         return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,

@@ -4,9 +4,10 @@ translation of the runtime errors that cannot be checked ahead.
 :func:`check_features` compares a dataset's feature spec with the inputs a model
 declares (``keras.Input``: Sequential and functional models) before anything is traced,
 so a wrong shape or dtype is one message naming the hooks, not a Keras traceback from
-inside the traced step. :func:`runtime_input_error` turns an ``InvalidArgumentError``
+inside the traced step. :func:`runtime_error` turns an ``InvalidArgumentError``
 raised by a compiled loop (a label outside the classes, a shape that only shows at
-run time) into an :class:`trainer.errors.InputError` naming the step and the hooks.
+run time) into an :class:`trainer.errors.InputError` naming the step and the hook when
+the data is recognisably the cause, else a :class:`trainer.errors.TensorFlowError`.
 
 Both run on the host (cross-replica context).
 """
@@ -19,7 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer.errors import InputError, UserError, user_error_in
+from trainer.errors import InputError, TensorFlowError, UserError, user_error_in
 
 
 def _model_inputs(model: keras.Model) -> list | None:
@@ -102,22 +103,46 @@ def _tf_message(error: tf.errors.OpError) -> str:
     return re.sub(r"\s+Label values:.*", "", text).rstrip(".")
 
 
-def runtime_input_error(error: tf.errors.OpError, what: str, where: str) -> InputError:
-    """An :class:`InputError` for a runtime error of a compiled loop.
+_LABEL_OUT_OF_RANGE = re.compile(r"label value of -?\d+ which is outside the valid range",
+                                 re.IGNORECASE)
+_INDEX_OUT_OF_RANGE = re.compile(r"indices\[[\d,]+\] = -?\d+ is not in \[0, \d+\)")
+_COLLECTIVE = ("collective", "derived errors ignored", "error could be from a previous "
+               "operation")
+
+
+def runtime_error(error: tf.errors.OpError, what: str, where: str) -> UserError:
+    """The user-facing error for a runtime error of a compiled loop fed by ``what``.
 
     ``where`` says when (``"step 7"``, ``"steps 1-50"``: one loop call runs many).
-    ``what`` is the dataset hook that fed the loop. The message keeps TensorFlow's one
-    informative line and names the hooks to fix; a label out of range gets the rule.
+    Only what is recognised as the data's is an :class:`InputError` naming the hook: a
+    label outside the classes, an index outside an embedding's table. Anything else is a
+    :class:`TensorFlowError`: TensorFlow's one informative line, what to try, and
+    ``--traceback`` (a failed collective says so: replicas that disagreed on a shape, or
+    a peer that failed).
     """
     message = _tf_message(error)
-    if "label" in message.lower():
-        hint = (f"labels must lie in [0, number of classes): fix the labels in {what}, or "
-                f"the output size of build_model's last layer")
-    else:
-        hint = (f"the batches of {what} do not fit build_model's model or compute_loss; "
-                f"fix the hook that produces the wrong value")
-    return InputError(f"{where}: {message}. {hint} (add --traceback for TensorFlow's "
-                      f"trace).")
+    trace = "(add --traceback for TensorFlow's trace)"
+    if _LABEL_OUT_OF_RANGE.search(message):
+        return InputError(
+            f"{where}: {message}. labels must lie in [0, number of classes): fix the labels "
+            f"in {what}, or the output size of build_model's last layer {trace}.")
+    if _INDEX_OUT_OF_RANGE.search(message):
+        return InputError(
+            f"{where}: {message}. An index (a token id) lies outside a table of "
+            f"build_model's model (an Embedding's input_dim, a gather): fix the ids in "
+            f"{what} or make the table larger {trace}.")
+    full = str(error.message).lower()
+    if any(marker in full for marker in _COLLECTIVE):
+        return TensorFlowError(
+            f"{where}: a collective across replicas failed: {message}. The replicas "
+            f"disagreed on a shape or a peer failed; this is not traced to your hooks. To "
+            f"narrow it down run with --config.train.steps_per_loop=1, or on one device "
+            f"(--config.distribute.strategy=one_device) {trace}.")
+    return TensorFlowError(
+        f"{where}: TensorFlow stopped the compiled loop fed by {what}: {message}. This is "
+        f"not traced to your hooks; to narrow it down run one step per call "
+        f"(--config.train.steps_per_loop=1) on one device "
+        f"(--config.distribute.strategy=one_device) {trace}.")
 
 
 def _is_empty(dataset) -> bool:
@@ -140,10 +165,10 @@ def loop_error(error: Exception, what: str, where: str) -> UserError | None:
     """The user error behind an exception of a compiled loop fed by ``what``, or None
     (a bug: keep the traceback). A :class:`UserError` raised while tracing (AutoGraph
     wraps it) comes back as itself; an ``InvalidArgumentError`` at run time becomes an
-    :class:`InputError` (:func:`runtime_input_error`)."""
+    :class:`InputError` or a :class:`TensorFlowError` (:func:`runtime_error`)."""
     found = user_error_in(error)
     if found is None and isinstance(error, tf.errors.InvalidArgumentError):
-        found = runtime_input_error(error, what, where)
+        found = runtime_error(error, what, where)
     return found
 
 

@@ -179,9 +179,41 @@ def split_batch(batch) -> tuple[Any, Any]:
         for key in ("label", "labels"):
             if key in batch:
                 return {k: v for k, v in batch.items() if k != key}, batch[key]
-    raise ValueError(
-        "The default steps expect batches of (features, labels) or a dict with a 'label' "
-        f"key; got {type(batch).__name__}. Override train_step/eval_step for other layouts.")
+    raise InputError(
+        f"the dataset yields batches of {describe_structure(batch)}; the default "
+        f"train_step and eval_step expect (features, labels) or a dict with a 'label' key: "
+        f"yield one of those from the dataset hooks, or override train_step and eval_step "
+        f"for another layout.")
+
+
+def describe_structure(batch: Any) -> str:
+    """A short description of a batch's structure (tensors or specs): what an error
+    about the batch layout shows the user."""
+    def one(value):
+        shape = getattr(value, "shape", None)
+        dtype = getattr(value, "dtype", None)
+        if shape is None or dtype is None:
+            return type(value).__name__
+        dims = ", ".join("None" if d is None else str(d) for d in tuple(shape))
+        return f"({dims}) {tf.as_dtype(dtype).name}"
+
+    if isinstance(batch, dict):
+        return "a dict with keys " + ", ".join(f"{k!r}: {one(v)}" if not isinstance(
+            v, (dict, tuple, list)) else repr(k) for k, v in sorted(batch.items()))
+    if isinstance(batch, (tuple, list)):
+        return f"a {type(batch).__name__} of {len(batch)}: " + ", ".join(
+            one(v) if not isinstance(v, (dict, tuple, list)) else type(v).__name__
+            for v in batch)
+    return f"a single tensor {one(batch)}"
+
+
+def dynamic_dims(spec: Any) -> list[str]:
+    """The tensors of a batch spec (one replica's) with an unknown size past the batch
+    dimension, as ``"(None, None) int32"`` descriptions; [] when every shape is fixed."""
+    return [f"({', '.join('None' if d is None else str(d) for d in s.shape)}) {s.dtype.name}"
+            for s in tf.nest.flatten(spec)
+            if hasattr(s, "shape") and s.shape.rank is not None
+            and any(d is None for d in list(s.shape)[1:])]
 
 
 class _TrackedInputContext(tf.distribute.InputContext):

@@ -75,6 +75,16 @@ class InputError(HookError):
     prefix = "Input error"
 
 
+class TensorFlowError(UserError):
+    """TensorFlow stopped a compiled loop with an error that is not traced to the user's
+    hooks (a collective across replicas, a runtime check the framework cannot attribute).
+
+    The message says what TensorFlow said, where (the steps), what to try to narrow it
+    down and ``--traceback``; it never blames a hook it has not checked."""
+
+    prefix = "TensorFlow error"
+
+
 class WorkdirError(UserError):
     """The workdir cannot be created or written (a file, permissions, disk)."""
 

@@ -122,6 +122,10 @@ class LoopDriver:
     def _xla_lowering_error(self, setting: str) -> str | None:
         """The XLA lowering's error for the train step with XLA ``setting``, or None."""
         spec = self.train_batch_spec()
+        dynamic = data.dynamic_dims(spec)
+        if dynamic:
+            return (f"the batches have dynamic shapes ({', '.join(dynamic)}): XLA compiles "
+                    f"once per shape; pad to fixed lengths (or buckets) to use it")
         if setting == "grads":
             return self.trainer.steps.xla_lowering_error(spec)
         return self._loops_for(setting).lowering_error(spec)
