@@ -15,6 +15,8 @@ Every family is a :class:`trainer.Trainer` subclass over deterministic in-memory
   gradients of one variable).
 * ``running_state``: a non-trainable running mean updated in the step
   (``aggregation="mean"``).
+* ``unfreeze_by_callback``: the frozen backbone unfrozen by a callback at step 4;
+  ``unfreeze_between_fits``: unfrozen between a fit() of 4 steps and one to step 8.
 * ``sync_bn``: ``BatchNormalization(synchronized=True)`` (``plain_bn`` is the documented
   per-replica-statistics counterpart: it must differ).
 * ``*_mixed``: the family under ``precision.policy="mixed_float16"``.
@@ -31,7 +33,7 @@ from models.text_classifier import TextClassifierTrainer
 from trainer import config as config_lib
 
 FAMILIES = ("text", "text_bucketed", "dict_io", "string_lookup", "frozen_backbone",
-            "regularized", "tied", "running_state", "sync_bn", "plain_bn", "text_mixed",
+            "unfreeze_by_callback", "unfreeze_between_fits", "regularized", "tied", "running_state", "sync_bn", "plain_bn", "text_mixed",
             "dict_io_mixed")
 EXAMPLES = 256
 
@@ -121,6 +123,24 @@ class FrozenBackboneTrainer(_DenseData):
         return keras.Sequential([keras.Input((6,)), backbone, keras.layers.Dense(2)])
 
 
+class Unfreeze(trainer.Callback):
+    """Makes the layer ``name`` trainable at the first loop end at or after ``step``."""
+
+    def __init__(self, name: str, step: int):
+        self.name, self.step = name, step
+
+    def on_loop_end(self, t):
+        if t.step >= self.step:
+            t.model.get_layer(self.name).trainable = True
+
+
+class UnfreezingTrainer(FrozenBackboneTrainer):
+    """The frozen backbone, unfrozen by a callback at ``config.model.unfreeze_at``."""
+
+    def build_callbacks(self):
+        return [Unfreeze("backbone", self.config.model.unfreeze_at)]
+
+
 class RegularizedTrainer(_DenseData):
     """Kernel regularizers and an activity penalty added with ``add_loss``."""
 
@@ -201,7 +221,8 @@ _CLASSES = {
     "text": TextClassifierTrainer, "text_bucketed": TextClassifierTrainer,
     "text_mixed": TextClassifierTrainer, "dict_io": DictIOTrainer,
     "dict_io_mixed": DictIOTrainer, "string_lookup": StringLookupTrainer,
-    "frozen_backbone": FrozenBackboneTrainer, "regularized": RegularizedTrainer,
+    "frozen_backbone": FrozenBackboneTrainer, "unfreeze_by_callback": UnfreezingTrainer,
+    "unfreeze_between_fits": FrozenBackboneTrainer, "regularized": RegularizedTrainer,
     "tied": TiedTrainer, "running_state": RunningStateTrainer,
     "sync_bn": BatchNormTrainer, "plain_bn": BatchNormTrainer,
 }
@@ -229,6 +250,8 @@ def family_config(name: str, replicas: int = 1, **overrides):
         config.data.min_len = 2
         config.data.max_len = 20
         config.data.buckets = 3 if name == "text_bucketed" else 0
+    if name == "unfreeze_by_callback":
+        config.model.unfreeze_at = 4
     if name.endswith("_bn"):
         config.model.sync_bn = name == "sync_bn"
     if name.endswith("_mixed"):
@@ -247,5 +270,10 @@ def train_family(name: str, replicas: int = 1,
     t = _CLASSES[name](config)
     assert t.strategy.num_replicas_in_sync == replicas, t.strategy
     initial = [np.asarray(w) for w in t.model.get_weights()]
+    if name == "unfreeze_between_fits":
+        t.config.train.steps = 4
+        t.fit()
+        t.model.get_layer("backbone").trainable = True
+        t.config.train.steps = 8
     t.fit()
     return initial, [np.asarray(w) for w in t.model.get_weights()]

@@ -84,3 +84,16 @@ def test_frozen_backbone_stays_frozen(family_runs, replicas):
     initial = saved_run(family_runs[replicas], "frozen_backbone_initial")
     assert all(np.array_equal(initial[i], final[i]) for i in (0, 1))
     assert not np.array_equal(initial[2], final[2])
+
+
+@pytest.mark.parametrize("family", ["unfreeze_by_callback", "unfreeze_between_fits"])
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_unfrozen_backbone_trains(family_runs, family, replicas):
+    # Unfrozen at step 4 of 8 (docs/guide.md): the step is traced again and the
+    # optimizer, built over the frozen weights too, updates them from then on; the
+    # frozen family, trained alike, keeps them (test_frozen_backbone_stays_frozen).
+    final = _weights(family_runs, replicas, family)
+    initial = saved_run(family_runs[replicas], f"{family}_initial")
+    frozen = _weights(family_runs, replicas, "frozen_backbone")
+    assert not np.array_equal(initial[0], final[0])
+    assert relative_diff(frozen, final) > 100 * TOL

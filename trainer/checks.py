@@ -94,7 +94,7 @@ def check_features(features: Any, model: keras.Model, what: str) -> None:
 def _tf_message(error: tf.errors.OpError) -> str:
     """The one informative line of a TensorFlow runtime error (no node stacks)."""
     skip = ("Graph execution error", "Detected at node", "File ", "[[", "Traceback",
-            "Stack trace", "defined at")
+            "Stack trace", "defined at", "The error could be from a previous operation")
     lines = [line.strip() for line in str(error.message).splitlines()]
     useful = [line for line in lines if line and not line.startswith(skip)
               and not line.startswith("Op:")]

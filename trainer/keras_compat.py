@@ -13,6 +13,11 @@ private name it uses and fails with a clear message when a Keras version lacks i
   gradient path all-reduces (then unscales, clips and checks) itself, so while it
   applies, that sum is skipped. A user step that calls ``optimizer.apply`` directly
   keeps the Keras behaviour.
+* :func:`trainable_capable_variables`: the variables of frozen layers
+  (``trainable=False``) that training updates once they are unfrozen, read from the
+  private ``Layer._flatten_layers`` and ``Layer._trainable_variables`` (Keras 3 keeps a
+  frozen layer's weights there; its public ``trainable_weights`` is then empty). The
+  optimizer (and the EMA) are built over them too, so unfreezing needs no new optimizer.
 * :func:`nested_function_graph`: the graph of a function a ``tf.function`` graph calls
   (``Graph._get_function(name).graph``; checked on TensorFlow 2.21), for counting the
   FLOPs inside nested calls and ``tf.cond`` branches (:mod:`trainer.telemetry.flops`).
@@ -91,3 +96,21 @@ def nested_function_graph(graph: tf.Graph, name: str) -> tf.Graph | None:
     getter = getattr(graph, "_get_function", None)
     function = getter(name) if getter else None
     return getattr(function, "graph", None)
+
+
+def trainable_capable_variables(model: keras.Model) -> list:
+    """``model.trainable_variables``, then the weights of its frozen layers that are
+    trainable when unfrozen (not the non-trainable state such as batch statistics), in
+    a fixed order. Uses the private ``_flatten_layers`` / ``_trainable_variables``; a
+    Keras without them gives the trainable variables only."""
+    found = list(model.trainable_variables)
+    seen = {id(v) for v in found}
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is None:
+        return found
+    for layer in flatten(include_self=True, recursive=True):
+        for variable in getattr(layer, "_trainable_variables", ()):
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                found.append(variable)
+    return found

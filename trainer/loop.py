@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checks, data, data_resume, eval_pass, host_collectives
+from trainer import checks, data, data_resume, eval_pass, host_collectives, keras_compat
 from trainer import plan as plan_lib
 from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
@@ -83,6 +83,7 @@ class LoopDriver:
         self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
         self._planner: plan_lib.Planner | None = None
         self._last_setting = ""  # the XLA setting of the last train loop call
+        self._traced_trainable: tuple[int, ...] | None = None  # ids the loops were traced for
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
@@ -176,9 +177,11 @@ class LoopDriver:
             dummy = data.zeros_for_spec(features)
             with t.strategy.scope():
                 model(dummy, training=False)
-        t.gradients.build_optimizer_variables(t.optimizer, model.trainable_variables)
+        # Over the frozen layers' weights too: unfreezing one needs no new optimizer.
+        weights = keras_compat.trainable_capable_variables(model)
+        t.gradients.build_optimizer_variables(t.optimizer, weights)
         if t.ema is not None:
-            t.ema.build(t.strategy, model.trainable_variables)
+            t.ema.build(t.strategy, weights)
 
     def _distribute(self, dataset_fn, batch: data.BatchSizes,
                     what: str = "build_train_dataset", skip_batches: int = 0):
@@ -357,6 +360,7 @@ class LoopDriver:
     def _train_loop(self, iterator, xla: str, num_steps: int) -> tuple[dict, float]:
         """One call of the train loop of XLA setting ``xla``: ``(outputs, host
         seconds)``; a user's mistake becomes one InputError."""
+        self._retrace_if_trainable_changed()
         loops = self._loops_for(xla)
         self._last_setting = xla
         start = time.perf_counter()
@@ -369,6 +373,19 @@ class LoopDriver:
                 raise
             raise found from error
         return outputs, time.perf_counter() - start
+
+    def _retrace_if_trainable_changed(self) -> None:
+        """Drops the traced loops when the model's trainable variables are not those they
+        were traced with (a layer frozen or unfrozen between two fit() calls or by a
+        callback): the next call traces the step again, once. The optimizer already holds
+        state for every weight a frozen layer has (``trainable_capable_variables``)."""
+        trainable = tuple(id(v) for v in self.trainer.model.trainable_variables)
+        if self._traced_trainable is not None and trainable != self._traced_trainable:
+            logging.info("trainable variables changed (%d -> %d) at step %d: the train "
+                         "step is traced again.", len(self._traced_trainable), len(trainable),
+                         self.trainer.step)
+            self._loops.clear()
+        self._traced_trainable = trainable
 
     def _announce_plan(self, record: dict | None) -> None:
         """A decision of the planner (its fields, or None): a run event when plans were
