@@ -6,6 +6,8 @@ Every family is a :class:`trainer.Trainer` subclass over deterministic in-memory
 
 * ``text``: Embedding(mask_zero) over variable-length ``padded_batch`` batches, a custom
   metric and a custom ``train_step`` (:mod:`models.text_classifier`): sparse gradients.
+* ``text_gather``, ``tied_gather``: with ``perf.sparse_reduce="gather"`` (their small
+  tables go dense under ``"auto"``).
 * ``text_bucketed``: the same over ``bucket_by_sequence_length`` batches.
 * ``dict_io``: dict features, two outputs (a dict), dict labels.
 * ``string_lookup``: string features looked up inside the model (``StringLookup``).
@@ -32,7 +34,7 @@ import trainer
 from models.text_classifier import TextClassifierTrainer
 from trainer import config as config_lib
 
-FAMILIES = ("text", "text_bucketed", "dict_io", "string_lookup", "frozen_backbone",
+FAMILIES = ("text", "text_gather", "text_bucketed", "dict_io", "string_lookup", "frozen_backbone",
             "unfreeze_by_callback", "unfreeze_between_fits", "regularized", "tied", "running_state", "sync_bn", "plain_bn", "text_mixed",
             "dict_io_mixed")
 EXAMPLES = 256
@@ -218,7 +220,8 @@ class BatchNormTrainer(_DenseData):
 
 
 _CLASSES = {
-    "text": TextClassifierTrainer, "text_bucketed": TextClassifierTrainer,
+    "text": TextClassifierTrainer, "text_gather": TextClassifierTrainer,
+    "text_bucketed": TextClassifierTrainer, "tied_gather": TiedTrainer,
     "text_mixed": TextClassifierTrainer, "dict_io": DictIOTrainer,
     "dict_io_mixed": DictIOTrainer, "string_lookup": StringLookupTrainer,
     "frozen_backbone": FrozenBackboneTrainer, "unfreeze_by_callback": UnfreezingTrainer,
@@ -256,6 +259,8 @@ def family_config(name: str, replicas: int = 1, **overrides):
         config.model.sync_bn = name == "sync_bn"
     if name.endswith("_mixed"):
         config.precision.policy = "mixed_float16"
+    if name.endswith("_gather") or name == "text_mixed":
+        config.perf.sparse_reduce = "gather"  # small tables: "auto" would densify
     if replicas > 1:
         config.distribute.strategy = "mirrored"
         config.distribute.virtual_devices = replicas

@@ -49,6 +49,15 @@ def max_abs_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
 
 
+def relative_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    """The largest difference of two weight lists, relative to each array's scale
+    (its largest magnitude)."""
+    assert len(a) == len(b) and len(a), (len(a), len(b))
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))
+                     / max(float(np.max(np.abs(np.asarray(x)))), 1e-12))
+               for x, y in zip(a, b))
+
+
 def saved_run(arrays: Mapping[str, np.ndarray], run: str) -> list[np.ndarray]:
     """The arrays saved as ``"<run>/<i>"`` (i = 0, 1, ...) in an ``.npz``-like mapping."""
     count = sum(1 for k in arrays if k.startswith(run + "/"))

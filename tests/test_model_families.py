@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.families import FAMILIES
-from tests.helpers import run_in_parallel, saved_run
+from tests.helpers import relative_diff, run_in_parallel, saved_run
 
 TOL = 1e-5
 # mixed_float16 computes in float16 (machine epsilon 9.8e-4): per-replica batches sum in
@@ -21,13 +21,6 @@ MIXED_TOL = 3e-3
 # Batches drawn per replica by bucket_by_sequence_length group OTHER examples than the
 # global batch of one replica: the runs see different data (docs/guide.md).
 NOT_COMPARED = ("text_bucketed", "plain_bn")
-
-
-def relative_diff(a: list, b: list) -> float:
-    """The largest difference of two weight lists, relative to each array's scale."""
-    assert len(a) == len(b) and a, (len(a), len(b))
-    return max(float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(x))), 1e-12))
-               for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module")
