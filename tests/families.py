@@ -8,6 +8,8 @@ Every family is a :class:`trainer.Trainer` subclass over deterministic in-memory
   metric and a custom ``train_step`` (:mod:`models.text_classifier`): sparse gradients.
 * ``text_gather``, ``tied_gather``: with ``perf.sparse_reduce="gather"`` (their small
   tables go dense under ``"auto"``).
+* ``text_controls``: gathered, one step per call, clipping by global norm (binding),
+  the EMA and the non-finite guard; ``text_accum``: gathered, 2 accumulation steps.
 * ``text_bucketed``: the same over ``bucket_by_sequence_length`` batches.
 * ``dict_io``: dict features, two outputs (a dict), dict labels.
 * ``string_lookup``: string features looked up inside the model (``StringLookup``).
@@ -34,7 +36,7 @@ import trainer
 from models.text_classifier import TextClassifierTrainer
 from trainer import config as config_lib
 
-FAMILIES = ("text", "text_gather", "text_bucketed", "dict_io", "string_lookup", "frozen_backbone",
+FAMILIES = ("text", "text_gather", "text_controls", "text_accum", "text_bucketed", "dict_io", "string_lookup", "frozen_backbone",
             "unfreeze_by_callback", "unfreeze_between_fits", "regularized", "tied", "running_state", "sync_bn", "plain_bn", "text_mixed",
             "dict_io_mixed")
 EXAMPLES = 256
@@ -221,6 +223,7 @@ class BatchNormTrainer(_DenseData):
 
 _CLASSES = {
     "text": TextClassifierTrainer, "text_gather": TextClassifierTrainer,
+    "text_controls": TextClassifierTrainer, "text_accum": TextClassifierTrainer,
     "text_bucketed": TextClassifierTrainer, "tied_gather": TiedTrainer,
     "text_mixed": TextClassifierTrainer, "dict_io": DictIOTrainer,
     "dict_io_mixed": DictIOTrainer, "string_lookup": StringLookupTrainer,
@@ -259,8 +262,14 @@ def family_config(name: str, replicas: int = 1, **overrides):
         config.model.sync_bn = name == "sync_bn"
     if name.endswith("_mixed"):
         config.precision.policy = "mixed_float16"
-    if name.endswith("_gather") or name == "text_mixed":
+    if name.endswith("_gather") or name in ("text_mixed", "text_controls", "text_accum"):
         config.perf.sparse_reduce = "gather"  # small tables: "auto" would densify
+    if name == "text_controls":  # one step per call, clipping, EMA, the finiteness guard
+        config.update_from_flattened_dict({
+            "train.steps_per_loop": 1, "optimizer.clipnorm": 0.05,
+            "optimizer.ema_decay": 0.9, "train.on_nonfinite": "skip"})
+    if name == "text_accum":
+        config.perf.grad_accum_steps = 2
     if replicas > 1:
         config.distribute.strategy = "mirrored"
         config.distribute.virtual_devices = replicas

@@ -207,13 +207,17 @@ def describe_structure(batch: Any) -> str:
     return f"a single tensor {one(batch)}"
 
 
-def dynamic_dims(spec: Any) -> list[str]:
-    """The tensors of a batch spec (one replica's) with an unknown size past the batch
-    dimension, as ``"(None, None) int32"`` descriptions; [] when every shape is fixed."""
-    return [f"({', '.join('None' if d is None else str(d) for d in s.shape)}) {s.dtype.name}"
-            for s in tf.nest.flatten(spec)
-            if hasattr(s, "shape") and s.shape.rank is not None
-            and any(d is None for d in list(s.shape)[1:])]
+def dynamic_shapes_problem(spec: Any) -> str | None:
+    """Why XLA should not compile a step fed batches of ``spec`` (one replica's): the
+    tensors with an unknown size past the batch dimension, or None when all are fixed."""
+    dynamic = [f"({', '.join('None' if d is None else str(d) for d in s.shape)}) "
+               f"{s.dtype.name}" for s in tf.nest.flatten(spec)
+               if hasattr(s, "shape") and s.shape.rank is not None
+               and any(d is None for d in list(s.shape)[1:])]
+    if not dynamic:
+        return None
+    return (f"the batches have dynamic shapes ({', '.join(dynamic)}): XLA compiles once "
+            f"per shape; pad to fixed lengths (or buckets) to use it")
 
 
 class _TrackedInputContext(tf.distribute.InputContext):

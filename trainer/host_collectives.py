@@ -31,6 +31,15 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return bool(strategy.extended.should_checkpoint)
 
 
+def mean_over_workers(strategy: tf.distribute.Strategy, seconds: float) -> float:
+    """A host number (e.g. a window's seconds) averaged over workers, so logs agree
+    everywhere. Every worker must call it at the same point."""
+    workers = num_workers(strategy)
+    if workers == 1:
+        return seconds
+    return float(sum_over_workers(strategy, np.array([seconds], np.float32))[0]) / workers
+
+
 def sum_over_workers(strategy: tf.distribute.Strategy, values: np.ndarray) -> np.ndarray:
     """Sums a numeric vector over workers; each worker contributes it once.
 

@@ -39,6 +39,7 @@ from trainer import plan as plan_lib
 from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
 from trainer.metric_readout import MetricReadout
+from trainer.trainable_watch import TrainableWatch
 from trainer.errors import Preempted
 from trainer.run_context import RunContext, Service, next_multiple
 
@@ -83,7 +84,7 @@ class LoopDriver:
         self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
         self._planner: plan_lib.Planner | None = None
         self._last_setting = ""  # the XLA setting of the last train loop call
-        self._traced_trainable: tuple[int, ...] | None = None  # ids the loops were traced for
+        self._trainable = TrainableWatch()  # a layer (un)frozen: the step is traced again
         self._eval_dataset = None
         self._iterator_at: tuple[int, Any] | None = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
@@ -123,10 +124,8 @@ class LoopDriver:
     def _xla_lowering_error(self, setting: str) -> str | None:
         """The XLA lowering's error for the train step with XLA ``setting``, or None."""
         spec = self.train_batch_spec()
-        dynamic = data.dynamic_dims(spec)
-        if dynamic:
-            return (f"the batches have dynamic shapes ({', '.join(dynamic)}): XLA compiles "
-                    f"once per shape; pad to fixed lengths (or buckets) to use it")
+        if (dynamic := data.dynamic_shapes_problem(spec)) is not None:
+            return dynamic
         if setting == "grads":
             return self.trainer.steps.xla_lowering_error(spec)
         return self._loops_for(setting).lowering_error(spec)
@@ -177,8 +176,7 @@ class LoopDriver:
             dummy = data.zeros_for_spec(features)
             with t.strategy.scope():
                 model(dummy, training=False)
-        # Over the frozen layers' weights too: unfreezing one needs no new optimizer.
-        weights = keras_compat.trainable_capable_variables(model)
+        weights = keras_compat.trainable_capable_variables(model)  # frozen layers' too
         t.gradients.build_optimizer_variables(t.optimizer, weights)
         if t.ema is not None:
             t.ema.build(t.strategy, weights)
@@ -284,15 +282,6 @@ class LoopDriver:
             self._stop_reason = "requested on another worker"
         return bool(stop), bool(preempt)
 
-    def _mean_over_workers(self, seconds: float) -> float:
-        """Window seconds averaged over workers, so throughput logs agree everywhere."""
-        workers = host_collectives.num_workers(self.trainer.strategy)
-        if workers == 1:
-            return seconds
-        total = host_collectives.sum_over_workers(self.trainer.strategy,
-                                                  np.array([seconds], np.float32))
-        return float(total[0]) / workers
-
     # ----------------------------------------------------------------- fit
     def fit(self, callbacks: CallbackList) -> dict[str, float]:
         """Trains until ``train.steps`` or an agreed stop; see the module docstring."""
@@ -360,7 +349,8 @@ class LoopDriver:
     def _train_loop(self, iterator, xla: str, num_steps: int) -> tuple[dict, float]:
         """One call of the train loop of XLA setting ``xla``: ``(outputs, host
         seconds)``; a user's mistake becomes one InputError."""
-        self._retrace_if_trainable_changed()
+        if self._trainable.changed(self.trainer.model, self.trainer.step):  # (un)frozen
+            self._loops.clear()
         loops = self._loops_for(xla)
         self._last_setting = xla
         start = time.perf_counter()
@@ -373,19 +363,6 @@ class LoopDriver:
                 raise
             raise found from error
         return outputs, time.perf_counter() - start
-
-    def _retrace_if_trainable_changed(self) -> None:
-        """Drops the traced loops when the model's trainable variables are not those they
-        were traced with (a layer frozen or unfrozen between two fit() calls or by a
-        callback): the next call traces the step again, once. The optimizer already holds
-        state for every weight a frozen layer has (``trainable_capable_variables``)."""
-        trainable = tuple(id(v) for v in self.trainer.model.trainable_variables)
-        if self._traced_trainable is not None and trainable != self._traced_trainable:
-            logging.info("trainable variables changed (%d -> %d) at step %d: the train "
-                         "step is traced again.", len(self._traced_trainable), len(trainable),
-                         self.trainer.step)
-            self._loops.clear()
-        self._traced_trainable = trainable
 
     def _announce_plan(self, record: dict | None) -> None:
         """A decision of the planner (its fields, or None): a run event when plans were
@@ -404,7 +381,7 @@ class LoopDriver:
         t = self.trainer
         values = {k: float(v) for k, v in outputs.items()}
         values.update(self.train_readout.take())
-        seconds = self._mean_over_workers(seconds)
+        seconds = host_collectives.mean_over_workers(t.strategy, seconds)
         logs = {f"train/{k}": v for k, v in values.items()}
         # The rate the next update uses: the schedule at optimizer.iterations.
         logs["train/learning_rate"] = float(tf.convert_to_tensor(t.optimizer.learning_rate))

@@ -39,6 +39,7 @@ Contexts: :func:`all_reduce_sum` runs in REPLICA context while a step is traced.
 from __future__ import annotations
 
 import tensorflow as tf
+from absl import logging
 
 from trainer.tracing import no_autograph
 from trainer.update_context import in_update_context
@@ -155,6 +156,17 @@ def _gather(grad: tf.IndexedSlices, variable, replicas: int) -> tf.IndexedSlices
     return tf.IndexedSlices(values, indices, dense_shape)
 
 
+def _log_choice(variable, dense: bool, policy: str, strategy) -> None:
+    """One log line per sparse gradient when the step is traced: how it is reduced."""
+    shape = " x ".join(str(d) for d in variable.shape)
+    name = getattr(variable, "path", None) or variable.name
+    how = ("made dense, all-reduced" if dense else
+           "rows summed per index" if strategy.num_replicas_in_sync == 1 else
+           "rows touched gathered")
+    logging.info("sparse gradient of %s [%s]: %s (perf.sparse_reduce=%s).", name, shape,
+                 how, policy)
+
+
 @no_autograph
 def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
                    strategy: tf.distribute.Strategy) -> tuple[list, list]:
@@ -169,7 +181,9 @@ def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
     dense_values = []
     for i, (grad, variable) in enumerate(zip(grads, variables)):
         if isinstance(grad, tf.IndexedSlices):
-            if chooses_dense(policy, grad, variable, strategy):
+            dense = chooses_dense(policy, grad, variable, strategy)
+            _log_choice(variable, dense, policy, strategy)
+            if dense:
                 grad = tf.convert_to_tensor(grad)
             else:
                 sparse[i] = grad

@@ -136,6 +136,8 @@ def setup_report(run: RunContext) -> str:
         f"  batch: global {run.batch.global_size}, per replica "
         f"{run.batch.per_replica}; steps {run.step}->{cfg.train.steps}, "
         f"{cfg.train.steps_per_loop} per loop call, log every {cfg.train.log_every_steps}",
+        f"  sparse gradients: perf.sparse_reduce={cfg.perf.sparse_reduce} (each table's "
+        f"choice is logged when the step is traced)",
         f"  controls: {controls(cfg)}",
         f"  outputs: {outputs}",
     ]
