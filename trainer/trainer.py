@@ -132,7 +132,8 @@ class Trainer:
             config, self.model, self.optimizer, self.gradients,
             self.hooks.traced("compute_loss", Trainer.compute_loss),
             self.hooks.traced("update_metrics", Trainer.update_metrics),
-            self.train_metrics, self.eval_metrics)
+            self.train_metrics, self.eval_metrics,
+            custom_train_step=self.overrides("train_step"))
         self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
                                  self.hooks.traced("eval_step", Trainer.eval_step))
         services, checkpointer = build_services(
