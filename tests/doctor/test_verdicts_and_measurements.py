@@ -82,6 +82,12 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # The budget is stated first; the phases say what they do (stderr), never an ETA.
+    said = [line for line in proc.stderr.splitlines() if line.startswith("doctor: ")]
+    assert said[0].startswith("doctor: measuring baseline, input, compute, jit, "
+                              "communication, layers within a time budget of 60 s"), said
+    assert "doctor: (6) one replica vs all ..." in "\n".join(said)
+    assert said[-1].startswith("doctor: done in") and "ETA" not in proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     # The batch search (4) and the execution plan (8) are covered in-process, the thread
     # pools (9) in tests/doctor/test_thread_pools.py.
