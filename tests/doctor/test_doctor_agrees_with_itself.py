@@ -47,7 +47,9 @@ def test_the_xla_figure_is_the_plans_figure_and_no_training_progress_is_shown(ca
     assert "ETA" not in err and "/10000000" not in err, err[-2000:]
     assert said[0].startswith("doctor: measuring jit, plan within a time budget of 60 s")
     assert said[1].startswith("doctor: (8) execution plan, trials on the real run ...")
-    assert said[2].startswith("doctor: (8) execution plan, trials on the real run done in")
+    assert said[2].startswith("doctor:     plan: xla ") and "; measured " in said[2]
+    assert said[3].startswith("doctor: (8) execution plan, trials on the real run done in")
+    assert said[4].startswith("doctor: (5) XLA on vs off (the execution plan's figure) ...")
     assert said[-1].startswith("doctor: done in")
 
 

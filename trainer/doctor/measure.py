@@ -76,6 +76,7 @@ from trainer import config as config_lib
 from trainer import data, distribute
 from trainer.callbacks import Callback
 from trainer.telemetry import probes
+from trainer.telemetry.progress import plan_line
 from trainer.doctor.phases import DEFAULT_BUDGET_S, Phases
 from trainer.doctor.report import SECTIONS, Report, verdict, xla_figure
 from trainer.doctor.layer_profile import profile_layers
@@ -233,9 +234,11 @@ def measure_compute(trainer, steps: int) -> Report:
 
 
 def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
-                 memory_budget_mb: float, deadline: float | None = None) -> Report:
+                 memory_budget_mb: float, deadline: float | None = None,
+                 say: Callable[[str], None] = lambda line: None) -> Report:
     """(4) Doubles the global batch while it fits; times each candidate like (3). No
-    candidate starts past ``deadline`` (``time.monotonic``)."""
+    candidate starts past ``deadline`` (``time.monotonic``); ``say`` gets a line per
+    candidate."""
     tried: list[dict[str, Any]] = []
     stop_reason = f"reached the search bound ({doublings} doublings)"
     batch = config.train.global_batch_size
@@ -265,6 +268,8 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
         over_budget = not devices and row["peak_rss_mb"] > memory_budget_mb
         row["fits"] = not over_budget
         tried.append(row)
+        say(f"doctor:     global batch {batch}: {row['examples_per_s']:,.0f} ex/s, "
+            f"peak RSS {row['peak_rss_mb']:,.0f} MB")
         if over_budget:
             stop_reason = (f"global batch {batch} took the process to {row['peak_rss_mb']:,.0f} MB "
                            f"RSS, over the {memory_budget_mb:,.0f} MB budget")
@@ -277,7 +282,8 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
 
 
 def measure_jit(config: ml_collections.ConfigDict, xla_problem: str | None,
-                plan: Report | None = None, deadline: float | None = None) -> Report:
+                plan: Report | None = None, deadline: float | None = None,
+                say: Callable[[str], None] = lambda line: None) -> Report:
     """(5) XLA on vs off: the execution plan's figure (:func:`measure_plan`, measured
     here with ``perf.plan="auto"`` unless ``plan``, the section (8) report of the same
     config, is given). Not measured when XLA cannot compile the step here
@@ -285,7 +291,7 @@ def measure_jit(config: ml_collections.ConfigDict, xla_problem: str | None,
     if xla_problem is not None:
         return {"applicable": False, "note": f"XLA {xla_problem}"}
     if plan is None or not plan.get("applicable"):
-        plan = measure_plan(config, deadline, force=True)
+        plan = measure_plan(config, deadline, force=True, say=say)
     return xla_figure(plan, config.train.global_batch_size)
 
 
@@ -301,10 +307,12 @@ class _Deadline(Callback):
 
 
 def measure_plan(config: ml_collections.ConfigDict, deadline: float | None = None,
-                 force: bool = False) -> Report:
+                 force: bool = False, say: Callable[[str], None] = lambda line: None
+                 ) -> Report:
     """(8) The planner's measurement on the real run, stopped once it decides (or at
     ``deadline``, ``time.monotonic``). ``force``: measure even when the config says
-    ``perf.plan="fixed"``. The run shows no progress (it has no end to estimate)."""
+    ``perf.plan="fixed"``. The run shows no training progress (it has no end to
+    estimate); ``say`` gets the planner's decision line."""
     if config.perf.plan == "fixed" and not force:
         return {"applicable": False, "note": "perf.plan='fixed': the configured plan runs"}
     trainer = build_trainer(_with(config, perf__plan="auto", perf__plan_min_run_s=0.0,
@@ -315,6 +323,7 @@ def measure_plan(config: ml_collections.ConfigDict, deadline: float | None = Non
     def on_event(record: dict) -> None:
         if record["kind"] == "plan":
             records.append(record)
+            say(f"doctor:     {plan_line(record)}")
             trainer.request_stop("the plan is measured")
 
     trainer.events.subscribe(on_event)
@@ -414,20 +423,22 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
     if "plan" in sections:
         report["plan"] = phases.run(
             "plan", "(8) execution plan, trials on the real run",
-            lambda: measure_plan(config, phases.deadline))
+            lambda: measure_plan(config, phases.deadline, say=say))
     if "jit" in sections:
         report["jit"] = phases.run(
             "jit", "(5) XLA on vs off (the execution plan's figure)",
             lambda: measure_jit(config, trainer.steps.xla_problem, report.get("plan"),
-                                phases.deadline))
+                                phases.deadline, say))
     if "batch" in sections:
         report["batch"] = phases.run(
             "batch", "(4) batch size search",
-            lambda: search_batch(config, steps, max_batch_doublings, budget, phases.deadline))
+            lambda: search_batch(config, steps, max_batch_doublings, budget, phases.deadline,
+                                 say))
     if "threads" in sections:
         report["threads"] = phases.run(
             "threads", "(9) thread pools, one process per setting",
-            lambda: measure_threads(steps, config_path, overrides, deadline=phases.deadline))
+            lambda: measure_threads(steps, config_path, overrides, deadline=phases.deadline,
+                                    say=say))
     if {"baseline", "input", "compute"} <= set(sections):
         report["verdict"] = verdict(report)
     say(f"doctor: done in {phases.elapsed_s:.1f} s (time budget {time_budget_s:g} s)")

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: ``(inter_op_threads, intra_op_threads)`` tried; 0 is TensorFlow's own choice, and
 #: the first setting is the reference.
@@ -41,8 +41,10 @@ def _child_command(config_path: str, overrides: Sequence[str], steps: int,
 
 
 def measure_threads(steps: int, config_path: str | None, overrides: Sequence[str],
-                    repeats: int = 2, deadline: float | None = None) -> dict[str, Any]:
-    """Each of :data:`SETTINGS` timed ``repeats`` times, one process per run (host).
+                    repeats: int = 2, deadline: float | None = None,
+                    say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Each of :data:`SETTINGS` timed ``repeats`` times, one process per run (host);
+    ``say`` gets one line per run.
 
     ``deadline`` (``time.monotonic``): no run starts after it and a run still going
     then is stopped; the settings are then compared over the rounds every one of them
@@ -51,7 +53,7 @@ def measure_threads(steps: int, config_path: str | None, overrides: Sequence[str
         return {"applicable": False,
                 "note": "needs the config file path to run each setting in its own process"}
     runs: dict[tuple[int, int], list[float]] = {s: [] for s in SETTINGS}
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for setting in SETTINGS:
             left = 1800.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
@@ -68,6 +70,8 @@ def measure_threads(steps: int, config_path: str | None, overrides: Sequence[str
                                 f"{last[0]}"}
             report = json.loads(proc.stdout.strip().splitlines()[-1])
             runs[setting].append(report["baseline"]["examples_per_s"])
+            say(f"doctor:     inter/intra-op threads {setting[0] or 'TF'}/{setting[1] or 'TF'}: "
+                f"{runs[setting][-1]:,.0f} ex/s (round {round_ + 1} of {repeats})")
     return _compared(runs, repeats)
 
 
