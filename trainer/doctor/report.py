@@ -277,8 +277,9 @@ def format_table(report: Report) -> str:
         j = report["jit"]
         if j["applicable"]:
             lines.append(row(f"(5) XLA on ({j['setting']})", f"{j['on_examples_per_s']:,.0f}",
-                             f"{j['speedup']:.2f}x vs off on the real run, steps_per_loop "
-                             f"{j['steps_per_loop']} (the plan's trials, section 8)"))
+                             f"{j['speedup']:.2f}x vs off: the median of the per-round "
+                             f"ratios of the plan's trials on the real run (section 8), "
+                             f"steps_per_loop {j['steps_per_loop']}"))
             lines.append(row("    XLA off", f"{j['off_examples_per_s']:,.0f}", ""))
         else:
             lines.append(row("(5) XLA", "n/a", j["note"]))
