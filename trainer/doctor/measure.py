@@ -35,22 +35,17 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    inputs of its real input shape (per-replica batch) in an in-graph loop, with
    parameter and activation (output) memory. Needs layers with a known input
    (Sequential / functional models); others are listed as not timed.
-8. ``plan``: the execution planner (``perf.plan="auto"``, :mod:`trainer.plan`) run on
-   the real run, whatever its length: the table of plans it timed, the one it keeps and
-   the seconds measuring took (``--config.perf.plan=fixed`` runs skip this section; the
-   XLA figure of (5) is then measured the same way). No training progress is shown
-   while it runs (the run is open-ended: it stops once the plan is decided).
+8. ``plan``: the execution planner run on the real run, whatever its length
+   (:mod:`trainer.doctor.plan_trials`): the plans it timed, the one it keeps, the seconds
+   measuring took (``perf.plan=fixed`` skips it; (5) is then measured the same way).
 9. ``threads``: (1) in one fresh process per size of TensorFlow's thread pools
    (``distribute.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
    process, so no plan measures them): :mod:`trainer.doctor.thread_pools`.
 10. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
    numbers and what to do.
 
-Time: ``time_budget_s`` (``--time_budget_s``, default 60 s), stated at the start and
-kept by :class:`trainer.doctor.phases.Phases`: (1)-(3) always run; the other sections
-only while the budget lasts (else reported as not measured, with the reason), and those
-made of several measurements stop at the deadline. Each phase says when it starts and
-ends (``say``; the command line prints to stderr).
+Time: ``time_budget_s`` (default 60 s), stated at the start and kept as
+:mod:`trainer.doctor.phases` says; each phase's progress goes to ``say``.
 
 Output: a table, or with ``--json`` one JSON object with the keys above.
 """
@@ -74,12 +69,11 @@ import tensorflow as tf
 
 from trainer import config as config_lib
 from trainer import data, distribute
-from trainer.callbacks import Callback
 from trainer.telemetry import probes
-from trainer.telemetry.progress import plan_line
 from trainer.doctor.phases import DEFAULT_BUDGET_S, Phases
 from trainer.doctor.report import SECTIONS, Report, verdict, xla_figure
 from trainer.doctor.layer_profile import profile_layers
+from trainer.doctor.plan_trials import measure_plan
 from trainer.doctor.thread_pools import measure_threads
 from trainer.trainer import resolve_trainer_class
 
@@ -97,9 +91,9 @@ def _with(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collections
     return config
 
 
-def build_trainer(config: ml_collections.ConfigDict, callbacks: Sequence[Callback] = ()):
+def build_trainer(config: ml_collections.ConfigDict):
     cls = resolve_trainer_class(config.trainer)
-    return cls(config, None, callbacks=callbacks)
+    return cls(config, None)
 
 
 def _peak_rss_mb() -> float:
@@ -293,46 +287,6 @@ def measure_jit(config: ml_collections.ConfigDict, xla_problem: str | None,
     if plan is None or not plan.get("applicable"):
         plan = measure_plan(config, deadline, force=True, say=say)
     return xla_figure(plan, config.train.global_batch_size)
-
-
-class _Deadline(Callback):
-    """Stops a run at the first loop end past ``deadline`` (``time.monotonic``)."""
-
-    def __init__(self, deadline: float | None):
-        self.deadline = deadline
-
-    def on_loop_end(self, trainer) -> None:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            trainer.request_stop("the doctor's time budget is spent")
-
-
-def measure_plan(config: ml_collections.ConfigDict, deadline: float | None = None,
-                 force: bool = False, say: Callable[[str], None] = lambda line: None
-                 ) -> Report:
-    """(8) The planner's measurement on the real run, stopped once it decides (or at
-    ``deadline``, ``time.monotonic``). ``force``: measure even when the config says
-    ``perf.plan="fixed"``. The run shows no training progress (it has no end to
-    estimate); ``say`` gets the planner's decision line."""
-    if config.perf.plan == "fixed" and not force:
-        return {"applicable": False, "note": "perf.plan='fixed': the configured plan runs"}
-    trainer = build_trainer(_with(config, perf__plan="auto", perf__plan_min_run_s=0.0,
-                                  train__steps=10**7, telemetry__progress="off"),
-                            callbacks=[_Deadline(deadline)])
-    records: list[dict] = []
-
-    def on_event(record: dict) -> None:
-        if record["kind"] == "plan":
-            records.append(record)
-            say(f"doctor:     {plan_line(record)}")
-            trainer.request_stop("the plan is measured")
-
-    trainer.events.subscribe(on_event)
-    trainer.fit()
-    if not records:
-        stopped = ("the time budget ran out" if deadline is not None
-                   and time.monotonic() > deadline else "the run stopped")
-        return {"applicable": False, "note": f"{stopped} before the plan was decided"}
-    return {"applicable": True, **{k: v for k, v in records[0].items() if k != "time"}}
 
 
 def measure_communication(trainer, compute: Report, steps: int, config_path: str | None,
