@@ -278,13 +278,13 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
 def measure_jit(config: ml_collections.ConfigDict, xla_problem: str | None,
                 plan: Report | None = None, deadline: float | None = None,
                 say: Callable[[str], None] = lambda line: None) -> Report:
-    """(5) XLA on vs off: the execution plan's figure (:func:`measure_plan`, measured
-    here with ``perf.plan="auto"`` unless ``plan``, the section (8) report of the same
-    config, is given). Not measured when XLA cannot compile the step here
-    (``xla_problem``: the Trainer's ``steps.xla_problem``)."""
+    """(5) XLA on vs off: the execution plan's figure, from ``plan`` (the section (8)
+    report of the same config), measured here (:func:`measure_plan`, forced to
+    ``perf.plan="auto"``) when there is none or the config fixes the plan. Not measured
+    when XLA cannot compile the step here (``xla_problem``: ``steps.xla_problem``)."""
     if xla_problem is not None:
         return {"applicable": False, "note": f"XLA {xla_problem}"}
-    if plan is None or not plan.get("applicable"):
+    if plan is None or (not plan.get("applicable") and config.perf.plan == "fixed"):
         plan = measure_plan(config, deadline, force=True, say=say)
     return xla_figure(plan, config.train.global_batch_size)
 
