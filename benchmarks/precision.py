@@ -4,7 +4,7 @@
                                    [--strategy default|one_device]
 
 For each workload of :mod:`benchmarks.workloads` (``mlp``: 784->256->10, batch 64;
-``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128) it builds one ``Trainer`` per
+``digits``: 64->128->10, batch 64; ``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128) it builds one ``Trainer`` per
 variant under the default strategy (or ``--strategy one_device``; Adam, synthetic
 in-memory data):
 
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp,cnn")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=200,
-                        help="steps per variant per round (the cnn uses a quarter)")
+                        help="steps per variant per round (the cnn and transformer use a quarter)")
     parser.add_argument("--strategy", default="default", choices=("default", "one_device"))
     args = parser.parse_args()
     from absl import logging
@@ -111,7 +111,7 @@ def main() -> None:
     logging.set_verbosity(logging.WARNING)
     rows = []
     for name in args.workloads.split(","):
-        steps = args.steps if name == "mlp" else max(STEPS_PER_LOOP, args.steps // 4)
+        steps = args.steps if name in ("mlp", "digits") else max(STEPS_PER_LOOP, args.steps // 4)
         rows += bench_workload(name, args.rounds, steps, args.strategy)
         print(f"{name} done", file=sys.stderr, flush=True)
     print(f"strategy: {args.strategy}; median of {args.rounds} rounds, warm-up excluded")

@@ -3,6 +3,7 @@
 Every workload is small enough for 2 CPU cores and fixed by the issue that asked for it:
 
 * ``mlp``: 784 -> 256 -> 10, batch 64 (overhead-bound: per-step cost is tiny);
+* ``digits``: the digits model's shape (``models/digits.py``): 64 -> 128 -> 10, batch 64;
 * ``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128;
 * ``transformer``: encoder classifier, seq 128, d 128, 2 layers, 4 heads, batch 32.
 """
@@ -45,6 +46,15 @@ def _mlp() -> keras.Model:
     ])
 
 
+def _digits() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(10),
+        keras.layers.Activation("linear", dtype="float32"),
+    ])
+
+
 def _cnn() -> keras.Model:
     return keras.Sequential([
         keras.Input((32, 32, 3)),
@@ -78,6 +88,7 @@ def _transformer(seq: int = 128, d: int = 128, layers: int = 2, heads: int = 4) 
 
 WORKLOADS = {
     "mlp": Workload("mlp", 64, _mlp, (784,), "float32"),
+    "digits": Workload("digits", 64, _digits, (64,), "float32"),
     "cnn": Workload("cnn", 128, _cnn, (32, 32, 3), "float32"),
     "transformer": Workload("transformer", 32, _transformer, (128,), "int32"),
 }

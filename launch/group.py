@@ -78,24 +78,37 @@ def preflight(module: str, trainer_flags: Sequence[str], log: Callable[[str], No
     """
     if module != CHECKED_MODULE:
         return 0
-    argv = [*trainer_command(module, trainer_flags, python=sys.executable), "--check_only"]
-    if replicas:
-        argv.append(f"--check_replicas={replicas}")
     env = {k: v for k, v in (os.environ if environ is None else environ).items()
            if k != "TF_CONFIG"}
     if tf_config is not None:
         env["TF_CONFIG"] = json.dumps(tf_config)
+    return check_trainer_command(trainer_command(module, trainer_flags, python=sys.executable),
+                                 env, log, replicas, refused=refused, hint=hint)
+
+
+def check_trainer_command(command: Sequence[str], env: dict[str, str],
+                          log: Callable[[str], None], replicas: int = 0,
+                          refused: str = "no task was started", hint: str = "",
+                          prefix: str = "[launcher]") -> int:
+    """Runs ``command`` (the argv of a :data:`CHECKED_MODULE` run) with ``--check_only``
+    (and ``--check_replicas=N`` when ``replicas``) in ``env``: the trainer's
+    TensorFlow-free checks, about a second. Returns 0, or the check's exit status after
+    logging ``PREFIX REFUSED: ...`` and the check's message (its last lines) once. A
+    check that does not finish in time is logged and passes (the trainer checks again)."""
+    argv = [*command, "--check_only"]
+    if replicas:
+        argv.append(f"--check_replicas={replicas}")
     try:
         proc = subprocess.run(argv, env=env, capture_output=True, text=True,
                               timeout=_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        log(f"[launcher] warning: the flag check did not finish in {_CHECK_TIMEOUT_S:g} s; "
-            f"starting the tasks anyway.")
+        log(f"{prefix} warning: the flag check did not finish in {_CHECK_TIMEOUT_S:g} s; "
+            f"starting anyway.")
         return 0
     if proc.returncode == 0:
         return 0
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()][-3:]
-    log(f"[launcher] {refused}: the trainer flags fail {module}'s checks{hint}.")
+    log(f"{prefix} {refused}: the trainer flags fail {CHECKED_MODULE}'s checks{hint}.")
     for line in lines:
         log(line)
     return proc.returncode

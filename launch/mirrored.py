@@ -14,6 +14,11 @@
   devices, and Mirrored runs one replica on each. It needs at most one GPU in ``--gpus``.
 
 A refused argument exits 2 with the reason as the last line, before the trainer starts.
+Then, before TensorFlow loads, the launcher runs ``trainer.main``'s TensorFlow-free checks
+once (``--check_only``, :func:`launch.group.check_trainer_command`): flags, config file,
+workdir and, when the replica count is known here (:func:`known_replicas`), that
+``train.global_batch_size`` and ``eval.global_batch_size`` divide over it; a failure
+exits with the check's status (1 config, 2 usage) and its one-line error last.
 
 Then it execs ``python -m trainer.main FLAGS --config.distribute.strategy=mirrored``,
 after printing the devices it chose; the trainer prints its own device report.
@@ -28,6 +33,7 @@ from typing import Sequence
 
 from launch.flags import sets_flag
 from launch.gpus import FoundGpus, found_gpus, missing_gpus
+from launch.group import CHECKED_MODULE, check_trainer_command
 
 _OWN_FLAGS = ("--config.distribute.strategy", "--config.distribute.virtual_devices")
 
@@ -96,6 +102,20 @@ def plan(gpus: str | None, virtual_devices: int | None, trainer_flags: Sequence[
     return argv, env, devices
 
 
+def known_replicas(gpus: str | None, virtual_devices: int | None,
+                   environ: dict[str, str]) -> int:
+    """The replicas the Mirrored run will have, as far as this process knows without
+    TensorFlow: ``virtual_devices`` when given, else the ids of ``gpus``, else the GPUs
+    found (:func:`launch.gpus.found_gpus`); 0 (unknown) on a machine without GPUs,
+    where the config's own ``distribute.virtual_devices`` decides (the trainer checks
+    it). Call after :func:`plan` accepted the arguments."""
+    if virtual_devices:
+        return virtual_devices
+    if gpus is not None:
+        return len(parse_gpus(gpus))
+    return len(found_gpus(environ).ids)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: set the devices, then exec the trainer."""
     parser = argparse.ArgumentParser(
@@ -112,6 +132,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      dict(os.environ), args.module)
     except ValueError as error:
         parser.error(str(error))
+    if args.module == CHECKED_MODULE:
+        status = check_trainer_command(
+            command, env,
+            lambda line: print(line, file=sys.stderr, flush=True),
+            known_replicas(args.gpus, args.virtual_devices, dict(os.environ)),
+            refused="the trainer was not started", prefix="[launch.mirrored]")
+        if status:
+            return status
     print(f"[launch.mirrored] MirroredStrategy over {devices}; running: "
           f"{' '.join(command[1:])}", file=sys.stderr, flush=True)
     os.execve(sys.executable, command, env)

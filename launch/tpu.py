@@ -11,6 +11,12 @@ there is none) and execs ``python -m trainer.main FLAGS --config.distribute.stra
 --config.distribute.tpu=ADDRESS --config.precision.policy=mixed_bfloat16`` (the policy
 only when the flags do not set one). The trainer connects with
 :func:`tf_cluster.tpu.connect_tpu`.
+
+Before the exec, ``trainer.main``'s TensorFlow-free checks run once (``--check_only``,
+:func:`launch.group.check_trainer_command`: flags, config file, workdir); a failure exits
+with the check's status and its one-line error last. The number of TPU cores, and so
+whether the global batch sizes divide over them, is known only once TensorFlow has
+connected: the trainer checks that.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import sys
 from typing import Sequence
 
 from launch.flags import sets_flag
+from launch.group import CHECKED_MODULE, check_trainer_command
 from tf_cluster.tpu import TPUNotFoundError, resolve_tpu
 
 
@@ -51,6 +58,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"launch.tpu: {error}", file=sys.stderr)
         return 1
     command = trainer_argv(address, trainer_flags, args.module)
+    if args.module == CHECKED_MODULE:
+        status = check_trainer_command(command, dict(os.environ),
+                                       lambda line: print(line, file=sys.stderr, flush=True),
+                                       refused="the trainer was not started",
+                                       prefix="[launch.tpu]")
+        if status:
+            return status
     print(f"[launch.tpu] TPU {address!r}; running: {' '.join(command[1:])}", file=sys.stderr,
           flush=True)
     os.execv(sys.executable, command)

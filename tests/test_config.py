@@ -65,6 +65,11 @@ def test_free_form_sections_accept_any_key():
     ("tests.toy.ToyTrainer", "must name a Trainer subclass as 'package.module:ClassName'"),
     ("tests.no_such_module:ToyTrainer", "module 'tests.no_such_module' cannot be imported"),
     ("tests.toy:ToyTrainr", "has no attribute 'ToyTrainr'. Did you mean 'ToyTrainer'"),
+    ("models.digits:DigitTrainer",
+     r"^config\.trainer='models\.digits:DigitTrainer': module 'models\.digits' has no "
+     r"attribute 'DigitTrainer'\. Did you mean 'DigitsTrainer' or 'DigitsToTargetTrainer'\?$"),
+    ("tests.toy:Trainr",  # the classes defined there, not the base class it imports
+     r"has no attribute 'Trainr'\. Did you mean 'ToyTrainer' or 'ToyEvalTrainer'\?$"),
     ("tests.toy:toy_config", "is not a subclass of trainer.Trainer"),
 ])
 def test_trainer_path_that_does_not_resolve(path, message):

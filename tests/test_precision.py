@@ -192,3 +192,33 @@ def test_on_nonfinite_means_one_thing_everywhere(mode, dynamic, checks, stops, r
     policy = precision.NonFinitePolicy(mode, dynamic)
     assert (policy.checks_updates, policy.stops, policy.rolls_back) == (checks, stops, rolls_back)
     assert (policy.warning() is not None) == warns
+
+
+FLOAT16_WARNING = ("precision.policy='mixed_float16' on CPU, without fast float16: it runs "
+                   "slower than float32 there, not faster (python -m benchmarks.precision "
+                   "measures it); set precision.policy='float32' "
+                   "(--config.precision.policy=float32).")
+
+
+@pytest.mark.parametrize("policy, warnings", [
+    ("mixed_float16", [FLOAT16_WARNING]), ("float32", []), ("mixed_bfloat16", [])])
+def test_float16_on_a_cpu_warns_once_with_the_policy_to_use(policy, warnings, caplog):
+    caplog.set_level(logging.WARNING, logger="absl")
+    t = toy.ToyTrainer(toy.toy_config(**{"precision.policy": policy, "train.steps": 10}))
+    t.fit()
+    t.config.train.steps = 20
+    t.fit()  # a second fit (a notebook's re-run) says nothing new
+    said = [r.getMessage() for r in caplog.records if "float16" in r.getMessage()]
+    assert said == warnings
+
+
+@pytest.mark.parametrize("devices, expected", [
+    ([], None),
+    (["TPU:0", "TPU:1"], "set precision.policy='mixed_bfloat16'"),
+    (["GPU:0 (compute capability 6.1)"], "on GPU:0 (compute capability 6.1), without fast "
+                                         "float16"),
+])
+def test_float16_warning_names_the_devices_and_their_half_type(devices, expected):
+    warning = precision.float16_warning("mixed_float16", devices)
+    assert warning is None if expected is None else expected in warning
+    assert precision.float16_warning("mixed_bfloat16", devices or ["CPU"]) is None

@@ -287,9 +287,23 @@ def import_trainer_class(path: str) -> type:
         ) from error
     cls = getattr(module, class_name, None)
     if cls is None:
-        public = [n for n in dir(module) if not n.startswith("_")]
         raise config_lib.ConfigError(
             f"config.trainer={path!r}: module '{module_name}' has no attribute "
-            f"'{class_name}'.{config_lib.suggest(class_name, public)}"
+            f"'{class_name}'.{_close_names(class_name, module)}"
         )
     return cls
+
+
+def _close_names(name: str, module) -> str:
+    """" Did you mean 'A' or 'B'?" naming the classes defined in ``module`` closest to
+    ``name`` (difflib, up to 3, closest first; any public name when it defines no class),
+    or ""."""
+    public = [n for n in dir(module) if not n.startswith("_")]
+    defined = [n for n in public if isinstance(getattr(module, n), type)
+               and getattr(module, n).__module__ == module.__name__]
+    close = difflib.get_close_matches(name, defined or public, n=3)
+    if not close:
+        return ""
+    quoted = [f"'{n}'" for n in close]
+    names = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f" Did you mean {names}?"

@@ -38,7 +38,7 @@ from trainer.data import BatchSizes
 from trainer.host_collectives import is_chief, num_workers
 
 __all__ = ["accelerator_devices", "build_strategy", "configure_devices", "configure_threads",
-           "describe",
+           "describe", "slow_float16_devices",
            "is_chief", "num_workers", "resolve_devices", "resolve_strategy_name",
            "tf_config_task_type"]
 
@@ -335,6 +335,27 @@ def accelerator_devices(strategy: tf.distribute.Strategy) -> list[str]:
         if spec.device_type and spec.device_type.upper() != "CPU":
             out.append(f"{spec.device_type}:{spec.device_index or 0}")
     return out
+
+
+# GPUs below this compute capability have no tensor cores: float16 is no faster there.
+FAST_FLOAT16_COMPUTE_CAPABILITY = (7, 0)
+
+
+def slow_float16_devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """This worker's compute devices without fast float16 arithmetic, as names for a
+    message: ``"CPU"`` when the strategy computes on the CPU (float16 is emulated there),
+    each TPU (bfloat16 units, no float16 ones), each GPU of compute capability below
+    :data:`FAST_FLOAT16_COMPUTE_CAPABILITY`. Empty when every device has fast float16."""
+    accelerators = accelerator_devices(strategy)
+    if not accelerators:
+        return ["CPU"]
+    slow = [name for name in accelerators if name.startswith("TPU")]
+    if any(name.startswith("GPU") for name in accelerators):
+        for index, gpu in enumerate(_physical("GPU")):
+            capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+            if capability and tuple(capability) < FAST_FLOAT16_COMPUTE_CAPABILITY:
+                slow.append(f"GPU:{index} (compute capability {capability[0]}.{capability[1]})")
+    return slow
 
 
 def describe(strategy: tf.distribute.Strategy) -> str:

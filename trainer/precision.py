@@ -21,6 +21,7 @@ context on values that are identical on every replica.
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import keras
 import tensorflow as tf
@@ -36,6 +37,24 @@ def set_policy(policy: str) -> None:
 def uses_loss_scaling(policy: str) -> bool:
     """True for ``mixed_float16``, the only policy with (dynamic) loss scaling."""
     return policy == "mixed_float16"
+
+
+def float16_warning(policy: str, slow_devices: Sequence[str]) -> str | None:
+    """The start-up warning for ``mixed_float16`` on ``slow_devices`` (devices without
+    fast float16: :func:`trainer.distribute.slow_float16_devices`), naming the policy to
+    use instead, or None. There float16 is emulated or runs on float32 units: slower
+    than float32, not faster (the digits model on a 2-core Xeon: 0.03x float32's
+    examples/s, benchmarks/README.md; the figure depends on the CPU, so the message
+    names the command that measures it, not a ratio). The alternative is
+    ``mixed_bfloat16`` on TPUs (their native half type), else ``float32``."""
+    if not uses_loss_scaling(policy) or not slow_devices:
+        return None
+    alternative = ("mixed_bfloat16" if all(d.startswith("TPU") for d in slow_devices)
+                   else "float32")
+    return (f"precision.policy='mixed_float16' on {', '.join(slow_devices)}, without fast "
+            f"float16: it runs slower than float32 there, not faster (python -m "
+            f"benchmarks.precision measures it); set precision.policy='{alternative}' "
+            f"(--config.precision.policy={alternative}).")
 
 
 @tf.autograph.experimental.do_not_convert

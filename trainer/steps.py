@@ -42,12 +42,14 @@ class DefaultSteps:
       compute_loss: ``(batch, float32 outputs) -> per-example loss [b]`` (replica ctx).
       update_metrics: ``(metrics, batch, outputs) -> None`` (replica ctx).
       train_metrics, eval_metrics: the metric dicts the steps update.
+      custom_train_step: the Trainer overrides ``train_step`` (``perf.jit_compile``
+        then compiles nothing: it applies to the default step only).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, model: keras.Model,
                  optimizer: keras.optimizers.Optimizer, gradients: GradientPath,
                  compute_loss: Callable, update_metrics: Callable,
-                 train_metrics: dict, eval_metrics: dict):
+                 train_metrics: dict, eval_metrics: dict, custom_train_step: bool = False):
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -60,6 +62,7 @@ class DefaultSteps:
         self.xla_problem = self._xla_problem()
         #: Whether the next trace of :meth:`train` compiles forward + backward with XLA.
         self.xla = bool(config.perf.jit_compile) and self.xla_problem is None
+        self.custom_train_step = custom_train_step
         self._log_jit_setting()
         self._jit_grads: Callable | None = None  # built at the first XLA trace
 
@@ -130,11 +133,32 @@ class DefaultSteps:
                     "(XLA cannot compile a device's access to variables on another)")
         return None
 
+    def compiled(self) -> str:
+        """What the configured setting compiles with XLA, for the set-up report (before
+        an execution plan, :mod:`trainer.plan`, chooses another: its own line says so)."""
+        if not self.config.perf.jit_compile:
+            return "nothing compiled (perf.jit_compile=False)"
+        if self.xla_problem is not None and self.xla_problem.startswith("not needed"):
+            return f"perf.jit_compile=True: {self.xla_problem}"
+        if self.xla_problem is not None:
+            return f"nothing compiled: perf.jit_compile=True is {self.xla_problem}"
+        if self.custom_train_step:
+            return ("nothing compiled: perf.jit_compile=True compiles the default "
+                    "train_step's forward and backward pass, and this Trainer overrides "
+                    "train_step")
+        return ("the default train_step's forward and backward pass (perf.jit_compile=True; "
+                "the iterator, all-reduce and optimizer update are not compiled)")
+
     def _log_jit_setting(self) -> None:
         if not self.config.perf.jit_compile:
             return
-        if self.xla_problem is None:
+        if self.xla_problem is None and not self.custom_train_step:
             logging.info("perf.jit_compile: forward and backward pass compiled with XLA.")
+        elif self.xla_problem is None:
+            logging.warning("perf.jit_compile=True has no effect: it compiles the default "
+                            "train_step's forward and backward pass, and this Trainer "
+                            "overrides train_step; training without XLA (perf.plan='auto' "
+                            "may still compile the whole step: see its 'plan:' line).")
         elif self.xla_problem.startswith("not needed"):
             logging.info("perf.jit_compile: %s.", self.xla_problem)
         else:

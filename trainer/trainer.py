@@ -99,6 +99,10 @@ class Trainer:
             "eval.global_batch_size", self.eval_global_batch_size, self.strategy)
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
+        float16_warning = precision.float16_warning(
+            config.precision.policy, distribute.slow_float16_devices(self.strategy))
+        if float16_warning:
+            logging.warning("%s", float16_warning)
         self.step = 0
         self.hooks = Hooks(self)  # every hook call goes through its checks
         self.events = RunEvents()  # restore, stop, rollback, preemption
@@ -128,7 +132,8 @@ class Trainer:
             config, self.model, self.optimizer, self.gradients,
             self.hooks.traced("compute_loss", Trainer.compute_loss),
             self.hooks.traced("update_metrics", Trainer.update_metrics),
-            self.train_metrics, self.eval_metrics)
+            self.train_metrics, self.eval_metrics,
+            custom_train_step=self.overrides("train_step"))
         self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
                                  self.hooks.traced("eval_step", Trainer.eval_step))
         services, checkpointer = build_services(

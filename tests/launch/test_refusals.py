@@ -15,6 +15,7 @@ import pytest
 
 from launch import multiworker
 from launch.gpus import gpu_device_files
+from tests.helpers import NO_TENSORFLOW_PRELUDE
 from tests.launch_helpers.running import REPO
 
 DIGITS = "--config=models/configs/digits.py"  # train.global_batch_size=64
@@ -28,11 +29,15 @@ NOT_DIVISIBLE_BY_3 = ("Configuration error: config.train.global_batch_size=64 is
                       "a number of replicas (workers x devices per worker) that divides 64.")
 
 
-def run(module, args, env_extra=None):
-    """``python -m module args`` in the repository; returns (status, stdout, lines)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")}
+def run(module, args, env_extra=None, without_tensorflow=False):
+    """``python -m module args`` in the repository; returns (status, stdout, lines).
+    ``without_tensorflow``: ``import tensorflow`` (or keras) fails in that process."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "COLAB_TPU_ADDR", "TPU_NAME",
+                        "TPU_ACCELERATOR_TYPE")}
     env.update(PYTHONPATH=REPO, **(env_extra or {}))
-    result = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=REPO,
+    start = ["-c", NO_TENSORFLOW_PRELUDE] if without_tensorflow else ["-m"]
+    result = subprocess.run([sys.executable, *start, module, *args], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     return result.returncode, result.stdout, lines
@@ -70,6 +75,38 @@ def test_mirrored_refuses_devices_it_cannot_give(args, env, last, tmp_path):
     assert_one_clear_last_line(lines, last)
     assert not any(line.startswith("[launch.mirrored] MirroredStrategy over") for line in lines)
     assert os.listdir(tmp_path) == []  # the trainer never ran
+
+
+@pytest.mark.parametrize("module, args, env, code, last", [
+    ("launch.mirrored", ["--virtual_devices", "3"], {}, 1, NOT_DIVISIBLE_BY_3),
+    ("launch.mirrored", ["--gpus", "0,1,2"], {"CUDA_VISIBLE_DEVICES": "0,1,2"}, 1,
+     NOT_DIVISIBLE_BY_3),
+    ("launch.mirrored", ["--virtual_devices", "2", "--config.eval.global_batch_size=33"], {}, 1,
+     "Configuration error: config.eval.global_batch_size=33 is not divisible by 2 replicas; "
+     "use a multiple of 2 (e.g. 32 or 34), or run on a number of replicas (workers x "
+     "devices per worker) that divides 33."),
+    ("launch.mirrored", ["--virtual_devices", "2", "--config.train.stepz=5"], {}, 2,
+     "Usage error: --config.train.stepz=5: config.train has no field 'stepz'. Did you mean "
+     "config.train.steps? Fields of config.train: deterministic, early_stopping, "
+     "global_batch_size, log_every_steps, loss_upper_bound, max_rollbacks, on_nonfinite, "
+     "rollback_after, steps, steps_per_loop."),
+    ("launch.tpu", ["--config.train.global_batch_size=0"], {"TPU_NAME": "my-tpu"}, 1,
+     "Configuration error: config.train.global_batch_size=0 must be a positive integer."),
+])
+def test_single_process_launchers_check_the_config_before_tensorflow_loads(
+        module, args, env, code, last, tmp_path):
+    """The launcher, where TensorFlow cannot be imported, refuses with the trainer's
+    one-line error and never execs the trainer (which would load TensorFlow first)."""
+    launcher = [a for a in args if not a.startswith("--config.")]
+    flags = [a for a in args if a.startswith("--config.")]
+    status, _, lines = run(module, [*launcher, DIGITS, f"--workdir={tmp_path}", *flags], env,
+                           without_tensorflow=True)
+    assert status == code, lines
+    assert_one_clear_last_line(lines, last)
+    assert lines[0] == (f"[{module}] the trainer was not started: the trainer flags fail "
+                        f"trainer.main's checks."), lines
+    assert not any(" running: " in line for line in lines), lines  # no exec of the trainer
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("args, code, last", [

@@ -1,14 +1,15 @@
 """The performance doctor: why is this run as fast as it is, in one command.
 
     python -m trainer.doctor --config=models/configs/digits.py [--steps 100] [--json] \
-        [--memory_budget_mb 4096] [--sections=baseline,input,compute] \
+        [--memory_budget_mb 4096] [--sections=baseline,input,compute] [--time_budget_s 60] \
         [--config.train.global_batch_size=256 ...]
 
 This module is the command line, free of TensorFlow: flags, ``--sections`` and the
 config are checked first (:mod:`trainer.cli`; a mistake is one message, exit 2 for a
 usage error, 1 for a config error), then the measurements run
-(:mod:`trainer.doctor.measure`, which describes each section). Output: a table, or with
-``--json`` one JSON object.
+(:mod:`trainer.doctor.measure`, which describes each section) within ``--time_budget_s``
+(:mod:`trainer.doctor.phases`), each phase saying on stderr when it starts and ends.
+Output: a table, or with ``--json`` one JSON object.
 
 The measurements (:mod:`trainer.doctor.measure`) are loaded only through
 :func:`load_measure`, the deferred import of this command
@@ -29,11 +30,12 @@ from ml_collections import config_flags
 
 from trainer import cli, errors, fast_exit, signals
 from trainer import config as config_lib
+from trainer.doctor.phases import DEFAULT_BUDGET_S
 from trainer.doctor.report import SECTIONS, format_table
 
 PROGRAM = "python -m trainer.doctor"
 OWN_FLAGS = ("config", "steps", "json", "memory_budget_mb", "max_batch_doublings",
-             "top_layers", "sections", "traceback")
+             "top_layers", "sections", "time_budget_s", "traceback")
 
 
 def load_measure() -> ModuleType:
@@ -67,7 +69,9 @@ def main(argv: list[str]) -> int:
         config, steps=values.steps, sections=sections,
         memory_budget_mb=values.memory_budget_mb,
         max_batch_doublings=values.max_batch_doublings, top_layers=values.top_layers,
-        config_path=config_flags.get_config_filename(values["config"]), overrides=overrides)
+        config_path=config_flags.get_config_filename(values["config"]), overrides=overrides,
+        time_budget_s=values.time_budget_s,
+        say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report) if values.json else format_table(report), flush=True)
     return 0
 
@@ -84,6 +88,9 @@ def run() -> None:
     flags.DEFINE_integer("max_batch_doublings", 3, "Batch search: doublings of the global batch.")
     flags.DEFINE_integer("top_layers", 8, "Layers listed in the per-layer table.")
     flags.DEFINE_list("sections", list(SECTIONS), f"Which measurements: {', '.join(SECTIONS)}.")
+    flags.DEFINE_float("time_budget_s", DEFAULT_BUDGET_S,
+                       "Seconds the diagnosis may take: baseline, input and compute always "
+                       "run, the other sections only while the budget lasts.", lower_bound=0)
     flags.DEFINE_bool("traceback", False, "Also print the Python traceback of a user error "
                                           "(or set TF_TRAINER_TRACEBACK=1).")
     flags.mark_flag_as_required("config")

@@ -23,7 +23,10 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    to ``--max_batch_doublings`` times; each candidate is a fresh Trainer timed like (3).
    On GPU a candidate that raises ``ResourceExhaustedError`` stops the search; on CPU
    the process's peak RSS must stay under ``--memory_budget_mb`` (default: half the RAM).
-5. ``jit``: (3) with ``perf.jit_compile`` flipped (not applied with several replicas).
+5. ``jit``: XLA on vs off, ONE figure: the execution plan's (section 8) measurement on
+   the real run, of the plans with the configured ``steps_per_loop``: the best XLA
+   setting's score over the no-XLA plan's (not applied with several replicas; the
+   advice follows this figure and what the plan chose).
 6. ``communication``: with N > 1 replicas, (3) on ONE replica with the same
    per-replica batch, in a subprocess (a process hosts one Mirrored group size); the
    extra step time of N replicas is the communication share. On virtual CPU devices
@@ -32,14 +35,17 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    inputs of its real input shape (per-replica batch) in an in-graph loop, with
    parameter and activation (output) memory. Needs layers with a known input
    (Sequential / functional models); others are listed as not timed.
-8. ``plan``: the execution planner (``perf.plan="auto"``, :mod:`trainer.plan`) run on
-   the real run, whatever its length: the table of plans it timed, the one it keeps and
-   the seconds measuring took (``--config.perf.plan=fixed`` runs skip it too).
+8. ``plan``: the execution planner run on the real run, whatever its length
+   (:mod:`trainer.doctor.plan_trials`): the plans it timed, the one it keeps, the seconds
+   measuring took (``perf.plan=fixed`` skips it; (5) is then measured the same way).
 9. ``threads``: (1) in one fresh process per size of TensorFlow's thread pools
    (``distribute.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
    process, so no plan measures them): :mod:`trainer.doctor.thread_pools`.
 10. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
    numbers and what to do.
+
+Time: ``time_budget_s`` (default 60 s), stated at the start and kept as
+:mod:`trainer.doctor.phases` says; each phase's progress goes to ``say``.
 
 Output: a table, or with ``--json`` one JSON object with the keys above.
 """
@@ -64,8 +70,10 @@ import tensorflow as tf
 from trainer import config as config_lib
 from trainer import data, distribute
 from trainer.telemetry import probes
-from trainer.doctor.report import SECTIONS, Report, verdict
+from trainer.doctor.phases import DEFAULT_BUDGET_S, Phases
+from trainer.doctor.report import SECTIONS, Report, verdict, xla_figure
 from trainer.doctor.layer_profile import profile_layers
+from trainer.doctor.plan_trials import measure_plan
 from trainer.doctor.thread_pools import measure_threads
 from trainer.trainer import resolve_trainer_class
 
@@ -220,12 +228,18 @@ def measure_compute(trainer, steps: int) -> Report:
 
 
 def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
-                 memory_budget_mb: float) -> Report:
-    """(4) Doubles the global batch while it fits; times each candidate like (3)."""
+                 memory_budget_mb: float, deadline: float | None = None,
+                 say: Callable[[str], None] = lambda line: None) -> Report:
+    """(4) Doubles the global batch while it fits; times each candidate like (3). No
+    candidate starts past ``deadline`` (``time.monotonic``); ``say`` gets a line per
+    candidate."""
     tried: list[dict[str, Any]] = []
     stop_reason = f"reached the search bound ({doublings} doublings)"
     batch = config.train.global_batch_size
     for _ in range(doublings + 1):
+        if tried and deadline is not None and time.monotonic() > deadline:
+            stop_reason = f"the time budget ran out before global batch {batch}"
+            break
         candidate = _with(config, train__global_batch_size=batch)
         row: dict[str, Any] = {"global_batch_size": batch}
         try:
@@ -248,6 +262,8 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
         over_budget = not devices and row["peak_rss_mb"] > memory_budget_mb
         row["fits"] = not over_budget
         tried.append(row)
+        say(f"doctor:     global batch {batch}: {row['examples_per_s']:,.0f} ex/s, "
+            f"peak RSS {row['peak_rss_mb']:,.0f} MB")
         if over_budget:
             stop_reason = (f"global batch {batch} took the process to {row['peak_rss_mb']:,.0f} MB "
                            f"RSS, over the {memory_budget_mb:,.0f} MB budget")
@@ -259,46 +275,24 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
             "fastest": best, "stopped": stop_reason, "memory_budget_mb": memory_budget_mb}
 
 
-def measure_jit(config: ml_collections.ConfigDict, compute: Report, steps: int) -> Report:
-    """(5) Compute alone with ``perf.jit_compile`` flipped."""
-    flipped = not config.perf.jit_compile
-    trainer = build_trainer(_with(config, perf__jit_compile=flipped))
-    if flipped and trainer.strategy.num_replicas_in_sync > 1:
-        return {"applicable": False,
-                "note": "XLA is not applied with several replicas in one process"}
-    try:
-        other = _loop_rate(trainer, _cached(trainer), steps)
-    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-        return {"applicable": False, "note": f"XLA could not compile the step: "
-                                             f"{str(error).splitlines()[0]}"}
-    on, off = (other, compute) if flipped else (compute, other)
-    return {"applicable": True, "on_examples_per_s": on["examples_per_s"],
-            "off_examples_per_s": off["examples_per_s"],
-            "speedup": on["examples_per_s"] / off["examples_per_s"]}
-
-
-def measure_plan(config: ml_collections.ConfigDict) -> Report:
-    """(8) The planner's measurement on the real run, stopped once it decides."""
-    if config.perf.plan == "fixed":
-        return {"applicable": False, "note": "perf.plan='fixed': the configured plan runs"}
-    trainer = build_trainer(_with(config, perf__plan_min_run_s=0.0, train__steps=10**7))
-    records: list[dict] = []
-
-    def on_event(record: dict) -> None:
-        if record["kind"] == "plan":
-            records.append(record)
-            trainer.request_stop("the plan is measured")
-
-    trainer.events.subscribe(on_event)
-    trainer.fit()
-    if not records:
-        return {"applicable": False, "note": "the run stopped before the plan was decided"}
-    return {"applicable": True, **{k: v for k, v in records[0].items() if k != "time"}}
+def measure_jit(config: ml_collections.ConfigDict, xla_problem: str | None,
+                plan: Report | None = None, deadline: float | None = None,
+                say: Callable[[str], None] = lambda line: None) -> Report:
+    """(5) XLA on vs off: the execution plan's figure, from ``plan`` (the section (8)
+    report of the same config), measured here (:func:`measure_plan`, forced to
+    ``perf.plan="auto"``) when there is none or the config fixes the plan. Not measured
+    when XLA cannot compile the step here (``xla_problem``: ``steps.xla_problem``)."""
+    if xla_problem is not None:
+        return {"applicable": False, "note": f"XLA {xla_problem}"}
+    if plan is None or (not plan.get("applicable") and config.perf.plan == "fixed"):
+        plan = measure_plan(config, deadline, force=True, say=say)
+    return xla_figure(plan, config.train.global_batch_size)
 
 
 def measure_communication(trainer, compute: Report, steps: int, config_path: str | None,
-                          overrides: Sequence[str]) -> Report:
-    """(6) One replica vs N with the per-replica batch fixed (one-replica run in a subprocess)."""
+                          overrides: Sequence[str], timeout_s: float = 1800) -> Report:
+    """(6) One replica vs N with the per-replica batch fixed (one-replica run in a
+    subprocess, stopped after ``timeout_s``)."""
     replicas = trainer.strategy.num_replicas_in_sync
     if replicas == 1:
         return {"applicable": False, "replicas": 1,
@@ -313,7 +307,12 @@ def measure_communication(trainer, compute: Report, steps: int, config_path: str
            "--config.distribute.devices=()",
            f"--config.train.global_batch_size={per_replica}", f"--steps={steps}",
            "--sections=compute", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        return {"applicable": False, "replicas": replicas,
+                "note": f"the 1-replica run did not finish in the {timeout_s:.0f} s left of "
+                        f"the time budget"}
     if proc.returncode:
         return {"applicable": False, "replicas": replicas,
                 "note": f"the 1-replica run failed: {proc.stderr.strip().splitlines()[-1:]}"}
@@ -328,11 +327,15 @@ def measure_communication(trainer, compute: Report, steps: int, config_path: str
 def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
              sections: Sequence[str] = SECTIONS, memory_budget_mb: float = 0,
              max_batch_doublings: int = 3, top_layers: int = 8,
-             config_path: str | None = None, overrides: Sequence[str] = ()) -> Report:
+             config_path: str | None = None, overrides: Sequence[str] = (),
+             time_budget_s: float = DEFAULT_BUDGET_S,
+             say: Callable[[str], None] = lambda line: None) -> Report:
     """Runs the requested sections (see the module docstring) and returns the report.
 
     ``baseline``, ``input`` and ``compute`` are always measured when a verdict is
     wanted (all of SECTIONS); ``memory_budget_mb`` 0 means half the machine's RAM.
+    ``time_budget_s`` bounds the run (:class:`trainer.doctor.phases.Phases`); ``say``
+    gets the progress lines of the phases.
     """
     config_lib.validate(config)
     resolve_trainer_class(config.trainer)
@@ -343,6 +346,8 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
         raise config_lib.ConfigError("Run the doctor in one process (not as a multi-worker task): unset "
                          "TF_CONFIG and use a mirrored/one_device strategy.")
     budget = memory_budget_mb or psutil.virtual_memory().total / 2**20 / 2
+    phases = Phases(time_budget_s, say)
+    phases.start([s for s in SECTIONS if s in sections])
     trainer = build_trainer(config)
     report: Report = {"config": {
         "trainer": config.trainer, "global_batch_size": config.train.global_batch_size,
@@ -350,26 +355,45 @@ def diagnose(config: ml_collections.ConfigDict, steps: int = 100,
         "strategy": type(trainer.strategy).__name__,
         "device": _device_type(trainer.strategy), "host_cores": len(os.sched_getaffinity(0)),
         "steps_per_loop": config.train.steps_per_loop, "jit_compile": config.perf.jit_compile,
-        "precision": config.precision.policy, "steps": steps}}
+        "plan": config.perf.plan, "precision": config.precision.policy, "steps": steps,
+        "time_budget_s": time_budget_s}}
     if "baseline" in sections:
-        report["baseline"] = measure_baseline(trainer, steps)
+        report["baseline"] = phases.run("baseline", "(1) real run",
+                                        lambda: measure_baseline(trainer, steps))
     if "input" in sections:
-        report["input"] = measure_input(trainer, steps)
+        report["input"] = phases.run("input", "(2) input pipeline alone",
+                                     lambda: measure_input(trainer, steps))
     if "compute" in sections:
-        report["compute"] = measure_compute(trainer, steps)
+        report["compute"] = phases.run("compute", "(3) compute alone (cached batch)",
+                                       lambda: measure_compute(trainer, steps))
     if "layers" in sections:
-        report["layers"] = profile_layers(trainer, top_layers)
+        report["layers"] = phases.run("layers", "(7) layers, each timed alone",
+                                      lambda: profile_layers(trainer, top_layers))
     if "communication" in sections:
-        report["communication"] = measure_communication(
-            trainer, report["compute"], steps, config_path, overrides)
-    if "jit" in sections:
-        report["jit"] = measure_jit(config, report["compute"], steps)
+        report["communication"] = phases.run(
+            "communication", "(6) one replica vs all", lambda: measure_communication(
+                trainer, report["compute"], steps, config_path, overrides,
+                timeout_s=phases.remaining_s()))
     if "plan" in sections:
-        report["plan"] = measure_plan(config)
+        report["plan"] = phases.run(
+            "plan", "(8) execution plan, trials on the real run",
+            lambda: measure_plan(config, phases.deadline, say=say))
+    if "jit" in sections:
+        report["jit"] = phases.run(
+            "jit", "(5) XLA on vs off (the execution plan's figure)",
+            lambda: measure_jit(config, trainer.steps.xla_problem, report.get("plan"),
+                                phases.deadline, say))
     if "batch" in sections:
-        report["batch"] = search_batch(config, steps, max_batch_doublings, budget)
+        report["batch"] = phases.run(
+            "batch", "(4) batch size search",
+            lambda: search_batch(config, steps, max_batch_doublings, budget, phases.deadline,
+                                 say))
     if "threads" in sections:
-        report["threads"] = measure_threads(steps, config_path, overrides)
+        report["threads"] = phases.run(
+            "threads", "(9) thread pools, one process per setting",
+            lambda: measure_threads(steps, config_path, overrides, deadline=phases.deadline,
+                                    say=say))
     if {"baseline", "input", "compute"} <= set(sections):
         report["verdict"] = verdict(report)
+    say(f"doctor: done in {phases.elapsed_s:.1f} s (time budget {time_budget_s:g} s)")
     return report

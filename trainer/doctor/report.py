@@ -60,6 +60,54 @@ def verdict(report: Report) -> Report:
     return {"kind": kind, "text": text, "advice": advice}
 
 
+XLA_COMPILES = {"grads": "the forward and backward pass", "step": "the whole step"}
+
+
+def xla_figure(plan: Report, global_batch_size: int) -> Report:
+    """(5) XLA on vs off, from the execution plan's measurement (section (8), :mod:`trainer.plan`):
+    of the plans with the configured ``steps_per_loop``, the best XLA setting's score
+    (median per-round rate over the configured plan's) divided by the no-XLA plan's. It
+    is the plan's own figure: with XLA off configured, the XLA row's "x the configured"
+    of section (8)."""
+    if not plan.get("applicable"):
+        return {"applicable": False, "note": f"not measured: {plan['note']}"}
+    if plan["source"] != "measured":
+        return {"applicable": False,
+                "note": f"the execution plan timed no XLA: {plan.get('reason', plan['source'])}"}
+    loop = plan["baseline"]["steps_per_loop"]
+    rows = [r for r in plan["plans"] if r["steps_per_loop"] == loop]
+    off = next((r for r in rows if r["xla"] == "off" and r.get("vs_baseline")), None)
+    on = [r for r in rows if r["xla"] != "off" and r.get("vs_baseline")]
+    if off is None or not on:
+        dropped = next((r["dropped"] for r in rows if r["xla"] != "off" and "dropped" in r),
+                       "no XLA plan was timed")
+        return {"applicable": False, "note": f"the execution plan timed no XLA: {dropped}"}
+    best = max(on, key=lambda r: r["vs_baseline"])
+    return {"applicable": True, "source": "plan", "setting": best["xla"],
+            "steps_per_loop": loop, "configured": plan["baseline"]["xla"],
+            "chosen": plan["chosen"],
+            "on_examples_per_s": best["steps_per_s"] * global_batch_size,
+            "off_examples_per_s": off["steps_per_s"] * global_batch_size,
+            "speedup": best["vs_baseline"] / off["vs_baseline"]}
+
+
+def _xla_advice(jit: Report, plan_mode: str) -> str | None:
+    """What to do about XLA, from the one figure of (5) and the plan's choice."""
+    speedup, what = jit["speedup"], XLA_COMPILES.get(jit["setting"], jit["setting"])
+    if speedup >= 1.15:
+        if plan_mode == "auto" and jit["chosen"]["xla"] != "off":
+            return (f"XLA ({what} compiled) runs the real run {speedup:.2f}x as fast "
+                    f"(sections 5 and 8): perf.plan='auto' (the default) chose it, keep it")
+        if jit["setting"] == "grads":
+            return None  # configured already: perf.jit_compile=True
+        return (f"XLA ({what} compiled) runs the real run {speedup:.2f}x as fast "
+                f"(sections 5 and 8): set perf.plan='auto', which measures and keeps it")
+    if jit["configured"] != "off" and speedup <= 1 / 1.15:
+        return (f"XLA makes the real run slower ({speedup:.2f}x, sections 5 and 8): set "
+                f"perf.jit_compile=False")
+    return None
+
+
 def _overhead_advice(report: Report, run: float, feed: float, step: float) -> str:
     """Why a run is well below both its pipeline and its step, each timed alone."""
     text = (f"the run ({run:,.0f} ex/s) is well below both the pipeline ({feed:,.0f} ex/s) "
@@ -118,8 +166,10 @@ def _tuning_advice(report: Report, kind: str) -> list[str]:
     advice: list[str] = []
     jit = report.get("jit") or {}
     batch = report.get("batch") or {}
-    if jit.get("applicable") and jit["speedup"] >= 1.15:
-        advice.append(f"XLA speeds the step up {jit['speedup']:.2f}x: set perf.jit_compile=True")
+    xla = _xla_advice(jit, (report.get("config") or {}).get("plan", "auto")) if jit.get(
+        "applicable") else None
+    if xla:
+        advice.append(xla)
     pools = (report.get("threads") or {}).get("advised")
     if pools:
         flags = " ".join(f"--config.distribute.{pool}={pools[pool]}"
@@ -191,7 +241,8 @@ def format_table(report: Report) -> str:
     c = report["config"]
     lines = [f"Doctor: {c['trainer']}  global batch {c['global_batch_size']} on {c['replicas']} "
              f"replica(s) ({c['strategy']}), {c['precision']}, steps_per_loop "
-             f"{c['steps_per_loop']}, {c['steps']} timed steps", ""]
+             f"{c['steps_per_loop']}, {c['steps']} timed steps"
+             + (f", time budget {c['time_budget_s']:g} s" if "time_budget_s" in c else ""), ""]
     row = "  {:<34}{:>14}  {}".format
     lines.append(row("measurement", "examples/s", "notes"))
     if "baseline" in report:
@@ -211,7 +262,9 @@ def format_table(report: Report) -> str:
         k = report["compute"]
         lines.append(row("(3) compute alone (cached batch)", f"{k['examples_per_s']:,.0f}",
                          f"{k['step_ms']:.3f} ms/step"))
-    if "batch" in report:
+    if report.get("batch", {}).get("skipped"):
+        lines.append(row("(4) batch size search", "n/a", report["batch"]["note"]))
+    elif "batch" in report:
         s = report["batch"]
         for r in s["tried"]:
             rate = f"{r['examples_per_s']:,.0f}" if "examples_per_s" in r else "-"
@@ -223,11 +276,13 @@ def format_table(report: Report) -> str:
     if "jit" in report:
         j = report["jit"]
         if j["applicable"]:
-            lines.append(row("(5) jit_compile on", f"{j['on_examples_per_s']:,.0f}",
-                             f"{j['speedup']:.2f}x vs off"))
-            lines.append(row("    jit_compile off", f"{j['off_examples_per_s']:,.0f}", ""))
+            lines.append(row(f"(5) XLA on ({j['setting']})", f"{j['on_examples_per_s']:,.0f}",
+                             f"{j['speedup']:.2f}x vs off: the median of the per-round "
+                             f"ratios of the plan's trials on the real run (section 8), "
+                             f"steps_per_loop {j['steps_per_loop']}"))
+            lines.append(row("    XLA off", f"{j['off_examples_per_s']:,.0f}", ""))
         else:
-            lines.append(row("(5) jit_compile", "n/a", j["note"]))
+            lines.append(row("(5) XLA", "n/a", j["note"]))
     if "plan" in report:
         lines += _plan_rows(report["plan"], row)
     if "threads" in report:
@@ -241,7 +296,9 @@ def format_table(report: Report) -> str:
                              f"(+contention) {m['communication_share']:.0%} of the step"))
         else:
             lines.append(row("(6) communication", "n/a", m["note"]))
-    if "layers" in report:
+    if report.get("layers", {}).get("skipped"):
+        lines.append(row("(7) top layers", "n/a", report["layers"]["note"]))
+    elif "layers" in report:
         lay = report["layers"]
         lines += ["", f"  (7) top layers (per-replica batch {lay['per_replica_batch']}, each timed alone)",
                   "  {:<24}{:<22}{:>10}{:>10}{:>12}{:>10}{:>12}".format(

@@ -21,7 +21,8 @@ import json
 import statistics
 import subprocess
 import sys
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 #: ``(inter_op_threads, intra_op_threads)`` tried; 0 is TensorFlow's own choice, and
 #: the first setting is the reference.
@@ -40,16 +41,28 @@ def _child_command(config_path: str, overrides: Sequence[str], steps: int,
 
 
 def measure_threads(steps: int, config_path: str | None, overrides: Sequence[str],
-                    repeats: int = 2) -> dict[str, Any]:
-    """Each of :data:`SETTINGS` timed ``repeats`` times, one process per run (host)."""
+                    repeats: int = 2, deadline: float | None = None,
+                    say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Each of :data:`SETTINGS` timed ``repeats`` times, one process per run (host);
+    ``say`` gets one line per run.
+
+    ``deadline`` (``time.monotonic``): no run starts after it and a run still going
+    then is stopped; the settings are then compared over the rounds every one of them
+    finished, or not at all when a setting has none."""
     if not config_path:
         return {"applicable": False,
                 "note": "needs the config file path to run each setting in its own process"}
     runs: dict[tuple[int, int], list[float]] = {s: [] for s in SETTINGS}
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for setting in SETTINGS:
-            proc = subprocess.run(_child_command(config_path, overrides, steps, setting),
-                                  capture_output=True, text=True, timeout=1800)
+            left = 1800.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return _rounds_done(runs)
+            try:
+                proc = subprocess.run(_child_command(config_path, overrides, steps, setting),
+                                      capture_output=True, text=True, timeout=left)
+            except subprocess.TimeoutExpired:
+                return _rounds_done(runs)
             if proc.returncode:
                 last = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
                 return {"applicable": False,
@@ -57,6 +70,23 @@ def measure_threads(steps: int, config_path: str | None, overrides: Sequence[str
                                 f"{last[0]}"}
             report = json.loads(proc.stdout.strip().splitlines()[-1])
             runs[setting].append(report["baseline"]["examples_per_s"])
+            say(f"doctor:     inter/intra-op threads {setting[0] or 'TF'}/{setting[1] or 'TF'}: "
+                f"{runs[setting][-1]:,.0f} ex/s (round {round_ + 1} of {repeats})")
+    return _compared(runs, repeats)
+
+
+def _rounds_done(runs: dict[tuple[int, int], list[float]]) -> dict[str, Any]:
+    """The comparison over the rounds every setting finished before the deadline."""
+    rounds = min(len(rates) for rates in runs.values())
+    if not rounds:
+        done = sum(len(rates) for rates in runs.values())
+        return {"applicable": False,
+                "note": f"the time budget ran out after {done} of the {len(SETTINGS)} "
+                        f"settings' first runs (raise --time_budget_s)"}
+    return _compared({s: rates[:rounds] for s, rates in runs.items()}, rounds)
+
+
+def _compared(runs: dict[tuple[int, int], list[float]], repeats: int) -> dict[str, Any]:
     reference = statistics.median(runs[SETTINGS[0]])
     rows = [{"inter_op_threads": inter, "intra_op_threads": intra,
              "examples_per_s": statistics.median(rates), "runs": rates,

@@ -119,9 +119,10 @@ def setup_report(run: RunContext) -> str:
     policy = keras.mixed_precision.global_policy().name
     scaling = (f"dynamic loss scale from {cfg.precision.initial_loss_scale:g}"
                if run.precision.dynamic else "no loss scaling")
-    xla = [f"perf.jit_compile={cfg.perf.jit_compile}"
-           + (" (perf.plan=auto: measured on runs over "
-              f"{cfg.perf.plan_min_run_s:g} s)" if cfg.perf.plan == "auto" else ""),
+    xla = [run.steps.compiled()
+           + (" (perf.plan=auto: other settings measured on runs over "
+              f"{cfg.perf.plan_min_run_s:g} s; its 'plan:' line says which runs)"
+              if cfg.perf.plan == "auto" else ""),
            f"auto-clustering={tf.config.optimizer.get_jit() or 'off'}"]
     if os.environ.get("TF_XLA_FLAGS"):
         xla.append(f"TF_XLA_FLAGS={os.environ['TF_XLA_FLAGS']}")
