@@ -280,7 +280,11 @@ class Trainer:
 
         Resumes from the latest checkpoint in ``workdir`` when this Trainer has not
         trained yet. Returns the last values: ``train/loss``, ``train/NAME``, and
-        ``eval/loss``, ``eval/NAME`` when there is an eval dataset (Python floats).
+        ``eval/loss``, ``eval/NAME`` when there is an eval dataset (Python floats); the
+        same keys on every call, also on a finished run that trains nothing (its last
+        train values: :mod:`trainer.services.history`). Releases its input iterators,
+        summary writers and threads when it ends, returned or raised. SIGTERM/SIGINT
+        with a workdir: a checkpoint at the next loop boundary, then ``Preempted``.
         """
         if self.step == 0:
             self.restore()  # sets self.step before the input is built
