@@ -1,7 +1,8 @@
 """A Jupyter kernel as a user has it (a real ipykernel through jupyter_client): a cell
 that builds a Trainer and fits, run again with an edited config; an interrupt
 (SIGINT, the kernel's stop button) mid-fit stops it at the next loop, keeps a
-checkpoint and leaves the kernel usable; the next cell resumes from that checkpoint."""
+checkpoint and leaves the kernel usable; the next cell resumes from that checkpoint.
+Progress there is one updating display, not a terminal's control characters."""
 
 from __future__ import annotations
 
@@ -97,6 +98,12 @@ def errors(messages: list[dict]) -> list[dict]:
     return [m["content"] for m in messages if m["msg_type"] == "error"]
 
 
+def displays(messages: list[dict], kind: str) -> list[tuple[str, str]]:
+    """(display id, text/plain) of each ``kind`` message (display_data, update_display_data)."""
+    return [(m["content"]["transient"]["display_id"], m["content"]["data"]["text/plain"])
+            for m in messages if m["msg_type"] == kind]
+
+
 @pytest.fixture(scope="module")
 def kernel():
     k = Kernel()
@@ -114,6 +121,15 @@ def test_a_cell_run_again_with_an_edited_config_fits_each_time(kernel, tmp_path)
         assert results(messages) == [{"step": 20, "keys": ["eval/accuracy", "eval/loss",
                                                            "train/accuracy", "train/loss"]}]
         assert "retracing" not in text(messages, "stderr")
+        # Progress: the window lines as text, the bar as ONE display updated in place
+        # (20 steps, 5 per loop: shown after the first loop, updated after the 3 others).
+        assert "step 20/20: loss=" in text(messages, "stderr")
+        assert "\r" not in text(messages) and "\x1b" not in text(messages)
+        [(shown, first)] = displays(messages, "display_data")
+        updates = displays(messages, "update_display_data")
+        assert first.split()[1] == "5/20"
+        assert [display_id for display_id, _ in updates] == [shown] * 3
+        assert updates[-1][1].split()[1] == "20/20"
 
 
 def interrupt_mid_fit(kernel, workdir, marker) -> tuple[str, list[dict]]:

@@ -213,7 +213,7 @@ class Telemetry(Service):
 
     def on_loop_end(self, run: RunContext) -> None:
         self._take_loop(run)
-        if self.progress.mode == "bar":
+        if self.progress.updating:
             eta = (self.config.train.steps - run.step) / self._rate if self._rate else None
             last = self.records[-1] if self.records else {}
             self.progress.update(run.step, last.get("train/loss"),
