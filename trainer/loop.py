@@ -72,7 +72,7 @@ class LoopDriver:
         self._train_step, self._eval_step = train_step, eval_step
         self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
         self._planner: plan_lib.Planner | None = None
-        self._last_setting = ""  # the XLA setting of the last train loop call
+        self._last_setting = ""  # the XLA setting of this fit()'s last loop call
         self._eval_dataset = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
         # count and input layout; set through the run context's ``resumed``), or None.
@@ -300,7 +300,7 @@ class LoopDriver:
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
         # No frame holds it (a traceback a notebook keeps would keep it alive).
-        self._fit_iterator = self._train_iterator()
+        self._fit_iterator, self._last_setting = self._train_iterator(), ""
         if t.has_eval_dataset():  # its mistakes (e.g. no end) surface before training
             self._eval_input()
         planner = self.planner
