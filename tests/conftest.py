@@ -128,11 +128,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture(autouse=True)
 def collect_garbage_after_each_test():
     """Frees each test's TensorFlow objects right after it. A Trainer sits in reference
-    cycles (its driver, run context and services point back at it), so without this its
-    distributed iterators die at some later garbage collection, many at once; each then
-    waits for its tf.data autotune thread, whose period grows to 60 s while the iterator
-    lives (trainer/fast_exit.py): a suite-wide stall of minutes inside whichever test
-    triggers that collection. Collected young, an iterator is freed in milliseconds.
+    cycles (its driver, run context and services point back at it). ``fit()`` frees its
+    own train iterators when it ends (tests/test_many_trainers.py), but an iterator a
+    test or the doctor makes itself would otherwise die at some later garbage
+    collection, many at once; each then waits for its tf.data autotune thread, whose
+    period grows to 60 s while the iterator lives (trainer/fast_exit.py): a suite-wide
+    stall of minutes inside whichever test triggers that collection. Collected young,
+    an iterator is freed in milliseconds.
 
     What survives the collection (modules a test imported: orbax, JAX, MLflow...; module
     fixtures) is frozen as at collection time: unfrozen, those objects made every later

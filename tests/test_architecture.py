@@ -17,9 +17,10 @@ from tests.helpers import REPO
 
 PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
-# start-up fast or the dependency optional (orbax/JAX and tfds take a noticeable time to import).
+# start-up fast or the dependency optional (orbax/JAX and tfds take a noticeable time to import;
+# IPython exists only where a notebook kernel runs).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
-                "sklearn", "mlflow", "tensorboard_plugin_profile")
+                "sklearn", "mlflow", "tensorboard_plugin_profile", "IPython")
 
 
 def sources(*packages: str) -> list[Path]:

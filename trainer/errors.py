@@ -109,7 +109,7 @@ class Preempted(RuntimeError):
 
     def __init__(self, step: int):
         super().__init__(f"preempted at step {step}; a checkpoint of that step was saved. "
-                         f"Restart the same command to resume.")
+                         f"Run the same command (or notebook cell) again to resume.")
         self.step = step
 
 

@@ -21,6 +21,10 @@ private name it uses and fails with a clear message when a Keras version lacks i
 * :func:`nested_function_graph`: the graph of a function a ``tf.function`` graph calls
   (``Graph._get_function(name).graph``; checked on TensorFlow 2.21), for counting the
   FLOPs inside nested calls and ``tf.cond`` branches (:mod:`trainer.telemetry.flops`).
+* :func:`summary_writer_handle`: the resource handle of a ``tf.summary`` file writer
+  (``_ResourceSummaryWriter._resource``; checked on TensorFlow 2.21), so that ONE
+  ``tf.function`` per process writes the scalars of every writer
+  (:mod:`trainer.telemetry.summaries`).
 """
 
 from __future__ import annotations
@@ -114,3 +118,17 @@ def trainable_capable_variables(model: keras.Model) -> list:
                 seen.add(id(variable))
                 found.append(variable)
     return found
+
+
+def summary_writer_handle(writer: tf.summary.SummaryWriter) -> tf.Tensor:
+    """The resource tensor of a writer from ``tf.summary.create_file_writer``.
+
+    Reads TensorFlow's private ``_ResourceSummaryWriter._resource``; raises RuntimeError
+    naming the TensorFlow version when it is missing.
+    """
+    handle = getattr(writer, "_resource", None)
+    if handle is None:
+        raise RuntimeError(
+            f"{type(writer).__name__} has no _resource: this TensorFlow version "
+            f"({tf.__version__}) changed its summary writers; use TensorFlow 2.21.")
+    return handle

@@ -20,7 +20,6 @@ the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
 ``fit()`` returns, or raises :class:`trainer.errors.Preempted` after a preemption.
 
 The services see none of this object: they get its :class:`trainer.loop_context.LoopContext`.
-
 Contexts: the driver runs on the host in cross-replica context; the compiled loops call
 the steps in replica context.
 """
@@ -41,7 +40,7 @@ from trainer.compiled_loops import CompiledLoops
 from trainer.metric_readout import MetricReadout
 from trainer.trainable_watch import TrainableWatch
 from trainer.errors import Preempted
-from trainer.run_context import RunContext, Service, next_multiple
+from trainer.run_context import next_multiple
 
 
 def _replica_spec(spec):
@@ -50,43 +49,33 @@ def _replica_spec(spec):
     return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
 
 
-class History(Service):
-    """What ``fit()`` returns: the latest ``train/*`` and ``eval/*`` values."""
-
-    def __init__(self):
-        self.results: dict[str, float] = {}
-
-    def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
-        self.results.update({k: v for k, v in logs.items() if k.startswith("train/")
-                             and k not in ("train/learning_rate", "train/grad_norm")})
-
-    def on_eval_end(self, run: RunContext, logs: dict[str, float]) -> None:
-        self.results.update({k: v for k, v in logs.items() if k.startswith("eval/")})
-
-
 class LoopDriver:
     """Runs ``fit()`` and ``evaluate()`` for one Trainer (``trainer.driver``).
 
-    Holds what lives across ``fit()`` calls: the compiled loops, the distributed eval
-    dataset, and the train iterator with the step it is positioned at (a second
-    ``fit()`` after raising ``train.steps`` continues with it).
+    Keeps the compiled loops and the eval dataset across ``fit()`` calls (until
+    :meth:`close`). The train iterator lives for one ``fit()``, freed at its end
+    (returned or raised), not at a later garbage collection of the Trainer's cycles,
+    where destroying it waits for its tf.data autotune thread (seconds to a minute); a
+    second ``fit()`` builds the dataset again and skips the batches consumed, as a resume.
 
     Args:
       trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
         step, step_counter, gradients, metrics, dataset hooks).
       train_step, eval_step: the replica step functions (user hooks, ready to trace).
+      history: the service whose ``results`` ``fit()`` returns
+        (:class:`trainer.services.history.History`).
     """
 
-    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable):
+    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable,
+                 history: Any):
         self.trainer = trainer
-        self.history = History()
+        self.history = history
         self._train_step, self._eval_step = train_step, eval_step
         self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
         self._planner: plan_lib.Planner | None = None
-        self._last_setting = ""  # the XLA setting of the last train loop call
+        self._last_setting = ""  # the XLA setting of this fit()'s last loop call
         self._trainable = TrainableWatch()  # a layer (un)frozen: the step is traced again
         self._eval_dataset = None
-        self._iterator_at: tuple[int, Any] | None = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
         # count and input layout; set through the run context's ``resumed``), or None.
         self.resumed: data_resume.Resumed | None = None
@@ -99,7 +88,8 @@ class LoopDriver:
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
-        self._fit_iterator = None  # the train iterator of the current (or last) fit()
+        self._fit_iterator = None  # the train iterator of the current fit()
+        self._last_fit: tuple = (None, None)  # (train graph, batch spec) after a fit()
         # Train windows are frequent: compiled. Evaluation reads as Keras does (eagerly).
         self.train_readout = MetricReadout(trainer.train_loss, trainer.train_metrics, True)
         self.eval_readout = MetricReadout(trainer.eval_loss, trainer.eval_metrics, False)
@@ -195,15 +185,11 @@ class LoopDriver:
                                must_end=not train and config.eval.steps < 0)
 
     def _train_iterator(self):
-        """The distributed train iterator, positioned at ``trainer.step``.
-
-        Reused when it is still there (a second ``fit()``); otherwise the dataset is
+        """A distributed train iterator positioned at ``trainer.step``: the dataset is
         built and skips the batches already consumed, which is exact for deterministic
         pipelines and costs time linear in the steps skipped.
         """
         t = self.trainer
-        if self._iterator_at is not None and self._iterator_at[0] == t.step:
-            return self._iterator_at[1]
         dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch,
                                    skip_batches=t.step)
         self.ensure_built(dataset)
@@ -252,7 +238,7 @@ class LoopDriver:
         ``strategy.run`` of the train step on this worker's replicas."""
         loops = self._loops.get(self._last_setting)
         if self._fit_iterator is None or loops is None:
-            return None
+            return self._last_fit[0]
         return loops.train.get_concrete_function(
             self._fit_iterator, tf.constant(1, tf.int64)).graph
 
@@ -260,8 +246,23 @@ class LoopDriver:
         """The ``tf.TypeSpec`` structure of ONE replica's train batch in the current (or
         last) ``fit()`` (first replica's spec; all are alike); None before any ``fit()``."""
         if self._fit_iterator is None:
-            return None
+            return self._last_fit[1]
         return _replica_spec(self._fit_iterator.element_spec)
+
+    def release_iterator(self) -> None:
+        """Drops the train iterator and its dataset; keeps its graph and batch spec."""
+        if self._fit_iterator is not None:
+            self._last_fit = (self.train_graph(), self.train_batch_spec())
+        self._fit_iterator = self._dataset = None
+
+    def close(self) -> None:
+        """Drops everything a ``fit()`` or ``evaluate()`` built: the train iterator, the
+        eval dataset and the traced loops (the Trainer stays usable: the next call
+        builds them again)."""
+        self.release_iterator()
+        self._eval_dataset = None
+        self._loops.clear()
+        self._last_fit = (None, None)
 
     # ---------------------------------------------------------------- stop
     def request_stop(self, reason: str) -> None:
@@ -285,14 +286,20 @@ class LoopDriver:
     # ----------------------------------------------------------------- fit
     def fit(self, callbacks: CallbackList) -> dict[str, float]:
         """Trains until ``train.steps`` or an agreed stop; see the module docstring."""
+        try:
+            return self._fit(callbacks)
+        finally:
+            self.release_iterator()
+
+    def _fit(self, callbacks: CallbackList) -> dict[str, float]:
         t = self.trainer
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
-        iterator = self._fit_iterator = self._train_iterator()
+        # No frame holds it (a traceback a notebook keeps would keep it alive).
+        self._fit_iterator, self._last_setting = self._train_iterator(), ""
         if t.has_eval_dataset():  # its mistakes (e.g. no end) surface before training
             self._eval_input()
         planner = self.planner
-        self.history.results = {}
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
@@ -307,7 +314,7 @@ class LoopDriver:
                 plan = planner.next_plan()
                 num_steps = int(min(plan.steps_per_loop, total - t.step,
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
-                outputs, seconds = self._train_loop(iterator, plan.xla, num_steps)
+                outputs, seconds = self._train_loop(plan.xla, num_steps)
                 self.last_loop = (num_steps, seconds)
                 self.last_outputs = outputs
                 t.step += num_steps
@@ -338,30 +345,28 @@ class LoopDriver:
             if self.stopped_by == "preemption":
                 raise Preempted(t.step)
         except BaseException:
-            self._iterator_at = (t.step, iterator)
             callbacks.on_fit_end(dict(self.history.results))
             raise
-        self._iterator_at = (t.step, iterator)
         results = dict(self.history.results)
         callbacks.on_fit_end(results)
         return results
 
-    def _train_loop(self, iterator, xla: str, num_steps: int) -> tuple[dict, float]:
-        """One call of the train loop of XLA setting ``xla``: ``(outputs, host
-        seconds)``; a user's mistake becomes one InputError."""
+    def _train_loop(self, xla: str, num_steps: int) -> tuple[dict, float]:
+        """One call of the train loop of XLA setting ``xla`` on the fit's iterator:
+        ``(outputs, host seconds)``; a user's mistake becomes one InputError."""
         if self._trainable.changed(self.trainer.model, self.trainer.step):  # (un)frozen
             self._loops.clear()
         loops = self._loops_for(xla)
-        self._last_setting = xla
         start = time.perf_counter()
         try:
-            loops.prepare(iterator)  # the first call of these loops traces the step
-            outputs = loops.train(iterator, tf.constant(num_steps, tf.int64))
+            loops.prepare(self._fit_iterator)  # the first call of these loops traces the step
+            outputs = loops.train(self._fit_iterator, tf.constant(num_steps, tf.int64))
         except Exception as error:
             found = checks.train_loop_error(error, self.trainer, self._dataset, num_steps)
             if found is None:
                 raise
             raise found from error
+        self._last_setting = xla  # traced: train_graph() will not trace
         return outputs, time.perf_counter() - start
 
     def _announce_plan(self, record: dict | None) -> None:

@@ -71,6 +71,7 @@ class _State:
         self.received: int | None = None
         self.callback: Callable[[int], None] | None = None
         self.deliveries = Deliveries()
+        self.watcher: threading.Thread | None = None
 
 
 _STATE = _State()
@@ -112,13 +113,16 @@ def install() -> bool:
         os.close(write_fd)
         raise
     _STATE.pipe = (read_fd, write_fd)
-    threading.Thread(target=_watch, args=(read_fd,), name="signal-watcher",
-                     daemon=True).start()
+    _STATE.watcher = threading.Thread(target=_watch, args=(read_fd,), name="signal-watcher",
+                                      daemon=True)
+    _STATE.watcher.start()
     return True
 
 
 def uninstall() -> None:
-    """Restores the handlers found by :func:`install` and stops the watcher thread."""
+    """Restores the handlers found by :func:`install`, stops the watcher thread (once it
+    has read every delivery) and forgets the signals received: the next installation
+    (the next ``fit()`` in a notebook kernel) takes its first signal for a first one."""
     if not installed():
         return
     for signum, handler in _STATE.previous.items():
@@ -127,6 +131,9 @@ def uninstall() -> None:
     _, write_fd = _STATE.pipe
     _STATE.pipe = None
     os.close(write_fd)  # the watcher reads end-of-file and ends
+    _STATE.watcher.join()
+    with _STATE.lock:
+        _STATE.received, _STATE.deliveries, _STATE.watcher = None, Deliveries(), None
 
 
 def set_stop_callback(callback: Callable[[int], None] | None) -> None:

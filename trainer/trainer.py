@@ -15,8 +15,8 @@ Contexts:
   ``apply_gradients`` run in REPLICA context, traced by ``tf.function`` (no numpy, no
   Python side effects that must happen every step); overrides are AutoGraph-converted
   (:func:`trainer.tracing.user_hook`);
-* ``fit``, ``evaluate``, ``restore``, ``export``, ``request_stop`` are called eagerly
-  from the host.
+* ``fit``, ``evaluate``, ``restore``, ``export``, ``request_stop``, ``close`` are called
+  eagerly from the host.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from trainer.data_parallel import ManualDataParallel
 from trainer.events import RunEvents
 from trainer.hook_checks import Hooks
 from trainer.services.early_stopping import EarlyStopping
+from trainer.services.history import History
 from trainer.ema import ExponentialMovingAverage
 from trainer.services.evaluation import PeriodicEvaluation
 from trainer.telemetry.flops import FlopsMeter
 from trainer.gradients import GradientPath
 from trainer.telemetry.loggers import build_loggers
-from trainer.loop import History, LoopDriver
+from trainer.loop import LoopDriver
 from trainer.loop_context import LoopContext
 from trainer.services.nonfinite import NonFiniteGuard
 from trainer.checkpoint.preemption import PreemptionWatcher
@@ -135,7 +136,7 @@ class Trainer:
             self.train_metrics, self.eval_metrics,
             custom_train_step=self.overrides("train_step"))
         self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
-                                 self.hooks.traced("eval_step", Trainer.eval_step))
+                                 self.hooks.traced("eval_step", Trainer.eval_step), History())
         services, checkpointer = build_services(
             config, workdir, self.is_chief, self.has_eval_dataset(), self.driver.history,
             self.gradients.nonfinite, self.events)
@@ -284,11 +285,29 @@ class Trainer:
 
         Resumes from the latest checkpoint in ``workdir`` when this Trainer has not
         trained yet. Returns the last values: ``train/loss``, ``train/NAME``, and
-        ``eval/loss``, ``eval/NAME`` when there is an eval dataset (Python floats).
+        ``eval/loss``, ``eval/NAME`` when there is an eval dataset (Python floats); the
+        same keys on every call, also on a finished run that trains nothing (its last
+        train values: :mod:`trainer.services.history`). Releases its input iterators,
+        summary writers and threads when it ends, returned or raised. SIGTERM/SIGINT
+        with a workdir: a checkpoint at the next loop boundary, then ``Preempted``.
         """
         if self.step == 0:
             self.restore()  # sets self.step before the input is built
         return self.driver.fit(self.callbacks)
+
+    def close(self) -> None:
+        """Releases what this Trainer's runs built: input iterators and datasets, traced
+        loops (the summary writers, checkpoint managers and threads of a ``fit()`` are
+        released at its end already). Idempotent; the Trainer stays usable (a later
+        ``fit()`` or ``evaluate()`` builds them again). ``with Trainer(...) as t:``
+        calls it on leaving the block."""
+        self.driver.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def evaluate(self) -> dict[str, float]:
         """One pass over the eval dataset (or ``eval.steps``): ``{"loss", NAME...}``.

@@ -52,9 +52,9 @@ class PreemptionWatcher(Service):
         def on_signal(signum: int) -> None:
             run.request_preemption()
             logging.warning("%s: saving a checkpoint at the next loop boundary (an eval pass "
-                            "in progress is abandoned), then exiting with code %d; a second "
-                            "signal exits at once.", signal.Signals(signum).name,
-                            EXIT_PREEMPTED)
+                            "in progress is abandoned), then fit() raises Preempted (the "
+                            "command line exits with code %d); a second signal exits at "
+                            "once.", signal.Signals(signum).name, EXIT_PREEMPTED)
 
         try:
             self._installed_here = signals.install()

@@ -3,4 +3,5 @@
 * :mod:`trainer.services.evaluation` — periodic evaluation during ``fit()``.
 * :mod:`trainer.services.early_stopping` — ``train.early_stopping``.
 * :mod:`trainer.services.nonfinite` — ``train.on_nonfinite``: stop or roll back on NaN.
+* :mod:`trainer.services.history` — what ``fit()`` returns, the same keys every time.
 """

@@ -1,9 +1,12 @@
 """Console progress of a run: an updating bar, plain lines, or nothing.
 
 ``telemetry.progress`` = ``bar`` (one updating line with ETA, for a terminal), ``lines``
-(one plain line per window: no control characters), ``off``, or ``auto`` (``bar`` when
-stderr is a TTY and no launcher set ``TF_CONFIG``, else ``lines``). The environment
-variable ``TF_TRAINER_PROGRESS`` overrides the config (launchers set it to ``lines``).
+(one plain line per window: no control characters), ``off``, or ``auto``: in a Jupyter
+kernel (Jupyter, Colab) the lines plus ONE updating display of the bar (an IPython
+display updated in place: ``display_data`` then ``update_display_data`` messages;
+mode ``notebook``); else ``bar`` when stderr is a TTY and no launcher set
+``TF_CONFIG``, else ``lines`` (a log file, a pipe). The environment variable
+``TF_TRAINER_PROGRESS`` overrides the config (launchers set it to ``lines``).
 
 :func:`event_line` is the console line of a run event (:mod:`trainer.events`).
 
@@ -14,9 +17,11 @@ removes that filter).
 
 from __future__ import annotations
 
+import html
 import logging
 import math
 import os
+import sys
 from typing import TextIO
 
 from trainer.config import ConfigError
@@ -33,8 +38,19 @@ def progress_mode(configured: str, stream: TextIO) -> str:
             f"{PROGRESS_ENV}={mode!r} is not one of 'auto', 'bar', 'lines', 'off'.")
     if mode != "auto":
         return mode
-    tty = getattr(stream, "isatty", lambda: False)()
-    return "bar" if tty and not os.environ.get("TF_CONFIG") else "lines"
+    if os.environ.get("TF_CONFIG"):
+        return "lines"
+    if in_notebook():
+        return "notebook"
+    return "bar" if getattr(stream, "isatty", lambda: False)() else "lines"
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel: IPython is loaded and its shell has a kernel
+    (a terminal IPython has none). Imports nothing."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
 
 
 def duration(seconds: float | None) -> str:
@@ -96,11 +112,13 @@ class _EraseBar(logging.Filter):
 
 
 class Progress:
-    """Console progress in one of three modes (see the module docstring)."""
+    """Console progress in one of four modes: bar, notebook, lines, off (see the module
+    docstring)."""
 
     def __init__(self, mode: str, total_steps: int, stream: TextIO):
         self.mode, self.total_steps, self.stream = mode, total_steps, stream
         self._bar_shown = False
+        self._display = None  # notebook mode: the IPython display handle, once shown
         self._filter = _EraseBar(self) if mode == "bar" else None
         self._handlers = list(logging.getLogger().handlers) if self._filter else []
         for handler in self._handlers:
@@ -117,10 +135,16 @@ class Progress:
         self.stream.write(text)
         self.stream.flush()
 
+    @property
+    def updating(self) -> bool:
+        """True when :meth:`update` draws something (bar and notebook modes)."""
+        return self.mode in ("bar", "notebook")
+
     def update(self, step: int, loss: float | None, examples_per_s: float | None,
                eta_s: float | None) -> None:
-        """Bar mode: redraws the single progress line (after every train loop)."""
-        if self.mode != "bar":
+        """Redraws the single progress line (bar) or display (notebook) after every
+        train loop; nothing in the other modes."""
+        if not self.updating:
             return
         width = 24
         done = int(width * step / max(self.total_steps, 1))
@@ -130,8 +154,23 @@ class Progress:
         if examples_per_s:
             parts.append(f"{examples_per_s:,.0f} ex/s")
         parts.append(f"ETA {duration(eta_s)}")
+        if self.mode == "notebook":
+            self._show(step, "  ".join(parts))
+            return
         self._write(_CONTROL + "  ".join(parts))
         self._bar_shown = True
+
+    def _show(self, step: int, text: str) -> None:
+        """Notebook mode: the one display of this progress, shown then updated."""
+        from IPython import display  # loaded: the mode is chosen inside a kernel
+
+        bundle = {"text/plain": text,
+                  "text/html": f'<progress value="{step}" max="{self.total_steps}"></progress>'
+                               f" <code>{html.escape(text)}</code>"}
+        if self._display is None:
+            self._display = display.display(bundle, raw=True, display_id=True)
+        else:
+            self._display.update(bundle, raw=True)
 
     def line(self, text: str) -> None:
         """A permanent line (window summary, eval result)."""

@@ -171,10 +171,9 @@ class Telemetry(Service):
         self.sources, self.sinks = list(sources), list(sinks)
         self._source_keys: set[str] = set()  # left out of the progress line
         self.records: list[dict[str, Any]] = []  # this fit()'s train records, in order
-        self._writers: SummaryWriters | None = None  # kept across fit() calls
-        self._active_writers: SummaryWriters | None = None
+        self._active_writers: SummaryWriters | None = None  # open during a fit() only
         self._sampler: SystemSampler | None = None
-        self._probes: dict[str, Any] = {}  # traced probes, reused by a later fit()
+        self._probes: dict[str, Any] = {}  # traced probes of this fit() (dropped at its end)
         self._probe: dict[str, Any] = {}  # the latest probe's numbers (any fit)
         self._probe_schedule: probes.ProbeSchedule | None = None  # set at the first fit
 
@@ -186,9 +185,7 @@ class Telemetry(Service):
         self.progress = Progress(mode if self._chief else "off", cfg.train.steps, self.stream)
         if run.workdir and self._chief:
             outputs = tuple(o for o in cfg.telemetry.loggers if o in ("jsonl", "tensorboard"))
-            if outputs and (self._writers is None or self._writers.workdir != run.workdir):
-                self._writers = SummaryWriters(run.workdir, outputs)
-            self._active_writers = self._writers if outputs else None
+            self._active_writers = SummaryWriters(run.workdir, outputs) if outputs else None
         self._sampler = SystemSampler(run.strategy)
         self._detector = RegressionDetector(cfg.telemetry.alert_drop, cfg.telemetry.alert_windows)
         self._loops: list[tuple[int, float]] = []
@@ -219,7 +216,7 @@ class Telemetry(Service):
 
     def on_loop_end(self, run: RunContext) -> None:
         self._take_loop(run)
-        if self.progress.mode == "bar":
+        if self.progress.updating:
             eta = (self.config.train.steps - run.step) / self._rate if self._rate else None
             last = self.records[-1] if self.records else {}
             self.progress.update(run.step, last.get("train/loss"),
@@ -268,10 +265,13 @@ class Telemetry(Service):
         self._fitting = False
         self.progress.close()
         if self._active_writers:
-            self._active_writers.flush()
+            self._active_writers.close()
             self._active_writers = None
         if self._sampler:
             self._sampler.close()
+        # The input probe's iterator is freed now, not at a later garbage collection
+        # (where destroying it waits for its tf.data autotune thread).
+        self._probes.clear()
 
     # ---------------------------------------------------------------- windows
     def _window_record(self, run: RunContext, logs: dict[str, float]) -> dict[str, Any]:

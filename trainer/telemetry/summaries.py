@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
+
+from trainer import keras_compat
 
 
 def _plugin(name: str) -> summary_pb2.SummaryMetadata:
@@ -25,6 +27,25 @@ def _plugin(name: str) -> summary_pb2.SummaryMetadata:
 # The summary format of TensorBoard's scalar and text plugins, written with the core
 # ``tf.summary.write`` so that writing needs no ``tensorboard`` package (viewing does).
 _SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
+_SCALAR_BYTES = _SCALAR.SerializeToString()
+
+
+@tf.function(input_signature=[tf.TensorSpec([], tf.resource), tf.TensorSpec([], tf.int64),
+                              tf.TensorSpec([None], tf.string),
+                              tf.TensorSpec([None], tf.float32)], autograph=False)
+def _write_scalars(writer, step, tags, values):
+    """Writes ``values[i]`` under ``tags[i]`` at ``step`` to the writer of resource
+    handle ``writer``. One function for the process, traced once: every writer and tag
+    set of every Trainer calls it (a function per writer retraced for each new Trainer,
+    and TensorFlow warned of excessive retracing)."""
+
+    def body(i):
+        written = tf.raw_ops.WriteSummary(writer=writer, step=step, tensor=values[i],
+                                          tag=tags[i], summary_metadata=_SCALAR_BYTES)
+        with tf.control_dependencies([written]):
+            return (i + 1,)
+
+    tf.while_loop(lambda i: i < tf.size(tags), body, (tf.constant(0),))
 
 
 class SummaryWriters:
@@ -33,10 +54,9 @@ class SummaryWriters:
     ``outputs``: which of them to write, ``"jsonl"`` and/or ``"tensorboard"``
     (``telemetry.loggers``).
 
-    Kept by the telemetry service across ``fit()`` calls. A record's scalars are written by one
-    ``tf.function`` per (run, tag set) — a run sees two or three tag sets, e.g. before
-    and after the first probe — so a window costs one call instead of an eager op per
-    scalar.
+    Opened by the telemetry service for each ``fit()`` and closed at its end. A
+    record's scalars are written by one call of a ``tf.function`` shared by every
+    writer of the process (traced once), instead of an eager op per scalar.
 
     Args:
       workdir: the run's directory.
@@ -59,21 +79,6 @@ class SummaryWriters:
                          for kind, logdir in logdirs.items()}
                         if "tensorboard" in outputs else {})
         self.jsonl = open(jsonl, "a", encoding="utf-8") if "jsonl" in outputs else None
-        self._scalar_fns: dict[tuple, Callable] = {}
-
-    def _scalar_fn(self, kind: str, tags: tuple[str, ...]) -> Callable:
-        key = (kind, tags)
-        if key not in self._scalar_fns:
-            writer = self.summary[kind]
-
-            @tf.function
-            def write(step, values):
-                with writer.as_default(step=step):
-                    for i, tag in enumerate(tags):
-                        tf.summary.write(tag, values[i], metadata=_SCALAR)
-
-            self._scalar_fns[key] = write
-        return self._scalar_fns[key]
 
     def write_jsonl(self, record: dict[str, Any]) -> None:
         """Appends ``record`` to metrics.jsonl only (any JSON values; nothing without
@@ -92,8 +97,9 @@ class SummaryWriters:
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
         tags = tuple(sorted(scalars))
-        self._scalar_fn(kind, tags)(tf.constant(step, tf.int64),
-                                    tf.constant([scalars[t] for t in tags], tf.float32))
+        _write_scalars(keras_compat.summary_writer_handle(self.summary[kind]),
+                       tf.constant(step, tf.int64), tf.constant(tags, tf.string),
+                       tf.constant([scalars[t] for t in tags], tf.float32))
         if record.get("alert"):
             with self.summary[kind].as_default(step=step):
                 tf.summary.write("alerts", tf.constant(record["alert"]), metadata=_TEXT)

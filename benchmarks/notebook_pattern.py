@@ -1,0 +1,113 @@
+"""The notebook pattern: several digits Trainers built and fitted one after another in
+ONE Python process, against a fresh process's fit.
+
+    python -m benchmarks.notebook_pattern [--trainers 4] [--steps 1000] [--runs 1]
+
+Each run starts one child process that builds and fits ``--trainers`` digits Trainers
+(default config, a fresh workdir each; the cell of a notebook run again) and a fresh
+child that fits one. Per fit: seconds of ``fit()``; the longest garbage-collection
+pause in the process (``gc.callbacks``); the process's thread count after the fit; the
+seconds from the child's last line to its exit (interpreter teardown); whether its
+stderr has TensorFlow's "triggered tf.function retracing" warning. Numbers, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child(trainers: int, steps: int) -> None:
+    """Fits ``trainers`` digits Trainers in this process; one JSON line per fit, then
+    a ``done`` line (the parent times the exit from it)."""
+    from models.configs import digits
+    from trainer import trainer as trainer_lib
+
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(on_gc)
+    for i in range(trainers):
+        config = digits.get_config()
+        config.train.steps = steps
+        pauses.clear()
+        start = time.perf_counter()
+        t = trainer_lib.resolve_trainer_class(config.trainer)(
+            config, tempfile.mkdtemp(prefix="notebook_pattern-"))
+        results = t.fit()
+        close = getattr(t, "close", None)
+        if close is not None:
+            close()
+        seconds = time.perf_counter() - start
+        print(json.dumps({"fit": i, "seconds": seconds, "gc_max_s": max(pauses, default=0.0),
+                          "threads": threading.active_count(),
+                          "keys": sorted(results)}), flush=True)
+    print("done", flush=True)
+
+
+def run_child(trainers: int, steps: int) -> dict:
+    """Runs one child; returns its fits, exit seconds and retracing warnings."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("TFDS_DATA_DIR", os.path.join(tempfile.gettempdir(), "notebook_pattern_tfds"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.notebook_pattern", "--child", str(trainers),
+         "--steps", str(steps)], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fits, done_at = [], None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            fits.append(json.loads(line))
+        elif line.strip() == "done":
+            done_at = time.perf_counter()
+    err = proc.stderr.read()
+    proc.wait()
+    ended = time.perf_counter()
+    return {"fits": fits, "exit_s": ended - done_at if done_at else float("nan"),
+            "retracing": err.count("triggered tf.function retracing"),
+            "returncode": proc.returncode}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trainers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.steps)
+        return 0
+    run_child(1, 10)  # prepares the digits TFDS files once, outside the timing
+    for run in range(args.runs):
+        fresh = run_child(1, args.steps)
+        many = run_child(args.trainers, args.steps)
+        base = fresh["fits"][0]["seconds"]
+        print(f"run {run}: fresh process: fit {base:.2f} s, gc max "
+              f"{fresh['fits'][0]['gc_max_s']:.2f} s, exit {fresh['exit_s']:.2f} s, "
+              f"retracing warnings {fresh['retracing']}")
+        for fit in many["fits"]:
+            print(f"  trainer {fit['fit'] + 1}/{args.trainers}: fit {fit['seconds']:.2f} s "
+                  f"({fit['seconds'] / base:.2f}x fresh), gc max {fit['gc_max_s']:.2f} s, "
+                  f"threads {fit['threads']}")
+        print(f"  {args.trainers} trainers: exit {many['exit_s']:.2f} s, retracing "
+              f"warnings {many['retracing']}, exit code {many['returncode']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Subprocess entry: the notebook pattern, several Trainers fitted one after another in
+ONE process.
+
+    python -m tests.run_many_trainers --trainers 4 --workdir DIR [--replicas 2]
+
+Each Trainer (ToyEvalTrainer, a workdir of its own: summaries and checkpoints) is
+built and fitted; odd ones through ``with Trainer(...) as t:``, the others by
+``fit()`` then ``close()``. After each ``fit()`` and after each close, with NO garbage
+collection in between (the process runs with the collector off), one JSON line counts
+what is still alive: tf.data iterators and distributed iterators, distributed datasets,
+and threads. Ends with the line ``done``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import threading
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def live(types: tuple) -> int:
+    """Objects of ``types`` alive now (freed ones and unreachable cycles not yet
+    collected both count: the collector is off)."""
+    return sum(1 for o in gc.get_objects() if isinstance(o, types))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trainers", type=int, default=4)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args()
+
+    import tensorflow as tf
+
+    from tests import toy
+
+    iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)
+    datasets = (tf.distribute.DistributedDataset,)
+    gc.collect()
+    gc.disable()  # whatever is freed below is freed by reference counting alone
+    baseline = threading.active_count()
+
+    def report(i: int, when: str, results: dict | None = None) -> None:
+        print(json.dumps({"trainer": i, "when": when, "iterators": live(iterators),
+                          "datasets": live(datasets),
+                          "threads": threading.active_count(), "baseline": baseline,
+                          "keys": sorted(results or {})}), flush=True)
+
+    for i in range(args.trainers):
+        config = toy.on_replicas(toy.toy_config(**{"eval.every_steps": 10}), args.replicas)
+        workdir = os.path.join(args.workdir, str(i))
+        if i % 2:
+            with toy.ToyEvalTrainer(config, workdir) as t:
+                results = t.fit()
+                report(i, "fit", results)
+        else:
+            t = toy.ToyEvalTrainer(config, workdir)
+            results = t.fit()
+            report(i, "fit", results)
+            t.close()
+        report(i, "closed")
+        del t
+        gc.collect()  # the Trainer's own reference cycles, between cells
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
