@@ -1,0 +1,469 @@
+"""Drawn Keras models for the replica-count property (test_model_properties.py).
+
+A model SPEC is a JSON-serializable dict: the property draws one with :func:`specs`,
+sends it as one JSON line to a long-lived worker per replica count
+(``run_spec_worker.py``), and each worker turns it into a Trainer, config and data with
+this module and trains it. The same spec gives the same model, initial weights and
+batches in every process (everything is seeded from ``spec["seed"]``).
+
+A spec::
+
+    {"seed": 123,
+     "inputs": [  # 1 to 3; named in0, in1, ...; a dict of inputs when "dict_inputs"
+        {"kind": "dense", "width": 4, "dtype": "float32"|"float64"|"int32", "units": 0|n,
+         "use_bias": true},  # units: a Dense (no activation) on the features, 0: none
+        {"kind": "tokens", "vocab": 20, "dim": 4, "min_len": 1, "max_len": 9,
+         "padding": "batch"|"post"|"pre", "trainable": true},
+            # Embedding(mask_zero=True) + masked mean over int32 ids (0 = padding);
+            # "batch": padded_batch to each (per-replica) batch's longest sequence,
+            # "post"/"pre": padded to max_len after/before the tokens
+        {"kind": "strings", "vocab": 6, "oov": 0.2, "dim": 3, "min_len": 1,
+         "max_len": 5, "padding": "batch"|"post"},
+            # StringLookup(mask_token="") + Embedding(mask_zero=True) + masked mean
+     ],
+     "dict_inputs": true,
+     "trunk": [  # 0 to 4 layers over the concatenated branches
+        {"layer": "dense", "units": 5, "activation": null|"tanh"|"relu", "use_bias": true,
+         "trainable": true, "kernel_regularizer": null|{"l1": 0.0, "l2": 0.01},
+         "activity_regularizer": null|{"l1": 0.001, "l2": 0.0}},
+        {"layer": "batch_norm", "momentum": 0.9, "center": true, "scale": true},
+            # BatchNormalization(synchronized=True)
+        {"layer": "dropout"},             # Dropout(0.0)
+        {"layer": "add_loss", "coef": 0.01},   # add_loss(coef * mean(x**2))
+        {"layer": "layer_norm", "center": true}],
+     "heads": [  # 1 or 2; named out0, out1; dict outputs and dict labels when "dict_outputs"
+        {"kind": "class", "classes": 3} | {"kind": "regress", "width": 2}],
+     "dict_outputs": false,
+     "train": {"global_batch": 8|16, "steps": 3, "steps_per_loop": 1,
+               "learning_rate": 0.01, "sparse_reduce": "auto"|"dense"|"gather"}}
+
+The loss is the per-example sum over heads (sparse softmax cross-entropy for a class
+head, squared error averaged over the width for a regression head); the optimizer Adam.
+
+Excluded by construction (each a numerical limit, not a framework promise): a bias (a
+Dense's, a normalization's ``center``) that reaches a batch norm only through affine
+layers (:func:`normalized` switches it off: its gradient is zero but for rounding, and
+Adam scales rounding noise up to full-size steps, differently per replica count), an
+input that is the same for every example (a one-word string vocabulary: the same), and
+dropout rates above zero (the replicas draw other masks). The property also skips a
+batch norm of an input already centred over the batch
+(:func:`normalizes_a_centred_batch`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import strategies as st
+
+EXAMPLES = 64  # examples per spec's dataset (repeated); a run reads at most 4 x 16
+
+# ---------------------------------------------------------------------------- the draws
+
+_REG = st.one_of(st.none(), st.fixed_dictionaries({
+    "l1": st.sampled_from([0.0, 1e-3, 1e-2]), "l2": st.sampled_from([0.0, 1e-3, 1e-2])}))
+
+
+def _lengths():
+    return st.integers(1, 4).flatmap(
+        lambda lo: st.tuples(st.just(lo), st.integers(lo, lo + 8)))
+
+
+def _dense_input():
+    return st.fixed_dictionaries({
+        "kind": st.just("dense"), "width": st.integers(1, 6),
+        "dtype": st.sampled_from(["float32", "float64", "int32"]),
+        "units": st.sampled_from([0, 0, 3, 8]),  # 0: the features go in as they are
+        "use_bias": st.just(True)})
+
+
+def _token_input():
+    return st.builds(
+        lambda vocab, dim, lengths, padding, trainable: {
+            "kind": "tokens", "vocab": vocab, "dim": dim, "min_len": lengths[0],
+            "max_len": lengths[1], "padding": padding, "trainable": trainable},
+        st.integers(3, 40), st.integers(1, 6), _lengths(),
+        st.sampled_from(["batch", "post", "pre"]),
+        st.sampled_from([True, True, True, False]))
+
+
+def _string_input():
+    return st.builds(
+        lambda vocab, oov, dim, lengths, padding: {
+            "kind": "strings", "vocab": vocab, "oov": oov, "dim": dim,
+            "min_len": lengths[0], "max_len": lengths[1], "padding": padding},
+        # two words at least: one word and no OOV make the same input for every example
+        # (a constant shift: the exclusion of the module docstring)
+        st.integers(2, 12), st.sampled_from([0.0, 0.2, 0.5]), st.integers(1, 5),
+        _lengths(), st.sampled_from(["batch", "post"]))
+
+
+def _trunk_layer():
+    return st.one_of(
+        st.fixed_dictionaries({
+            "layer": st.just("dense"), "units": st.integers(1, 8),
+            "activation": st.sampled_from([None, "tanh", "relu"]),
+            "use_bias": st.booleans(), "trainable": st.sampled_from([True, True, False]),
+            "kernel_regularizer": _REG, "activity_regularizer": _REG}),
+        st.fixed_dictionaries({
+            "layer": st.just("batch_norm"), "momentum": st.sampled_from([0.0, 0.5, 0.99]),
+            "center": st.booleans(), "scale": st.booleans()}),
+        st.just({"layer": "dropout"}),
+        st.fixed_dictionaries({"layer": st.just("add_loss"),
+                               "coef": st.sampled_from([1e-3, 1e-2, 1e-1])}),
+        st.just({"layer": "layer_norm", "center": True}),
+    )
+
+
+def _head():
+    return st.one_of(
+        st.fixed_dictionaries({"kind": st.just("class"), "classes": st.integers(2, 4)}),
+        st.fixed_dictionaries({"kind": st.just("regress"), "width": st.integers(1, 3)}))
+
+
+@st.composite
+def specs(draw) -> dict[str, Any]:
+    """A random model spec (see the module docstring), JSON-serializable."""
+    inputs = draw(st.lists(st.one_of(_dense_input(), _token_input(), _string_input()),
+                           min_size=1, max_size=3))
+    heads = draw(st.lists(_head(), min_size=1, max_size=2))
+    steps = draw(st.integers(2, 4))
+    spec = {
+        "seed": draw(st.integers(0, 2**16)),
+        "inputs": inputs,
+        "dict_inputs": len(inputs) > 1 or draw(st.booleans()),
+        "trunk": draw(st.lists(_trunk_layer(), max_size=4)),
+        "heads": heads,
+        "dict_outputs": len(heads) > 1 or draw(st.booleans()),
+        "train": {
+            "global_batch": draw(st.sampled_from([8, 16])), "steps": steps,
+            "steps_per_loop": draw(st.integers(1, steps)),
+            "learning_rate": draw(st.sampled_from([3e-3, 1e-2, 3e-2])),
+            "sparse_reduce": draw(st.sampled_from(["auto", "dense", "gather"])),
+        },
+    }
+    return normalized(spec)
+
+
+def normalized(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec (a copy) without the excluded combination of the module docstring: a
+    bias (a Dense's bias, a normalization's ``center``) that reaches a batch norm only
+    through affine layers is switched off (``use_bias``/``center`` False): the batch
+    norm subtracts any constant shift, so its gradient is zero but for rounding."""
+    spec = json.loads(json.dumps(spec))
+    pending = [inp for inp in spec["inputs"] if inp["kind"] == "dense" and inp["units"]
+               and inp.get("use_bias", True)]  # (a Dense with no activation)
+    for layer in spec["trunk"]:
+        kind = layer["layer"]
+        if kind == "dense":
+            if layer["activation"] is not None:
+                pending = []  # its bias, and those before, go through the nonlinearity
+            elif layer["use_bias"]:
+                pending.append(layer)
+        elif kind == "batch_norm":
+            for biased in pending:
+                biased["use_bias" if "use_bias" in biased else "center"] = False
+            pending = [layer] if layer["center"] else []
+        elif kind == "layer_norm":  # normalizes each example: a nonlinearity
+            pending = [layer] if layer["center"] else []
+    return spec
+
+
+def loss_added_before_a_sync(spec: dict[str, Any]) -> bool:
+    """Whether a trunk layer adds a loss in the forward pass (an activity regularizer,
+    ``add_loss``) before a synchronized batch norm: the known bug of
+    test_found_by_properties.py (under MirroredStrategy the replicas' threads share each
+    layer's list of added losses, and the batch norm's all-reduce lets the second replica
+    replace the first one's entry, so the first replica's loss is never differentiated)."""
+    adds_loss = False
+    for layer in spec["trunk"]:
+        if layer["layer"] == "batch_norm" and adds_loss:
+            return True
+        adds_loss = adds_loss or layer["layer"] == "add_loss" or bool(
+            layer["layer"] == "dense" and layer["activity_regularizer"])
+    return False
+
+
+def normalizes_a_centred_batch(spec: dict[str, Any]) -> bool:
+    """Whether a batch norm's input is already centred over the batch (a batch norm
+    without ``center``, then only bias-free affine layers): its moving mean is then zero
+    but for rounding, which no relative comparison can judge (the property excludes it
+    with ``assume``)."""
+    centred = False
+    for layer in spec["trunk"]:
+        kind = layer["layer"]
+        if kind == "batch_norm":
+            if centred:
+                return True
+            centred = not layer["center"]
+        elif kind == "layer_norm" or (kind == "dense" and (
+                layer["activation"] is not None or layer["use_bias"])):
+            centred = False
+    return False
+
+
+# ------------------------------------------------------- a spec as Trainer, config, data
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """A one-line summary of what a spec holds (for hypothesis's statistics)."""
+    kinds = ({"in:" + i["kind"] for i in spec["inputs"]} | {l["layer"] for l in spec["trunk"]}
+             | {"out:" + h["kind"] for h in spec["heads"]})
+    return " ".join(sorted(kinds))
+
+
+def spec_config(spec: dict[str, Any], replicas: int = 1):
+    """The config that trains ``spec`` with :class:`SpecTrainer` on ``replicas``
+    Mirrored replicas over virtual CPU devices (one device for 1)."""
+    from tests import toy
+    from trainer import config as config_lib
+
+    train = spec["train"]
+    config = config_lib.get_config()
+    config.trainer = f"{__name__}:SpecTrainer"
+    config.seed = spec["seed"]
+    config.train.global_batch_size = train["global_batch"]
+    config.train.steps = train["steps"]
+    config.train.steps_per_loop = train["steps_per_loop"]
+    config.train.log_every_steps = train["steps"]
+    config.eval.every_steps = 0
+    config.optimizer.name = train.get("optimizer", "adam")  # another only to diagnose
+    config.optimizer.learning_rate = train["learning_rate"]
+    config.perf.plan = "fixed"
+    config.perf.sparse_reduce = train["sparse_reduce"]
+    config.telemetry.progress = "off"
+    config.distribute.strategy = "one_device"
+    config.model.spec = json.dumps(spec, sort_keys=True)
+    return toy.on_replicas(config, replicas)
+
+
+def _data(spec: dict[str, Any]):
+    """``(features {name: array}, lengths {name: [n] int32}, labels {name: array})``:
+    the spec's examples, drawn from ``spec["seed"]``; variable-length inputs as arrays
+    padded to ``max_len`` (after the tokens) with their lengths."""
+    import numpy as np
+
+    rng = np.random.default_rng(spec["seed"])
+    n = EXAMPLES
+    features, lengths = {}, {}
+    for i, inp in enumerate(spec["inputs"]):
+        name = f"in{i}"
+        if inp["kind"] == "dense":
+            if inp["dtype"] == "int32":
+                features[name] = rng.integers(-3, 4, (n, inp["width"])).astype(np.int32)
+            else:
+                features[name] = rng.normal(size=(n, inp["width"])).astype(inp["dtype"])
+            continue
+        length = rng.integers(inp["min_len"], inp["max_len"] + 1, n).astype(np.int32)
+        valid = np.arange(inp["max_len"])[None, :] < length[:, None]
+        if inp["kind"] == "tokens":
+            ids = rng.integers(1, inp["vocab"], (n, inp["max_len"])).astype(np.int32)
+            features[name] = np.where(valid, ids, 0).astype(np.int32)
+        else:
+            words = np.array([f"w{k}" for k in range(inp["vocab"])] + ["unknown"])
+            picks = rng.integers(0, inp["vocab"], (n, inp["max_len"]))
+            picks = np.where(rng.random((n, inp["max_len"])) < inp["oov"], inp["vocab"], picks)
+            features[name] = np.where(valid, words[picks], "")
+        lengths[name] = length
+    labels = {}
+    for i, head in enumerate(spec["heads"]):
+        if head["kind"] == "class":
+            labels[f"out{i}"] = rng.integers(0, head["classes"], n).astype(np.int32)
+        else:
+            labels[f"out{i}"] = rng.normal(size=(n, head["width"])).astype(np.float32)
+    return features, lengths, labels
+
+
+def train_dataset(spec: dict[str, Any], per_replica_batch: int):
+    """The spec's batches of ``per_replica_batch`` examples, repeated: ``(features,
+    labels)``, each a dict or (one input / output, not "dict_*") a tensor."""
+    import tensorflow as tf
+
+    features, lengths, labels = _data(spec)
+    inputs = {f"in{i}": inp for i, inp in enumerate(spec["inputs"])}
+
+    def shape(feature_dict, length_dict, label_dict):
+        out = {}
+        for name, value in feature_dict.items():
+            inp = inputs[name]
+            if inp["kind"] == "dense":
+                out[name] = value
+            elif inp["padding"] == "batch":
+                out[name] = value[:length_dict[name]]  # padded_batch pads it again
+            elif inp["padding"] == "pre":
+                out[name] = tf.roll(value, inp["max_len"] - length_dict[name], axis=0)
+            else:
+                out[name] = value
+        x = out if spec["dict_inputs"] else out["in0"]
+        y = label_dict if spec["dict_outputs"] else label_dict["out0"]
+        return x, y
+
+    dataset = tf.data.Dataset.from_tensor_slices((features, lengths, labels)).map(shape)
+    return dataset.repeat().padded_batch(per_replica_batch, drop_remainder=True)
+
+
+def build_model(spec: dict[str, Any]):
+    """The spec's Keras model (functional)."""
+    import keras
+
+    inputs, branches = {}, []
+    for i, inp in enumerate(spec["inputs"]):
+        name = f"in{i}"
+        if inp["kind"] == "dense":
+            x = keras.Input((inp["width"],), dtype=inp["dtype"], name=name)
+            inputs[name] = x
+            branches.append(keras.layers.Dense(inp["units"], name=f"{name}_dense",
+                                               use_bias=inp.get("use_bias", True))(x)
+                            if inp["units"] else keras.ops.cast(x, "float32"))
+            continue
+        length = None if inp["padding"] == "batch" else inp["max_len"]
+        if inp["kind"] == "tokens":
+            x = keras.Input((length,), dtype="int32", name=name)
+            ids, vocab = x, inp["vocab"]
+        else:
+            x = keras.Input((length,), dtype="string", name=name)
+            words = [f"w{k}" for k in range(inp["vocab"])]
+            ids = keras.layers.StringLookup(vocabulary=words, mask_token="",
+                                            name=f"{name}_lookup")(x)
+            vocab = inp["vocab"] + 2  # the mask (0) and one OOV index
+        inputs[name] = x
+        embedding = keras.layers.Embedding(vocab, inp["dim"], mask_zero=True,
+                                           name=f"{name}_embedding")
+        embedding.trainable = inp.get("trainable", True)
+        branches.append(keras.layers.GlobalAveragePooling1D(name=f"{name}_mean")(
+            embedding(ids)))
+    h = branches[0] if len(branches) == 1 else keras.layers.Concatenate()(branches)
+    for j, layer in enumerate(spec["trunk"]):
+        h = _trunk_layer_of(layer, f"trunk{j}")(h)
+    outputs = {}
+    for i, head in enumerate(spec["heads"]):
+        width = head["classes"] if head["kind"] == "class" else head["width"]
+        outputs[f"out{i}"] = keras.layers.Dense(width, name=f"out{i}")(h)
+    model_inputs = inputs if spec["dict_inputs"] else inputs["in0"]
+    model_outputs = outputs if spec["dict_outputs"] else outputs["out0"]
+    return keras.Model(model_inputs, model_outputs)
+
+
+def _regularizer(spec):
+    import keras
+
+    return None if spec is None else keras.regularizers.L1L2(spec["l1"], spec["l2"])
+
+
+def _trunk_layer_of(layer: dict[str, Any], name: str):
+    import keras
+
+    kind = layer["layer"]
+    if kind == "dense":
+        dense = keras.layers.Dense(
+            layer["units"], activation=layer["activation"], use_bias=layer["use_bias"],
+            kernel_regularizer=_regularizer(layer["kernel_regularizer"]),
+            activity_regularizer=_regularizer(layer["activity_regularizer"]), name=name)
+        dense.trainable = layer["trainable"]
+        return dense
+    if kind == "batch_norm":
+        return keras.layers.BatchNormalization(
+            synchronized=True, momentum=layer["momentum"], center=layer["center"],
+            scale=layer["scale"], name=name)
+    if kind == "dropout":
+        return keras.layers.Dropout(0.0, name=name)
+    if kind == "add_loss":
+        return _square_penalty()(layer["coef"], name=name)
+    if kind == "layer_norm":
+        return keras.layers.LayerNormalization(center=layer.get("center", True), name=name)
+    raise ValueError(f"unknown trunk layer {kind!r}")
+
+
+_PENALTY = None
+
+
+def _square_penalty():
+    """``SquarePenalty(coef)``: passes its input through and ``add_loss``es
+    ``coef * mean(x**2)`` (defined on first use: this module imports no Keras at import)."""
+    global _PENALTY
+    if _PENALTY is None:
+        import keras
+        from keras import ops
+
+        class SquarePenalty(keras.layers.Layer):
+            def __init__(self, coef: float, **kwargs):
+                super().__init__(**kwargs)
+                self.coef = coef
+
+            def call(self, x):
+                self.add_loss(self.coef * ops.mean(ops.square(x)))
+                return x
+
+        _PENALTY = SquarePenalty
+    return _PENALTY
+
+
+def per_example_loss(spec: dict[str, Any], labels, outputs):
+    """The per-example loss: the sum over the heads (module docstring)."""
+    import keras
+    import tensorflow as tf
+
+    if not spec["dict_outputs"]:
+        labels, outputs = {"out0": labels}, {"out0": outputs}
+    total = 0.0
+    for i, head in enumerate(spec["heads"]):
+        name = f"out{i}"
+        out = tf.cast(outputs[name], tf.float32)
+        if head["kind"] == "class":
+            total += keras.losses.sparse_categorical_crossentropy(labels[name], out,
+                                                                  from_logits=True)
+        else:
+            total += tf.reduce_mean(tf.square(out - labels[name]), axis=-1)
+    return total
+
+
+def _trainer_class():
+    import trainer
+
+    class SpecTrainer(trainer.Trainer):
+        """Trains the spec in ``config.model.spec`` (JSON)."""
+
+        @property
+        def spec(self) -> dict[str, Any]:
+            return json.loads(self.config.model.spec)
+
+        def build_model(self):
+            return build_model(self.spec)
+
+        def build_train_dataset(self, ctx):
+            return train_dataset(
+                self.spec, ctx.get_per_replica_batch_size(self.config.train.global_batch_size))
+
+        def compute_loss(self, batch, outputs):
+            return per_example_loss(self.spec, batch[1], outputs)
+
+    SpecTrainer.__module__ = __name__
+    return SpecTrainer
+
+
+def __getattr__(name: str):
+    # ``config.trainer = "tests.properties.model_specs:SpecTrainer"`` resolves here; the
+    # class is made on first use so that importing the strategies imports no TensorFlow.
+    if name == "SpecTrainer":
+        cls = _trainer_class()
+        globals()["SpecTrainer"] = cls
+        return cls
+    raise AttributeError(name)
+
+
+def train_spec(spec: dict[str, Any], replicas: int):
+    """Trains ``spec`` on ``replicas`` replicas in this process: ``(names, initial
+    weights, final weights)`` (the model's weights in ``model.weights`` order)."""
+    import numpy as np
+
+    from tests.properties import model_specs
+
+    config = spec_config(spec, replicas)
+    t = model_specs.SpecTrainer(config)
+    assert t.strategy.num_replicas_in_sync == replicas, t.strategy
+    names = [w.path for w in t.model.weights]
+    initial = [np.asarray(w) for w in t.model.get_weights()]
+    t.fit()
+    final = [np.asarray(w) for w in t.model.get_weights()]
+    return names, initial, final

@@ -1,0 +1,87 @@
+"""Property: a drawn Keras model trains to the same weights on 1 and 2 Mirrored replicas.
+
+Hypothesis draws a model SPEC (tests/properties/model_specs.py: dense, Embedding with
+mask_zero over variable-length padded ids, StringLookup over strings, dict inputs and
+outputs, synchronized batch norm, frozen layers, regularizers, add_loss, Dropout(0.0);
+feature widths, dtypes, sequence lengths, padding, batch 8 or 16, 2 to 4 Adam steps) and
+sends it to two long-lived workers (run_spec_worker.py), one per replica count, started
+once for this module: they train it at the same time, and the final weights must agree
+within ``TOL`` relative (as in test_model_families.py). Profiles: tests/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import assume, event, example, given, note, settings
+
+from tests.properties import model_specs, profiles
+from tests.properties.run_spec_worker import (differences, start_workers,
+                                              train_on_every_replica_count, weights)
+from tests.test_model_families import TOL
+
+#: examples of the property in the ``ci`` profile (scaled by the profile)
+EXAMPLES = 8
+
+#: Hand-written specs tried first in every profile: each family at least once.
+EVERY_FAMILY = model_specs.normalized({
+    "seed": 7,
+    "inputs": [
+        {"kind": "dense", "width": 3, "dtype": "float64", "units": 4, "use_bias": True},
+        {"kind": "tokens", "vocab": 12, "dim": 3, "min_len": 1, "max_len": 7,
+         "padding": "batch", "trainable": True},
+        {"kind": "strings", "vocab": 5, "oov": 0.2, "dim": 2, "min_len": 2, "max_len": 4,
+         "padding": "batch"}],
+    "dict_inputs": True,
+    "trunk": [
+        {"layer": "dense", "units": 5, "activation": "tanh", "use_bias": True,
+         "trainable": False, "kernel_regularizer": None, "activity_regularizer": None},
+        {"layer": "batch_norm", "momentum": 0.5, "center": True, "scale": True},
+        {"layer": "dense", "units": 6, "activation": "tanh", "use_bias": True,
+         "trainable": True, "kernel_regularizer": {"l1": 0.0, "l2": 0.01},
+         "activity_regularizer": {"l1": 0.001, "l2": 0.0}},
+        {"layer": "dropout"}, {"layer": "add_loss", "coef": 0.01}],
+    "heads": [{"kind": "class", "classes": 3}, {"kind": "regress", "width": 2}],
+    "dict_outputs": True,
+    "train": {"global_batch": 16, "steps": 3, "steps_per_loop": 2, "learning_rate": 0.01,
+              "sparse_reduce": "auto"},
+})
+
+
+@pytest.fixture(scope="module")
+def spec_workers(tmp_path_factory):
+    """A worker per replica count (1 and 2), for the whole module."""
+    workers = start_workers(str(tmp_path_factory.mktemp("model_specs")))
+    yield workers
+    for worker in workers.values():
+        worker.stop()
+
+
+def check_same_weights(workers: dict, spec: dict) -> None:
+    """The property: 1 and 2 replicas train the spec to the same weights."""
+    assert json.loads(json.dumps(spec)) == spec  # a spec is plain JSON
+    note(f"spec: {json.dumps(spec, sort_keys=True)}")
+    event(model_specs.describe(spec))
+    runs = train_on_every_replica_count(workers, spec)
+    assert any(not np.array_equal(a, b)  # the run trained (guards the comparison)
+               for a, b in zip(weights(runs[1], "initial"), weights(runs[1], "final")))
+    diffs = differences(runs, 2)
+    worst = max(diffs.values())
+    assert worst <= TOL, (f"1 vs 2 replicas differ by {worst:.3g} relative (> {TOL}); "
+                          f"per weight: {json.dumps(diffs)}")
+
+
+@example(spec=EVERY_FAMILY)
+@settings(max_examples=profiles.examples(EXAMPLES))
+@given(spec=model_specs.specs())
+def test_a_drawn_model_trains_to_the_same_weights_on_one_and_two_replicas(spec_workers,
+                                                                          spec):
+    # KNOWN BUG, excluded until fixed (test_found_by_properties.py keeps it as an xfail):
+    # a loss added in the forward pass (activity regularizer, add_loss) before a
+    # synchronized batch norm counts on one replica only.
+    assume(not model_specs.loss_added_before_a_sync(spec))
+    # Not comparable relatively: a moving mean that is zero but for rounding.
+    assume(not model_specs.normalizes_a_centred_batch(spec))
+    check_same_weights(spec_workers, spec)
