@@ -21,6 +21,9 @@ private name it uses and fails with a clear message when a Keras version lacks i
 * :func:`nested_function_graph`: the graph of a function a ``tf.function`` graph calls
   (``Graph._get_function(name).graph``; checked on TensorFlow 2.21), for counting the
   FLOPs inside nested calls and ``tf.cond`` branches (:mod:`trainer.telemetry.flops`).
+* :func:`losses_per_replica`: the losses a forward pass adds (``Layer._losses``,
+  private) kept per thread, so Mirrored replicas, which run in threads that take turns
+  at synchronization points, never read one another's.
 * :func:`summary_writer_handle`: the resource handle of a ``tf.summary`` file writer
   (``_ResourceSummaryWriter._resource``; checked on TensorFlow 2.21), so that ONE
   ``tf.function`` per process writes the scalars of every writer
@@ -132,3 +135,58 @@ def summary_writer_handle(writer: tf.summary.SummaryWriter) -> tf.Tensor:
             f"{type(writer).__name__} has no _resource: this TensorFlow version "
             f"({tf.__version__}) changed its summary writers; use TensorFlow 2.21.")
     return handle
+
+
+class _PerThreadLosses:
+    """A layer's list of losses added in its forward pass (``add_loss``, activity
+    regularizers), one list per thread: the list operations Keras' ``Layer`` uses
+    (extend, append, clear, slicing, iteration) on the calling thread's own list."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _items(self) -> list:
+        items = getattr(self._local, "items", None)
+        if items is None:
+            items = self._local.items = []
+        return items
+
+    def extend(self, values) -> None:
+        self._items().extend(values)
+
+    def append(self, value) -> None:
+        self._items().append(value)
+
+    def clear(self) -> None:
+        self._items().clear()
+
+    def __getitem__(self, index):
+        return self._items()[index]
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+
+def losses_per_replica(model: keras.Model) -> None:
+    """Keeps each layer's forward-pass losses per thread, so per replica.
+
+    Keras keeps the losses a call adds in the private ``Layer._losses``, one list per
+    layer, cleared when an outermost call starts. MirroredStrategy runs its replicas in
+    threads that take turns at every synchronization point: with a synchronized batch
+    normalization inside the model, replica 1's forward pass cleared and refilled the
+    list while replica 0 waited at the normalization's all-reduce, and replica 0 then
+    read replica 1's losses (never differentiating its own). Idempotent; a Keras without
+    ``_flatten_layers`` / ``_losses`` is left as it is.
+    """
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is None:
+        return
+    for layer in flatten(include_self=True, recursive=True):
+        current = getattr(layer, "_losses", None)
+        if isinstance(current, list):
+            replacement = _PerThreadLosses()
+            replacement.extend(current)
+            object.__setattr__(layer, "_losses", replacement)

@@ -120,6 +120,7 @@ class Trainer:
             self.gradients = GradientPath(config, self.strategy, self.batch, self.precision,
                                           self.step_counter, None, reducer, self.ema)
             self.model = self.hooks.call("build_model")
+            keras_compat.losses_per_replica(self.model)
             self.gradients.model = self.model
             self.optimizer = self.hooks.call("build_optimizer")
             self.train_metrics = self.hooks.call("build_metrics")

@@ -170,21 +170,6 @@ def normalized(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def loss_added_before_a_sync(spec: dict[str, Any]) -> bool:
-    """Whether a trunk layer adds a loss in the forward pass (an activity regularizer,
-    ``add_loss``) before a synchronized batch norm: the known bug of
-    test_found_by_properties.py (under MirroredStrategy the replicas' threads share each
-    layer's list of added losses, and the batch norm's all-reduce lets the second replica
-    replace the first one's entry, so the first replica's loss is never differentiated)."""
-    adds_loss = False
-    for layer in spec["trunk"]:
-        if layer["layer"] == "batch_norm" and adds_loss:
-            return True
-        adds_loss = adds_loss or layer["layer"] == "add_loss" or bool(
-            layer["layer"] == "dense" and layer["activity_regularizer"])
-    return False
-
-
 def normalizes_a_centred_batch(spec: dict[str, Any]) -> bool:
     """Whether a batch norm's input is already centred over the batch (a batch norm
     without ``center``, then only bias-free affine layers): its moving mean is then zero

@@ -184,7 +184,7 @@ def weights(run: dict, which: str) -> list:
 def differences(runs: dict, replicas: int, reference: int = 1) -> dict[str, float]:
     """Per weight name: the relative difference (test_model_families.relative_diff) of
     the final weights on ``replicas`` replicas from those on ``reference``."""
-    from tests.test_model_families import relative_diff
+    from tests.helpers import relative_diff
 
     one, other = runs[reference], runs[replicas]
     assert list(one["names"]) == list(other["names"])

@@ -78,10 +78,6 @@ def check_same_weights(workers: dict, spec: dict) -> None:
 @given(spec=model_specs.specs())
 def test_a_drawn_model_trains_to_the_same_weights_on_one_and_two_replicas(spec_workers,
                                                                           spec):
-    # KNOWN BUG, excluded until fixed (test_found_by_properties.py keeps it as an xfail):
-    # a loss added in the forward pass (activity regularizer, add_loss) before a
-    # synchronized batch norm counts on one replica only.
-    assume(not model_specs.loss_added_before_a_sync(spec))
     # Not comparable relatively: a moving mean that is zero but for rounding.
     assume(not model_specs.normalizes_a_centred_batch(spec))
     check_same_weights(spec_workers, spec)
