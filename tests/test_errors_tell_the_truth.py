@@ -11,6 +11,7 @@ import tensorflow as tf
 from models.text_classifier import make_sequences, sequence_dataset
 from tests import families
 from tests.toy import ToyTrainer, toy_config
+import trainer
 from trainer import checks
 from trainer.errors import InputError, TensorFlowError
 
@@ -93,3 +94,24 @@ def test_dynamic_shapes_leave_xla_out_of_the_plan_with_the_reason(caplog):
     assert ("plan: XLA setting 'step' dropped from the candidates: the batches have dynamic "
             "shapes ((16, None) int32): XLA compiles once per shape") in caplog.text
     assert t.driver.planner.chosen.xla == "off"
+
+
+class RaggedBatches(families.TextClassifierTrainer):
+    """Ragged token ids (``.batch`` of variable-length rows) into the default step."""
+
+    train_step = trainer.Trainer.train_step
+
+    def build_train_dataset(self, ctx):
+        rows, labels = make_sequences(64, 64, 2, 8)
+        return tf.data.Dataset.from_tensor_slices((tf.ragged.constant(rows), labels)) \
+            .repeat().batch(16, drop_remainder=True)
+
+
+def test_ragged_features_name_the_way_that_works():
+    t = RaggedBatches(families.family_config("text", **{"train.steps": 2,
+                                                        "train.steps_per_loop": 1}))
+    with pytest.raises(InputError, match=r"build_train_dataset yields ragged features "
+                                         r"\(tf\.RaggedTensor, feature #0\) but build_model's "
+                                         r"model takes dense inputs .*padded_batch"):
+        t.fit()
+    assert t.step == 0

@@ -58,19 +58,29 @@ def _shapes_fit(data: tuple, wanted: tuple) -> bool:
         a is None or b is None or a == b for a, b in zip(data[1:], wanted[1:]))
 
 
-def check_features(features: Any, model: keras.Model, what: str) -> None:
+def check_features(features: Any, model: keras.Model, what: str,
+                   custom_step: bool = False) -> None:
     """Raises :class:`InputError` when ``features`` (a structure of ``TensorSpec`` with
     the per-replica batch as first dimension) cannot feed ``model``'s declared inputs.
 
     Checked: the number of input tensors, each shape past the batch dimension
     (:func:`_shapes_fit`) and the dtype kind (see :func:`_dtype_fits`). Nothing is checked
     when the model declares no inputs or the features are a dict (matched by name at
-    call time). ``what`` names the dataset hook (``build_train_dataset``...).
+    call time). ``what`` names the dataset hook (``build_train_dataset``...). Ragged
+    features for dense inputs are refused unless ``custom_step`` (the user's own step,
+    which may make them dense itself).
     """
     inputs = _model_inputs(model)
     if inputs is None or isinstance(features, dict):
         return
-    specs = tf.nest.flatten(features)
+    specs = tf.nest.flatten(features, expand_composites=False)
+    ragged = [i for i, spec in enumerate(specs) if isinstance(spec, tf.RaggedTensorSpec)]
+    if ragged and not custom_step and not any(getattr(t, "ragged", False) for t in inputs):
+        raise InputError(
+            f"{what} yields ragged features (tf.RaggedTensor, feature #{ragged[0]}) but "
+            f"build_model's model takes dense inputs (Keras layers take dense tensors); "
+            f"pad them in the input pipeline: .padded_batch(batch, padded_shapes=...) "
+            f"instead of .batch(batch), or .map(lambda x, y: (x.to_tensor(), y)).")
     if len(specs) != len(inputs):
         raise InputError(
             f"{what} yields {len(specs)} feature tensor(s) but build_model's model has "
@@ -96,6 +106,7 @@ def _tf_message(error: tf.errors.OpError) -> str:
     skip = ("Graph execution error", "Detected at node", "File ", "[[", "Traceback",
             "Stack trace", "defined at", "The error could be from a previous operation")
     lines = [line.strip() for line in str(error.message).splitlines()]
+    lines = [line for line in lines if not re.match(r"\d+ derived errors ignored", line)]
     useful = [line for line in lines if line and not line.startswith(skip)
               and not line.startswith("Op:")]
     text = useful[-1] if useful else lines[0] if lines else type(error).__name__

@@ -161,7 +161,8 @@ class LoopDriver:
                         "The model has no variables yet and the batch layout is custom; build "
                         "it in build_model() (e.g. start with keras.Input(shape)).") from error
             if features is not None:
-                checks.check_features(features, model, what)
+                step = "train_step" if what == "build_train_dataset" else "eval_step"
+                checks.check_features(features, model, what, t.overrides(step))
         if unbuilt:
             dummy = data.zeros_for_spec(features)
             with t.strategy.scope():
