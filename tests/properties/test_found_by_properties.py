@@ -59,17 +59,6 @@ def test_a_rollback_does_not_evaluate_the_restored_step_again(tmp_path):
 # ---------------------------------------------- found by test_model_properties.py
 
 
-@pytest.fixture(scope="module")
-def spec_workers(tmp_path_factory):
-    """A model-spec worker on 1 and on 2 replicas (tests/properties/run_spec_worker.py)."""
-    from tests.properties.run_spec_worker import start_workers
-
-    workers = start_workers(str(tmp_path_factory.mktemp("model_specs")))
-    yield workers
-    for worker in workers.values():
-        worker.stop()
-
-
 def _regularized_before_sync_bn(adds_loss: dict) -> dict:
     """Dense(6, tanh) + ``adds_loss`` + BatchNormalization(synchronized=True) + a
     3-class head over 3 float features, 3 Adam steps on a global batch of 16."""

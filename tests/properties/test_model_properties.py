@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 from hypothesis import assume, event, example, given, note, settings
 
 from tests.properties import model_specs, profiles
-from tests.properties.run_spec_worker import (differences, start_workers,
+from tests.properties.run_spec_worker import (differences,
                                               train_on_every_replica_count, weights)
 from tests.test_model_families import TOL
 
@@ -48,15 +47,6 @@ EVERY_FAMILY = model_specs.normalized({
     "train": {"global_batch": 16, "steps": 3, "steps_per_loop": 2, "learning_rate": 0.01,
               "sparse_reduce": "auto"},
 })
-
-
-@pytest.fixture(scope="module")
-def spec_workers(tmp_path_factory):
-    """A worker per replica count (1 and 2), for the whole module."""
-    workers = start_workers(str(tmp_path_factory.mktemp("model_specs")))
-    yield workers
-    for worker in workers.values():
-        worker.stop()
 
 
 def check_same_weights(workers: dict, spec: dict) -> None:
