@@ -42,11 +42,12 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import data_resume, host_collectives
+from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
-from trainer.checkpoint.store import read_manifest, read_state
+from trainer.checkpoint.store import read_manifest, read_state, verify
 from trainer.config import ConfigError
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
@@ -58,7 +59,12 @@ _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the rea
 
 # ------------------------------------------------------------------- restore
 def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
-    """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``."""
+    """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
+
+    Its files are checked against their checksums first (:class:`Unreadable` naming the
+    step and the file); a step without checksums (an earlier version) is read, said once."""
+    if not verify(path):
+        inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
     manifest = read_manifest(path)
     checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
     state = read_state(path, manifest)
@@ -225,11 +231,10 @@ class Checkpointer(Service):
         if self._saved.get(kind) == run.step:
             return
         if not checkpoint_state.all_finite(run):
-            last = self._saved.get(LATEST_DIR)
+            self.wait()  # a pending save of an earlier step is a good checkpoint
             raise NonFiniteError(
                 f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
-                f"(the last good one is step {last if last is not None else 'none'} in "
-                f"{os.path.join(run.workdir, LATEST_DIR)}). Set "
+                f"(the last good one is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
         self._saved[kind] = run.step
