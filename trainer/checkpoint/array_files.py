@@ -229,17 +229,13 @@ def _handler_class(ocp):
         ``.npy`` if it exists (ValueError when damaged) and otherwise asks that
         handler (which also reads checkpoints written before this format).
 
-        ``written`` maps each file written and not yet claimed (:meth:`claim`) to its
+        ``written`` maps each file written and not yet claimed (:func:`claim`) to its
         ``(size, CRC32C)``: the checksum file of the item takes them from there.
         """
 
         def __init__(self):
             super().__init__(deepcopy_host_arrays=False)
             self.written: dict[str, tuple[int, int]] = {}
-
-        def claim(self, path: str) -> tuple[int, int] | None:
-            """``(size, CRC32C)`` of the file this handler wrote at ``path``, or None."""
-            return self.written.pop(os.path.normpath(path), None)
 
         @staticmethod
         def _file(info) -> str:
@@ -296,6 +292,12 @@ def _handler_class(ocp):
             return out
 
     return NpyFileHandler
+
+
+def claim(handler, path: str) -> tuple[int, int] | None:
+    """``(size, CRC32C)`` of the file the ``NpyFileHandler`` ``handler`` wrote at
+    ``path`` and no one claimed yet, or None (then the file must be read)."""
+    return handler.written.pop(os.path.normpath(path), None)
 
 
 def npy_file_handler(ocp):

@@ -79,7 +79,8 @@ def state_handler(ocp, fast_io: bool, verified: bool = False):
     registry = ocp.type_handlers.create_type_handler_registry(
         (np.ndarray, npy), (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
     return cls(use_ocdbt=False, use_compression=False, type_handler_registry=registry,
-               **({"known_checksums": npy.claim} if verified else {}))
+               **({"known_checksums": functools.partial(array_files.claim, npy)}
+                  if verified else {}))
 
 
 def _saving_registry(ocp, fast_io: bool):
