@@ -49,10 +49,12 @@ from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unre
 from trainer.checkpoint.store import candidates as _all_candidates
 from trainer.checkpoint.store import read_manifest, read_state, verify
 from trainer.config import ConfigError
+from trainer.errors import StorageError, storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
+MAX_FAILED_SAVES = 2  # saves failed in a row on a storage fault before the run stops
 _NONE, _FAILED = -1, -2
 _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the reason."
 
@@ -216,6 +218,7 @@ class Checkpointer(Service):
         self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
+        self._failures = 0  # saves failed in a row on a storage fault
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
 
@@ -238,20 +241,78 @@ class Checkpointer(Service):
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
         self._saved[kind] = run.step
-        if self.chief and not self.store.has(kind, run.step):
-            self.store.wait(kind)  # an async write may still read the buffers reused here
+        written = True
+        if self.chief:
+            written = self._write(run, kind, metrics, wait)
+        if kind == LATEST_DIR and written:
+            run.announce_checkpoint(run.step)
+
+    def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
+               wait: bool) -> bool:
+        """Writes the current state to ``kind`` (chief); False when a storage fault
+        stopped it and training goes on (:meth:`_storage_fault`)."""
+        # An async write may still read the buffers reused below; when it failed, this
+        # save retries with a new manager.
+        self._commit_pending(kind)
+        try:
+            if self.store.has(kind, run.step):
+                return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
             self.store.save(kind, run.step, state, manifest, metrics, wait)
-            logging.info("checkpoint of step %d -> %s%s", run.step,
-                         os.path.join(run.workdir, kind), "" if wait else " (async)")
-        if kind == LATEST_DIR:
-            run.announce_checkpoint(run.step)
+        except Exception as error:  # noqa: BLE001 - only storage faults are handled
+            self._storage_fault(error, kind, run.step, final=wait)
+            return False
+        if wait:
+            self._failures = 0
+        logging.info("checkpoint of step %d -> %s%s", run.step,
+                     os.path.join(run.workdir, kind), "" if wait else " (async)")
+        return True
+
+    def _commit_pending(self, kind: str | None = None, final: bool = False) -> bool:
+        """Waits for the async writes of ``kind`` (default: all); False when one failed
+        on a storage fault (handled: :meth:`_storage_fault`)."""
+        ok = True
+        for name in [k for k in self.store.kinds() if kind in (None, k)]:
+            step = self.store.pending(name)
+            try:
+                self.store.wait(name)
+            except Exception as error:  # noqa: BLE001 - only storage faults are handled
+                self._storage_fault(error, name, step, final)
+                ok = False
+                continue
+            if step is not None:
+                self._failures = 0
+        return ok
+
+    def _storage_fault(self, error: Exception, kind: str, step: int | None,
+                       final: bool) -> None:
+        """A write of ``step`` to ``kind`` failed with ``error``. Not a storage fault: it
+        is raised as it is. A storage fault (full disk, quota, read-only or vanished
+        workdir): the manager is dropped (the next one removes the incomplete step
+        directory) and, when this was the last save of the run (``final``) or the
+        :data:`MAX_FAILED_SAVES`-th in a row, :class:`StorageError`; else one warning
+        and training goes on (the next save retries)."""
+        reason = storage_fault(error)
+        if reason is None:
+            raise error
+        self.store.discard(kind)
+        self._failures += 1
+        directory = os.path.join(self.store.workdir, kind)
+        what = (f"cannot write the checkpoint of step {step} to {directory}: {reason}; "
+                f"the last good checkpoint is {inventory.describe_last_good(self.store.workdir)}")
+        if final or self._failures >= MAX_FAILED_SAVES:
+            raise StorageError(
+                f"{what} ({self._failures} failed save(s) in a row). Free space or make "
+                f"the workdir writable, then run the same command again: it resumes from "
+                f"that checkpoint.") from error
+        logging.warning("Storage error (training goes on; the next save retries, the run "
+                        "stops if it fails too): %s.", what)
 
     def wait(self) -> None:
         """Blocks until pending async saves are committed (chief; others return)."""
         if self.enabled and self.chief:
-            self.store.wait()
+            self._commit_pending()
 
     # --- hooks
     def on_fit_start(self, run: RunContext) -> None:
@@ -315,7 +376,7 @@ class Checkpointer(Service):
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.enabled or not self.chief:
             return
-        self.store.wait()
+        self._commit_pending(final=True)
         best = self.store.best_step()
         if best is not None and run.step >= self.total:
             self._export_best(run, best)

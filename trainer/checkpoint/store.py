@@ -39,6 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.checkpoint import array_files, checksums
+from trainer.errors import storage_fault
 
 LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
@@ -138,8 +139,10 @@ def _without_closed_loop_noise(previous):
 
 
 class _QuietOrbax(pylogging.Filter):
-    """Drops orbax's and JAX's INFO lines (a dozen per save) and orbax's warning that a
-    save holds no OCDBT data to merge (``.npy`` leaves); other warnings and errors pass."""
+    """Drops orbax's and JAX's INFO lines (a dozen per save), orbax's warning that a
+    save holds no OCDBT data to merge (``.npy`` leaves) and its reports of a write that
+    failed on a full, read-only or vanished disk (the checkpoint service says it in one
+    line: :class:`trainer.errors.StorageError`); other warnings and errors pass."""
 
     _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
     _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
@@ -148,7 +151,17 @@ class _QuietOrbax(pylogging.Filter):
         path = record.pathname or ""
         if not any(s in path for s in self._SOURCES):
             return True
+        if _storage_fault_record(record):
+            return False  # the checkpoint service reports it, in one line
         return record.levelno >= pylogging.WARNING and self._EXPECTED not in record.getMessage()
+
+
+def _storage_fault_record(record: pylogging.LogRecord) -> bool:
+    """Whether orbax's log record reports a failed write of a full / read-only ... disk
+    (it logs each with a traceback, from several threads)."""
+    error = record.exc_info[1] if record.exc_info else None
+    return bool((error is not None and storage_fault(error))
+                or storage_fault(Exception(record.getMessage())))
 
 
 # ------------------------------------------------------------------- reading
@@ -278,6 +291,7 @@ class CheckpointStore:
     def __init__(self, workdir: str, cfg: Any, best_name: str):
         self.workdir, self.cfg, self.best_name = workdir, cfg, best_name
         self._managers: dict[str, Any] = {}
+        self._pending: dict[str, int] = {}
 
     def _manager(self, kind: str):
         if kind not in self._managers:
@@ -299,21 +313,43 @@ class CheckpointStore:
     def has(self, kind: str, step: int) -> bool:
         return step in self._manager(kind).all_steps()
 
+    def kinds(self) -> list[str]:
+        """The directories a manager writes to (those saved to since the last close)."""
+        return list(self._managers)
+
+    def pending(self, kind: str) -> int | None:
+        """The step of ``kind`` whose async write may not be committed yet, or None."""
+        return self._pending.get(kind)
+
     def wait(self, kind: str | None = None) -> None:
-        """Blocks until the async writes of ``kind`` (default: every kind) are committed."""
-        for name, manager in self._managers.items():
+        """Blocks until the async writes of ``kind`` (default: every kind) are committed;
+        raises the error of a write that failed."""
+        for name, manager in list(self._managers.items()):
             if kind in (None, name):
                 manager.wait_until_finished()
+                self._pending.pop(name, None)
 
     def save(self, kind: str, step: int, state: dict, manifest: dict,
              metrics: dict[str, float] | None = None, wait: bool = False) -> None:
         """Writes ``state`` / ``manifest`` as ``step`` (async unless ``wait``). The caller
         must not change ``state``'s arrays until :meth:`wait` returns."""
         ocp = orbax()
+        self._pending[kind] = step
         self._manager(kind).save(step, metrics=metrics, force=True, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
         if wait:
             self.wait(kind)
+
+    def discard(self, kind: str) -> None:
+        """Drops the manager of ``kind`` after a failed write (its errors are ignored);
+        the next save makes a new one, which removes the step directory left incomplete."""
+        manager = self._managers.pop(kind, None)
+        self._pending.pop(kind, None)
+        try:
+            if manager is not None:
+                manager.close()
+        except Exception:  # noqa: BLE001 - the write's error is the one reported
+            pass
 
     def best_step(self) -> int | None:
         manager = self._managers.get(BEST_DIR)
@@ -328,3 +364,4 @@ class CheckpointStore:
             manager.wait_until_finished()
             manager.close()
         self._managers.clear()
+        self._pending.clear()
