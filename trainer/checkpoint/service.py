@@ -49,12 +49,12 @@ from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unre
 from trainer.checkpoint.store import candidates as _all_candidates
 from trainer.checkpoint.store import read_manifest, read_state, verify
 from trainer.config import ConfigError
-from trainer.errors import StorageError, storage_fault
+from trainer.checkpoint.save_failures import SaveFailures
+from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
-MAX_FAILED_SAVES = 2  # saves failed in a row on a storage fault before the run stops
 _NONE, _FAILED = -1, -2
 _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the reason."
 
@@ -218,7 +218,7 @@ class Checkpointer(Service):
         self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
-        self._failures = 0  # saves failed in a row on a storage fault
+        self.failures = SaveFailures(workdir)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
 
@@ -264,7 +264,7 @@ class Checkpointer(Service):
             self._storage_fault(error, kind, run.step, final=wait)
             return False
         if wait:
-            self._failures = 0
+            self.failures.succeeded()
         logging.info("checkpoint of step %d -> %s%s", run.step,
                      os.path.join(run.workdir, kind), "" if wait else " (async)")
         return True
@@ -282,32 +282,18 @@ class Checkpointer(Service):
                 ok = False
                 continue
             if step is not None:
-                self._failures = 0
+                self.failures.succeeded()
         return ok
 
     def _storage_fault(self, error: Exception, kind: str, step: int | None,
                        final: bool) -> None:
-        """A write of ``step`` to ``kind`` failed with ``error``. Not a storage fault: it
-        is raised as it is. A storage fault (full disk, quota, read-only or vanished
-        workdir): the manager is dropped (the next one removes the incomplete step
-        directory) and, when this was the last save of the run (``final``) or the
-        :data:`MAX_FAILED_SAVES`-th in a row, :class:`StorageError`; else one warning
-        and training goes on (the next save retries)."""
-        reason = storage_fault(error)
-        if reason is None:
+        """A write failed: re-raised unless a storage fault; then the manager of ``kind``
+        is dropped (the next one removes the incomplete step directory), and the run
+        warns or stops (:class:`trainer.checkpoint.save_failures.SaveFailures`)."""
+        if storage_fault(error) is None:
             raise error
         self.store.discard(kind)
-        self._failures += 1
-        directory = os.path.join(self.store.workdir, kind)
-        what = (f"cannot write the checkpoint of step {step} to {directory}: {reason}; "
-                f"the last good checkpoint is {inventory.describe_last_good(self.store.workdir)}")
-        if final or self._failures >= MAX_FAILED_SAVES:
-            raise StorageError(
-                f"{what} ({self._failures} failed save(s) in a row). Free space or make "
-                f"the workdir writable, then run the same command again: it resumes from "
-                f"that checkpoint.") from error
-        logging.warning("Storage error (training goes on; the next save retries, the run "
-                        "stops if it fails too): %s.", what)
+        self.failures.failed(error, os.path.join(self.store.workdir, kind), step, final)
 
     def wait(self) -> None:
         """Blocks until pending async saves are committed (chief; others return)."""
