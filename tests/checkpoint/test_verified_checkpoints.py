@@ -10,6 +10,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 
 import numpy as np
@@ -93,10 +94,11 @@ def test_a_damaged_file_is_named_and_the_restore_falls_back_to_the_newest_good_s
     assert step == 10
     skipped = [line for line in warnings.splitlines() if "Skipping checkpoint" in line]
     assert len(skipped) == 1 and f"{workdir}/checkpoints/20: " in skipped[0]
-    assert f"{rel} " in skipped[0], skipped  # the file, then what is wrong with it
+    # the file, then what is wrong with it (after the reader's own error, if it failed)
+    assert f"{rel} " in skipped[0], skipped
     if rel.endswith(".npy"):  # an array file of ours: its variable too
-        assert "cannot read variable 'sequential/dense/kernel" in skipped[0] or (
-            "cannot read variable 'sgd/" in skipped[0])
+        assert re.search(r"cannot read variable '(sequential/dense/kernel|sgd/\w+)'",
+                         skipped[0]), skipped
     with pytest.raises(CheckpointError, match=f"checkpoints/20: .*{rel} "):
         toy.ToyTrainer(config(fast_io), workdir).restore(step=20)
     states = {e.step: e.state for e in inventory.survey(workdir)}

@@ -63,13 +63,24 @@ _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the rea
 def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
 
-    Its files are checked against their checksums first (:class:`Unreadable` naming the
-    step and the file); a step without checksums (an earlier version) is read, said once."""
+    Once read, its files are checked against their checksums (:class:`Unreadable`
+    naming the file that does not match); a step without checksums (an earlier version)
+    is read, said once. A read that fails, or a manifest that does not fit, is
+    :class:`Unreadable` when a file does not match its checksum (a damaged step, not a
+    changed model), naming both."""
+    try:
+        manifest = read_manifest(path)
+        checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
+        state = read_state(path, manifest)
+    except (Unreadable, CheckpointError) as error:
+        try:
+            verify(path)
+        except Unreadable as damaged:
+            raise Unreadable(f"{error}; {damaged}" if isinstance(error, Unreadable)
+                             else str(damaged)) from error
+        raise
     if not verify(path):
         inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
-    manifest = read_manifest(path)
-    checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
-    state = read_state(path, manifest)
     return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
 
 
