@@ -25,6 +25,10 @@ checkpoint's input layout, :mod:`trainer.data_resume`). Every restore logs the w
 counts of both runs, and the next ``fit()`` writes a ``"resume"`` record. When resuming (``step=None``) a committed step that cannot be read
 is skipped with a warning and the previous one is tried.
 
+A restore checks a step's files against their checksums (a damaged step is skipped
+like an unreadable one); a save failing on a full or read-only disk warns and retries,
+then stops (:mod:`trainer.checkpoint.save_failures`).
+
 Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
 takes part in a restore, which the chief performs and broadcasts to the others over TF
 collectives (the other workers need no access to the chief's files).
@@ -48,8 +52,8 @@ from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
 from trainer.checkpoint.store import read_manifest, read_state, verify
-from trainer.config import ConfigError
 from trainer.checkpoint.save_failures import SaveFailures
+from trainer.config import ConfigError
 from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
@@ -63,11 +67,9 @@ _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the rea
 def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
 
-    Once read, its files are checked against their checksums (:class:`Unreadable`
-    naming the file that does not match); a step without checksums (an earlier version)
-    is read, said once. A read that fails, or a manifest that does not fit, is
-    :class:`Unreadable` when a file does not match its checksum (a damaged step, not a
-    changed model), naming both."""
+    Then its files are checked against their checksums (:class:`Unreadable` naming the
+    file; none: an earlier version, said once). A failed read, or a manifest that does
+    not fit, is :class:`Unreadable` when a file does not match (naming both)."""
     try:
         manifest = read_manifest(path)
         checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
@@ -262,9 +264,7 @@ class Checkpointer(Service):
                wait: bool) -> bool:
         """Writes the current state to ``kind`` (chief); False when a storage fault
         stopped it and training goes on (:meth:`_storage_fault`)."""
-        # An async write may still read the buffers reused below; when it failed, this
-        # save retries with a new manager.
-        self._commit_pending(kind)
+        self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
             if self.store.has(kind, run.step):
                 return True
@@ -280,27 +280,24 @@ class Checkpointer(Service):
                      os.path.join(run.workdir, kind), "" if wait else " (async)")
         return True
 
-    def _commit_pending(self, kind: str | None = None, final: bool = False) -> bool:
-        """Waits for the async writes of ``kind`` (default: all); False when one failed
-        on a storage fault (handled: :meth:`_storage_fault`)."""
-        ok = True
+    def _commit_pending(self, kind: str | None = None, final: bool = False) -> None:
+        """Waits for the async writes of ``kind`` (default: all); one that failed on a
+        storage fault is handled (:meth:`_storage_fault`)."""
         for name in [k for k in self.store.kinds() if kind in (None, k)]:
             step = self.store.pending(name)
             try:
                 self.store.wait(name)
             except Exception as error:  # noqa: BLE001 - only storage faults are handled
                 self._storage_fault(error, name, step, final)
-                ok = False
                 continue
             if step is not None:
                 self.failures.succeeded()
-        return ok
 
     def _storage_fault(self, error: Exception, kind: str, step: int | None,
                        final: bool) -> None:
-        """A write failed: re-raised unless a storage fault; then the manager of ``kind``
-        is dropped (the next one removes the incomplete step directory), and the run
-        warns or stops (:class:`trainer.checkpoint.save_failures.SaveFailures`)."""
+        """A write failed: re-raised unless a storage fault; else the manager of ``kind``
+        is dropped (the next one removes the incomplete step directory) and the run
+        warns or stops (:class:`~trainer.checkpoint.save_failures.SaveFailures`)."""
         if storage_fault(error) is None:
             raise error
         self.store.discard(kind)
