@@ -159,3 +159,19 @@ def test_a_read_only_remount_mid_run_stops_naming_the_last_good_and_resumes(
     assert f"the last good checkpoint is step 10 ({workdir}/checkpoints/10)" in line
     subprocess.run(["mount", "-o", "remount,rw", str(checkpoints)], check=True)
     assert_resumes(workdir, cfg, 10)
+
+
+def test_telemetry_that_cannot_be_written_warns_once_per_output_and_never_raises(
+        small_disk, caplog):
+    from trainer.telemetry.summaries import SummaryWriters
+
+    writers = SummaryWriters(str(small_disk / "run"))
+    fill(small_disk)
+    record = {"kind": "train", "time": 0.0, **{f"train/value_{i}": 1.0 for i in range(20)}}
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 100):  # ~50 KB of metrics.jsonl, many TensorBoard events
+            writers.write({**record, "step": step})
+        writers.close()
+    assert caplog.text.count("Cannot write the run's jsonl records") == 1, caplog.text
+    assert caplog.text.count("Cannot write the run's tensorboard records") == 1, caplog.text
+    assert "the disk is full [No space left on device]" in caplog.text
