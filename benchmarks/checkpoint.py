@@ -42,6 +42,13 @@ the "async_tensorstore" arm).
    difference (median over pairs, from ``metrics.jsonl``) plus the time the save held
    the loop (1., measured directly). Run for both array writers; the last lines
    print the ratio of their stalls.
+4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer,
+   median over rounds, next to a synchronous save of the same writer (checksums
+   included; ``PAUSE_S`` after the previous save): the CRC32C work a save adds (the
+   ``.npy`` writer: the CRC of the arrays in memory, plus the small metadata files read
+   back; the tensorstore writer: every file read back right after the write, as the
+   finalize step does), and the check a restore adds (every file read) next to a
+   restore. ``--only checksums`` runs the warm-up and this part alone.
 """
 
 from __future__ import annotations
@@ -161,6 +168,69 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     return out
 
 
+def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
+    """Per array writer: seconds of a sync save (checksums included), of the checksum
+    work that save did, of a restore and of the check that restore did (see 4.)."""
+    import numpy as np
+
+    from trainer.checkpoint import checksums, state as checkpoint_state, store
+    from trainer.checkpoint.service import Checkpointer, load
+
+    out: dict[str, list[float]] = {f"{writer}_{what}": [] for writer in WRITERS
+                                   for what in ("save_s", "crc_s", "restore_s", "verify_s")}
+    for _ in range(rounds):
+        _fit(trainer, 1, 0, True)  # a new step (its own save is not timed)
+        for writer in WRITERS:
+            cfg = trainer.config.checkpoint
+            cfg.async_save, cfg.fast_io = False, writer == "npy"
+            kind = f"bench_crc_{writer}"
+            saver = Checkpointer(trainer.config, trainer.workdir, trainer.is_chief)
+            time.sleep(PAUSE_S)
+            start = time.perf_counter()
+            saver.save(trainer.context, kind=kind, wait=True)
+            out[f"{writer}_save_s"].append(time.perf_counter() - start)
+            saver.on_fit_end(trainer.context, {})
+            step_dir = os.path.join(trainer.workdir, kind, str(trainer.step))
+            state, _ = checkpoint_state.snapshot(trainer.context)
+            start = time.perf_counter()
+            if writer == "npy":  # in memory, as array_files.write_npy does
+                for arrays in state.values():
+                    for array in arrays:
+                        checksums.extend(0, np.ascontiguousarray(array))
+                read_back = {"manifest"}  # and the state's _METADATA (below)
+                checksums.file_crc(os.path.join(step_dir, "state", "_METADATA"))
+            else:
+                read_back = {"state", "manifest"}
+            for item in read_back:
+                checksums.write(os.path.join(step_dir, item))  # rewrites the same table
+            out[f"{writer}_crc_s"].append(time.perf_counter() - start)
+            groups = checkpoint_state.state_variables(trainer.context)
+            start = time.perf_counter()
+            store.verify(step_dir)
+            out[f"{writer}_verify_s"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            checkpoint_state.assign(groups, load(step_dir, groups)[0])  # verify + read + assign
+            out[f"{writer}_restore_s"].append(time.perf_counter() - start)
+            shutil.rmtree(os.path.join(trainer.workdir, kind))
+    return out
+
+
+def _print_checksum_cost(costs: dict[str, list[float]], state_mb: float) -> dict:
+    median = {k: statistics.median(v) for k, v in costs.items()}
+    print(f"  checksums (CRC32C, google-crc32c), {state_mb:.0f} MB state, median of "
+          f"{len(costs['npy_save_s'])} rounds:")
+    for writer in WRITERS:
+        save, crc = median[f"{writer}_save_s"], median[f"{writer}_crc_s"]
+        restore, verify = median[f"{writer}_restore_s"], median[f"{writer}_verify_s"]
+        median[f"{writer}_crc_pct_of_save"] = 100 * crc / save
+        median[f"{writer}_verify_pct_of_restore"] = 100 * verify / restore
+        print(f"  {writer:11s} writer: sync save {save:.2f} s, of which checksums "
+              f"{crc:.3f} s = {100 * crc / save:.1f}% (goal <= 5%); restore {restore:.2f} s, "
+              f"of which the check {verify:.2f} s = {100 * verify / restore:.0f}%")
+    return {**{f"checksum_{k}": v for k, v in costs.items()},
+            **{f"checksum_{k}_median": v for k, v in median.items()}}
+
+
 def _window_stall(trainer, interval: int, pairs: int, tensorstore: bool) -> list[float]:
     """Per pair of adjacent windows: loop seconds after an async save minus clean."""
     cfg = trainer.config
@@ -197,7 +267,11 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=8,
                         help="window pairs (after a save / clean) for the one-run estimate")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--only", choices=("all", "checksums"), default="all",
+                        help="checksums: the warm-up and part 4 only")
     args = parser.parse_args()
+    if args.only == "checksums":
+        return _checksums_only(args)
 
     workdir = tempfile.mkdtemp(prefix="ckpt_bench_")
     try:
@@ -222,6 +296,7 @@ def main() -> None:
                 cpu[name].append(cpu_s)
         window = {writer: _window_stall(trainer, args.interval, args.pairs, writer == "tensorstore")
                   for writer in WRITERS}
+        costs = _checksum_cost(trainer, args.rounds)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -281,6 +356,23 @@ def main() -> None:
               f"{new:.2f} / {old:.2f} s = {new / old if old > 0 else float('nan'):.2f}")
     print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
         f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
+    result.update(_print_checksum_cost(costs, result["state_mb"]))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def _checksums_only(args) -> None:
+    workdir = tempfile.mkdtemp(prefix="ckpt_bench_")
+    try:
+        trainer = _trainer(args, workdir)
+        _fit(trainer, 2 * args.interval, 0, True)  # warm-up: trace, build, first save
+        state_mb = sum(v.numpy().nbytes for v in trainer.model.variables
+                       + trainer.optimizer.variables) / 2**20
+        result = _print_checksum_cost(_checksum_cost(trainer, args.rounds), state_mb)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

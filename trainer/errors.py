@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import traceback
 from typing import Callable
@@ -91,6 +92,14 @@ class WorkdirError(UserError):
     prefix = "Workdir error"
 
 
+class StorageError(UserError):
+    """A checkpoint could not be written (full disk, quota, read-only or vanished
+    workdir): names the path, the step that was not saved and the last good checkpoint
+    (:mod:`trainer.checkpoint.service` raises it; exit status 1)."""
+
+    prefix = "Storage error"
+
+
 class PeerLostError(UserError):
     """A peer task of the run stopped responding; the group must restart (exit 170).
 
@@ -142,6 +151,31 @@ def write_error(error: OSError, what: str) -> WorkdirError | None:
     reason, fix = known
     where = f"{error.filename} ({what})" if error.filename else what
     return WorkdirError(f"cannot write {where}: {reason} [{os.strerror(error.errno)}]; {fix}.")
+
+
+_STORAGE_ERRNOS = {**{e: reason for e, (reason, _) in _WRITE_ERRNOS.items()},
+                   errno.ENOENT: "a directory vanished", errno.EIO: "an I/O error"}
+# tensorstore (orbax's writer) loses the OSError; its message keeps the number.
+_OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+
+
+def storage_fault(error: BaseException) -> str | None:
+    """What is wrong with the storage when ``error`` (or an error in its cause/context
+    chain) is a failed write of a full, read-only, vanished ... file system (an
+    ``OSError``, or orbax's / tensorstore's error naming its errno); else None."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        number = getattr(error, "errno", None) if isinstance(error, OSError) else None
+        if number is None:
+            match = _OS_ERROR_CODE.search(str(error))
+            number = int(match.group(1) or match.group(2)) if match else None
+        if number is None:  # TensorFlow's file errors keep only the text
+            number = next((n for n in _STORAGE_ERRNOS if os.strerror(n) in str(error)), None)
+        if number in _STORAGE_ERRNOS:
+            return f"{_STORAGE_ERRNOS[number]} [{os.strerror(number)}]"
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return None
 
 
 _AUTOGRAPH_REWRITE = "in user code:"  # how AutoGraph starts an error message it rewrote

@@ -30,8 +30,8 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import continuous_eval, distribute, errors, lost_peer
-from trainer.checkpoint import shared_workdir
-from trainer.checkpoint.store import LATEST_DIR, candidates
+from trainer.checkpoint import inventory, shared_workdir
+from trainer.checkpoint.store import LATEST_DIR
 from trainer.checkpoint.preemption import EXIT_PREEMPTED, Preempted
 from trainer.trainer import resolve_trainer_class
 
@@ -55,12 +55,13 @@ def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def _last_checkpoint(workdir: str) -> int | None:
-    """The newest committed checkpoint step in ``workdir`` (None: none, or unreadable)."""
+    """The newest checkpoint step in ``workdir`` whose files verify (None: none, or
+    unreadable): the one a restart resumes from."""
     try:
-        found = candidates(workdir, warn_incomplete=False)
+        good = inventory.last_good(workdir)
     except Exception:  # noqa: BLE001 - only a hint in a message about another failure
         return None
-    return max((step for step, _ in found), default=None)
+    return good.step if good else None
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",

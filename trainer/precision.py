@@ -26,6 +26,8 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
+from trainer.errors import UserError
+
 _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
 
@@ -185,9 +187,12 @@ class NonFinitePolicy:
         return None
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(UserError, FloatingPointError):
     """NaN/inf where training cannot go on: gradients under ``train.on_nonfinite="stop"``,
-    weights at a checkpoint save, or too many rollbacks; the message says what to do."""
+    weights at a checkpoint save, or too many rollbacks; the message names the step and
+    the last good checkpoint and says what to do (one ``Non-finite error`` line, exit 1)."""
+
+    prefix = "Non-finite error"
 
 
 @tf.autograph.experimental.do_not_convert

@@ -30,6 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import cli, distribute, keras_compat, optimizers, precision
+from trainer.checkpoint import inventory as checkpoint_inventory
 from trainer.checkpoint import service as checkpointing
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
@@ -365,6 +366,11 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
     loggers = build_loggers(config)
     telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=loggers, events=events)
     checkpointer = Checkpointer(config, workdir, chief, events)
+
+    def last_good(workdir: str | None) -> str:  # once this run's saves are committed
+        checkpointer.wait()
+        return checkpoint_inventory.describe_last_good(workdir)
+
     return [
         # What fit() returns: first, so it holds every window's and evaluation's values
         # whatever a later service raises.
@@ -380,7 +386,7 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         ProfilerWindows(config),
         # Acts on the loop's outcome before anything uses the weights: a rollback
         # restores before this boundary's evaluation and save; 'stop' raises before a save.
-        NonFiniteGuard(config, nonfinite, events),
+        NonFiniteGuard(config, nonfinite, events, last_good),
         # Evaluates before early stopping judges its values and before the checkpoint
         # that keeps the best step needs them.
         PeriodicEvaluation(config, has_eval),

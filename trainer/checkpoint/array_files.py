@@ -28,6 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trainer.checkpoint import checksums
+
 ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers (a page; >= any block)
 _CHUNK = 64 * 2**20  # bytes per write() call (Linux writes at most ~2 GiB per call)
 _MAGIC = b"\x93NUMPY\x01\x00"
@@ -112,8 +114,9 @@ def _write_direct(path: str, header: bytes, data: memoryview) -> None:
         os.fsync(fd)
 
 
-def write_npy(path: str, array: np.ndarray) -> None:
-    """Writes ``array`` to ``path`` as an aligned-header ``.npy`` file and fsyncs it.
+def write_npy(path: str, array: np.ndarray) -> tuple[int, int]:
+    """Writes ``array`` to ``path`` as an aligned-header ``.npy`` file and fsyncs it;
+    returns the file's ``(size, CRC32C)``, computed from memory (no read back).
 
     Uses O_DIRECT when ``array`` is C-contiguous and starts on an :data:`ALIGN`
     boundary (see :func:`aligned_empty`) and the file system accepts it; otherwise an
@@ -125,9 +128,11 @@ def write_npy(path: str, array: np.ndarray) -> None:
     header = _header(array)
     contiguous = array.flags.c_contiguous
     data = memoryview(np.ascontiguousarray(array)).cast("B")
+    written = (len(header) + len(data), checksums.extend(checksums.extend(0, header), data))
     if contiguous and _is_aligned(array):
         try:
-            return _write_direct(path, header, data)
+            _write_direct(path, header, data)
+            return written
         except _Refused:
             pass
     with open(path, "wb") as f:
@@ -135,6 +140,7 @@ def write_npy(path: str, array: np.ndarray) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return written
 
 
 def _read_header(f) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -222,10 +228,14 @@ def _handler_class(ocp):
         paths go through orbax's tensorstore handler. ``deserialize`` reads a leaf's
         ``.npy`` if it exists (ValueError when damaged) and otherwise asks that
         handler (which also reads checkpoints written before this format).
+
+        ``written`` maps each file written and not yet claimed (:func:`claim`) to its
+        ``(size, CRC32C)``: the checksum file of the item takes them from there.
         """
 
         def __init__(self):
             super().__init__(deepcopy_host_arrays=False)
+            self.written: dict[str, tuple[int, int]] = {}
 
         @staticmethod
         def _file(info) -> str:
@@ -242,7 +252,8 @@ def _handler_class(ocp):
             for info in infos:
                 await info.await_path_creation()
             for value, info in zip(values, infos):
-                write_npy(self._file(info), value)
+                path = self._file(info)
+                self.written[os.path.normpath(path)] = write_npy(path, value)
 
         async def serialize(self, values, infos, args=None):
             args = list(args) if args else [ocp.SaveArgs()] * len(values)
@@ -281,6 +292,12 @@ def _handler_class(ocp):
             return out
 
     return NpyFileHandler
+
+
+def claim(handler, path: str) -> tuple[int, int] | None:
+    """``(size, CRC32C)`` of the file the ``NpyFileHandler`` ``handler`` wrote at
+    ``path`` and no one claimed yet, or None (then the file must be read)."""
+    return handler.written.pop(os.path.normpath(path), None)
 
 
 def npy_file_handler(ocp):

@@ -25,6 +25,10 @@ checkpoint's input layout, :mod:`trainer.data_resume`). Every restore logs the w
 counts of both runs, and the next ``fit()`` writes a ``"resume"`` record. When resuming (``step=None``) a committed step that cannot be read
 is skipped with a warning and the previous one is tried.
 
+A restore checks a step's files against their checksums (a damaged step is skipped
+like an unreadable one); a save failing on a full or read-only disk warns and retries,
+then stops (:mod:`trainer.checkpoint.save_failures`).
+
 Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
 takes part in a restore, which the chief performs and broadcasts to the others over TF
 collectives (the other workers need no access to the chief's files).
@@ -42,12 +46,15 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import data_resume, host_collectives
+from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
-from trainer.checkpoint.store import read_manifest, read_state
+from trainer.checkpoint.store import read_manifest, read_state, verify
+from trainer.checkpoint.save_failures import SaveFailures
 from trainer.config import ConfigError
+from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
 
@@ -58,10 +65,24 @@ _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the rea
 
 # ------------------------------------------------------------------- restore
 def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
-    """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``."""
-    manifest = read_manifest(path)
-    checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
-    state = read_state(path, manifest)
+    """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
+
+    Then its files are checked against their checksums (:class:`Unreadable` naming the
+    file; none: an earlier version, said once). A failed read, or a manifest that does
+    not fit, is :class:`Unreadable` when a file does not match (naming both)."""
+    try:
+        manifest = read_manifest(path)
+        checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
+        state = read_state(path, manifest)
+    except (Unreadable, CheckpointError) as error:
+        try:
+            verify(path)
+        except Unreadable as damaged:
+            raise Unreadable(f"{error}; {damaged}" if isinstance(error, Unreadable)
+                             else str(damaged)) from error
+        raise
+    if not verify(path):
+        inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
     return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
 
 
@@ -210,6 +231,7 @@ class Checkpointer(Service):
         self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
+        self.failures = SaveFailures(workdir)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
 
@@ -225,28 +247,66 @@ class Checkpointer(Service):
         if self._saved.get(kind) == run.step:
             return
         if not checkpoint_state.all_finite(run):
-            last = self._saved.get(LATEST_DIR)
+            self.wait()  # a pending save of an earlier step is a good checkpoint
             raise NonFiniteError(
                 f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
-                f"(the last good one is step {last if last is not None else 'none'} in "
-                f"{os.path.join(run.workdir, LATEST_DIR)}). Set "
+                f"(the last good one is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
         self._saved[kind] = run.step
-        if self.chief and not self.store.has(kind, run.step):
-            self.store.wait(kind)  # an async write may still read the buffers reused here
+        written = True
+        if self.chief:
+            written = self._write(run, kind, metrics, wait)
+        if kind == LATEST_DIR and written:
+            run.announce_checkpoint(run.step)
+
+    def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
+               wait: bool) -> bool:
+        """Writes the current state to ``kind`` (chief); False when a storage fault
+        stopped it and training goes on (:meth:`_storage_fault`)."""
+        self._commit_pending(kind)  # an async write may still read the buffers reused
+        try:
+            if self.store.has(kind, run.step):
+                return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
             self.store.save(kind, run.step, state, manifest, metrics, wait)
-            logging.info("checkpoint of step %d -> %s%s", run.step,
-                         os.path.join(run.workdir, kind), "" if wait else " (async)")
-        if kind == LATEST_DIR:
-            run.announce_checkpoint(run.step)
+        except Exception as error:  # noqa: BLE001 - only storage faults are handled
+            self._storage_fault(error, kind, run.step, final=wait)
+            return False
+        if wait:
+            self.failures.succeeded()
+        logging.info("checkpoint of step %d -> %s%s", run.step,
+                     os.path.join(run.workdir, kind), "" if wait else " (async)")
+        return True
+
+    def _commit_pending(self, kind: str | None = None, final: bool = False) -> None:
+        """Waits for the async writes of ``kind`` (default: all); one that failed on a
+        storage fault is handled (:meth:`_storage_fault`)."""
+        for name in [k for k in self.store.kinds() if kind in (None, k)]:
+            step = self.store.pending(name)
+            try:
+                self.store.wait(name)
+            except Exception as error:  # noqa: BLE001 - only storage faults are handled
+                self._storage_fault(error, name, step, final)
+                continue
+            if step is not None:
+                self.failures.succeeded()
+
+    def _storage_fault(self, error: Exception, kind: str, step: int | None,
+                       final: bool) -> None:
+        """A write failed: re-raised unless a storage fault; else the manager of ``kind``
+        is dropped (the next one removes the incomplete step directory) and the run
+        warns or stops (:class:`~trainer.checkpoint.save_failures.SaveFailures`)."""
+        if storage_fault(error) is None:
+            raise error
+        self.store.discard(kind)
+        self.failures.failed(error, os.path.join(self.store.workdir, kind), step, final)
 
     def wait(self) -> None:
         """Blocks until pending async saves are committed (chief; others return)."""
         if self.enabled and self.chief:
-            self.store.wait()
+            self._commit_pending()
 
     # --- hooks
     def on_fit_start(self, run: RunContext) -> None:
@@ -310,7 +370,7 @@ class Checkpointer(Service):
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.enabled or not self.chief:
             return
-        self.store.wait()
+        self._commit_pending(final=True)
         best = self.store.best_step()
         if best is not None and run.step >= self.total:
             self._export_best(run, best)

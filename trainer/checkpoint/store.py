@@ -27,6 +27,7 @@ orbax is single-process. Contexts: host only.
 
 from __future__ import annotations
 
+import functools
 import logging as pylogging
 import os
 import re
@@ -37,7 +38,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint import array_files
+from trainer.checkpoint import array_files, checksums
+from trainer.errors import storage_fault
 
 LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
@@ -61,22 +63,61 @@ def orbax():
     return ocp
 
 
-def state_handler(ocp, fast_io: bool):
+def state_handler(ocp, fast_io: bool, verified: bool = False):
     """The orbax handler of the ``state`` item.
 
     ``fast_io=False``: orbax's stock tensorstore handler (uncompressed). ``True``: the
     O_DIRECT ``.npy`` handler of :mod:`trainer.checkpoint.array_files`, which also reads stock
-    checkpoints; reading always uses it, so either format restores.
+    checkpoints; reading always uses it, so either format restores. ``verified``: the
+    handler also writes the item's checksums (for saving; see :func:`_verified_handlers`).
     """
+    cls = _verified_handlers(ocp)["state"] if verified else ocp.PyTreeCheckpointHandler
     if not fast_io:
-        return ocp.PyTreeCheckpointHandler(use_compression=False)
+        return cls(use_compression=False)
     import jax  # already imported by orbax; its handler keeps orbax's array metadata on
 
+    npy = array_files.npy_file_handler(ocp)
     registry = ocp.type_handlers.create_type_handler_registry(
-        (np.ndarray, array_files.npy_file_handler(ocp)),
-        (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
-    return ocp.PyTreeCheckpointHandler(use_ocdbt=False, use_compression=False,
-                                       type_handler_registry=registry)
+        (np.ndarray, npy), (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
+    return cls(use_ocdbt=False, use_compression=False, type_handler_registry=registry,
+               **({"known_checksums": functools.partial(array_files.claim, npy)}
+                  if verified else {}))
+
+
+def _saving_registry(ocp, fast_io: bool):
+    """The item handlers of a manager: ``state`` and ``manifest``, both writing their
+    checksums (registered by item, so orbax's global args registry is left alone)."""
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    state = state_handler(ocp, fast_io, verified=True)
+    manifest = _verified_handlers(ocp)["manifest"]()
+    for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
+        registry.add("state", args, state)
+    for args in (ocp.args.JsonSave, ocp.args.JsonRestore):
+        registry.add("manifest", args, manifest)
+    return registry
+
+
+@functools.cache
+def _verified_handlers(ocp) -> dict[str, type]:
+    """Orbax's PyTree and JSON handlers, each writing :mod:`~trainer.checkpoint.checksums`
+    of its item when orbax finalises it (inside the temporary step directory, before the
+    commit; in orbax's background thread for an async save)."""
+
+    class VerifiedPyTree(ocp.PyTreeCheckpointHandler):
+        def __init__(self, *args, known_checksums=lambda path: None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._known = known_checksums
+
+        def finalize(self, directory) -> None:
+            super().finalize(directory)
+            checksums.write(os.fspath(directory), self._known)
+
+    class VerifiedJson(ocp.JsonCheckpointHandler):
+        def finalize(self, directory) -> None:
+            super().finalize(directory)
+            checksums.write(os.fspath(directory))
+
+    return {"state": VerifiedPyTree, "manifest": VerifiedJson}
 
 
 def _without_closed_loop_noise(previous):
@@ -98,8 +139,10 @@ def _without_closed_loop_noise(previous):
 
 
 class _QuietOrbax(pylogging.Filter):
-    """Drops orbax's and JAX's INFO lines (a dozen per save) and orbax's warning that a
-    save holds no OCDBT data to merge (``.npy`` leaves); other warnings and errors pass."""
+    """Drops orbax's and JAX's INFO lines (a dozen per save), orbax's warning that a
+    save holds no OCDBT data to merge (``.npy`` leaves) and its reports of a write that
+    failed on a full, read-only or vanished disk (the checkpoint service says it in one
+    line: :class:`trainer.errors.StorageError`); other warnings and errors pass."""
 
     _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
     _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
@@ -108,7 +151,17 @@ class _QuietOrbax(pylogging.Filter):
         path = record.pathname or ""
         if not any(s in path for s in self._SOURCES):
             return True
+        if _storage_fault_record(record):
+            return False  # the checkpoint service reports it, in one line
         return record.levelno >= pylogging.WARNING and self._EXPECTED not in record.getMessage()
+
+
+def _storage_fault_record(record: pylogging.LogRecord) -> bool:
+    """Whether orbax's log record reports a failed write of a full / read-only ... disk
+    (it logs each with a traceback, from several threads)."""
+    error = record.exc_info[1] if record.exc_info else None
+    return bool((error is not None and storage_fault(error))
+                or storage_fault(Exception(record.getMessage())))
 
 
 # ------------------------------------------------------------------- reading
@@ -137,22 +190,59 @@ def candidates(workdir: str, warn_incomplete: bool = True) -> list[tuple[int, st
     return [(step, path) for step, _, path in sorted(found, key=lambda f: (-f[0], f[1]))]
 
 
-def incomplete_steps(workdir: str) -> list[int]:
-    """Steps with a directory orbax has not committed yet (being written, or a save that
-    never finished), in both directories, ascending."""
+def incomplete(workdir: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every directory orbax has not committed (being written, or a
+    save that never finished), in both directories, newest first."""
     existing = _existing_dirs(workdir)
     if not existing:
         return []
     ocp = orbax()
-    return sorted({ocp.path.step.step_from_checkpoint_name(os.path.basename(str(path)))
-                   for _, directory in existing
-                   for path in ocp.path.step.tmp_checkpoints(directory)})
+    found = [(ocp.path.step.step_from_checkpoint_name(os.path.basename(str(path))),
+              os.path.join(directory, os.path.basename(str(path))))
+             for _, directory in existing
+             for path in ocp.path.step.tmp_checkpoints(directory)]
+    return sorted(found, key=lambda f: -f[0])
+
+
+def incomplete_steps(workdir: str) -> list[int]:
+    """The steps of :func:`incomplete`, ascending, each once."""
+    return sorted({step for step, _ in incomplete(workdir)})
 
 
 def _short(error: Exception) -> str:
     """The first, human-readable part of an orbax / tensorstore error."""
     text = str(error).split(" [tensorstore_spec")[0]
     return f"{type(error).__name__}: {text[:400]}"
+
+
+def verify(path: str) -> bool:
+    """Checks the files of the committed step directory ``path`` against the checksums
+    written with them (:mod:`trainer.checkpoint.checksums`): True when they match, False
+    when the step has none (written before checksums: unverified, still readable).
+    Raises :class:`Unreadable` naming the file that does not match (and its variable,
+    for an array file of ours)."""
+    try:
+        return checksums.verify(path)
+    except checksums.Mismatch as error:
+        variable = _variable_of(path, error.file)
+        raise Unreadable(f"cannot read variable '{variable}' ({error})" if variable
+                         else str(error)) from error
+    except (tf.errors.OpError, OSError) as error:
+        raise Unreadable(f"its files cannot be read ({_short(error)})") from error
+
+
+def _variable_of(path: str, file: str) -> str | None:
+    """The variable stored in ``file`` (``state/<group>.<i>.npy``) of the step
+    directory ``path``, by its manifest; None when not known."""
+    match = re.fullmatch(r"state/(\w+)\.(\d+)\.npy", file)
+    if not match:
+        return None
+    try:
+        entries = read_manifest(path)["groups"].get(match.group(1), [])
+    except Unreadable:
+        return None
+    index = int(match.group(2))
+    return entries[index][0] if index < len(entries) else None
 
 
 def read_manifest(path: str) -> dict:
@@ -201,6 +291,7 @@ class CheckpointStore:
     def __init__(self, workdir: str, cfg: Any, best_name: str):
         self.workdir, self.cfg, self.best_name = workdir, cfg, best_name
         self._managers: dict[str, Any] = {}
+        self._pending: dict[str, int] = {}
 
     def _manager(self, kind: str):
         if kind not in self._managers:
@@ -216,28 +307,49 @@ class CheckpointStore:
             )
             self._managers[kind] = ocp.CheckpointManager(
                 os.path.join(self.workdir, kind), options=options,
-                item_handlers={"state": state_handler(ocp, self.cfg.fast_io),
-                               "manifest": ocp.JsonCheckpointHandler()})
+                handler_registry=_saving_registry(ocp, self.cfg.fast_io))
         return self._managers[kind]
 
     def has(self, kind: str, step: int) -> bool:
         return step in self._manager(kind).all_steps()
 
+    def kinds(self) -> list[str]:
+        """The directories a manager writes to (those saved to since the last close)."""
+        return list(self._managers)
+
+    def pending(self, kind: str) -> int | None:
+        """The step of ``kind`` whose async write may not be committed yet, or None."""
+        return self._pending.get(kind)
+
     def wait(self, kind: str | None = None) -> None:
-        """Blocks until the async writes of ``kind`` (default: every kind) are committed."""
-        for name, manager in self._managers.items():
+        """Blocks until the async writes of ``kind`` (default: every kind) are committed;
+        raises the error of a write that failed."""
+        for name, manager in list(self._managers.items()):
             if kind in (None, name):
                 manager.wait_until_finished()
+                self._pending.pop(name, None)
 
     def save(self, kind: str, step: int, state: dict, manifest: dict,
              metrics: dict[str, float] | None = None, wait: bool = False) -> None:
         """Writes ``state`` / ``manifest`` as ``step`` (async unless ``wait``). The caller
         must not change ``state``'s arrays until :meth:`wait` returns."""
         ocp = orbax()
+        self._pending[kind] = step
         self._manager(kind).save(step, metrics=metrics, force=True, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
         if wait:
             self.wait(kind)
+
+    def discard(self, kind: str) -> None:
+        """Drops the manager of ``kind`` after a failed write (its errors are ignored);
+        the next save makes a new one, which removes the step directory left incomplete."""
+        manager = self._managers.pop(kind, None)
+        self._pending.pop(kind, None)
+        try:
+            if manager is not None:
+                manager.close()
+        except Exception:  # noqa: BLE001 - the write's error is the one reported
+            pass
 
     def best_step(self) -> int | None:
         manager = self._managers.get(BEST_DIR)
@@ -252,3 +364,4 @@ class CheckpointStore:
             manager.wait_until_finished()
             manager.close()
         self._managers.clear()
+        self._pending.clear()

@@ -25,6 +25,8 @@ loop boundaries:
 from __future__ import annotations
 
 import math
+from typing import Callable
+
 from absl import logging
 
 from trainer.events import RunEvents
@@ -41,10 +43,14 @@ class NonFiniteGuard(Service):
       config: the run's config (``train.*``).
       policy: what ``train.on_nonfinite`` means (the gradient path's).
       events: the run's events (a rollback is reported there).
+      last_good: ``workdir -> str``: the newest checkpoint that verifies, for the
+        message of a stop (``"step 200 (/w/checkpoints/200)"``).
     """
 
-    def __init__(self, config, policy: NonFinitePolicy, events: RunEvents):
+    def __init__(self, config, policy: NonFinitePolicy, events: RunEvents,
+                 last_good: Callable[[str | None], str]):
         cfg = config.train
+        self.last_good = last_good
         self.policy = policy
         self.rollback_after, self.max_rollbacks = cfg.rollback_after, cfg.max_rollbacks
         self.loss_upper_bound = cfg.loss_upper_bound
@@ -64,8 +70,10 @@ class NonFiniteGuard(Service):
                 bad = int(run.precision.last_skipped_step.numpy())
                 raise NonFiniteError(
                     f"Non-finite gradients (NaN/inf) at step {bad}; the update was not "
-                    f"applied (train.on_nonfinite='stop'). Lower the learning rate, enable "
-                    f"optimizer.clipnorm, or check the data and the loss for NaN.")
+                    f"applied (train.on_nonfinite='stop'; the last good checkpoint is "
+                    f"{self.last_good(run.workdir)}). Lower the learning rate, enable "
+                    f"optimizer.clipnorm, or check the data and the loss for NaN; then "
+                    f"run again to resume from that checkpoint.")
         elif self.policy.rolls_back:
             why = self._blow_up(run)
             if why:

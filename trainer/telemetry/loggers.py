@@ -75,6 +75,7 @@ class MlflowLogger(Service):
         self._own_run = False  # started here (so ended here)
         self._trained = False
         self._checkpoint_step: int | None = None
+        self._write_failed = False
 
     def on_fit_start(self, run: RunContext) -> None:
         if not run.is_chief:
@@ -98,10 +99,17 @@ class MlflowLogger(Service):
         logging.info("MLflow: logging to run %s at %s", self.run_id, mlflow.get_tracking_uri())
 
     def write(self, record: dict[str, Any]) -> None:
-        """Telemetry sink: logs the record's numeric values at its step (chief only)."""
-        if self._mlflow is not None:
-            self._mlflow.log_metrics(record_metrics(record), step=int(record["step"]),
-                                     run_id=self.run_id)
+        """Telemetry sink: logs the record's numeric values at its step (chief only). A
+        write that fails warns once and the run goes on without MLflow records."""
+        if self._mlflow is not None and not self._write_failed:
+            try:
+                self._mlflow.log_metrics(record_metrics(record), step=int(record["step"]),
+                                         run_id=self.run_id)
+            except Exception as error:  # noqa: BLE001 - telemetry never ends a run
+                self._write_failed = True
+                logging.warning("Cannot log to MLflow run %s (%s: %s); the run goes on "
+                                "without MLflow records.", self.run_id,
+                                type(error).__name__, str(error)[:300])
 
     def on_checkpoint(self, run: RunContext, step: int) -> None:
         self._checkpoint_step = step

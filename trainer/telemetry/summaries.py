@@ -2,21 +2,25 @@
 
 ``workdir/train`` and ``workdir/eval`` hold ``tf.summary`` event files (scalars under
 their record keys without the ``train/``/``eval/`` prefix; alerts as the text summary
-``alerts``); ``workdir/metrics.jsonl`` holds one JSON object per record. Another layout
+``alerts``); ``workdir/metrics.jsonl`` holds one JSON object per record. A write that fails (full
+or read-only disk ...) warns once and turns that output off: telemetry never ends a run. Another layout
 (the continuous evaluator's own stream: ``workdir/eval/metrics.jsonl`` and its event
 files in ``workdir/eval``) is given by :class:`SummaryWriters`' arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any, Sequence
 
 import tensorflow as tf
+from absl import logging
 from tensorflow.core.framework import summary_pb2
 
 from trainer import keras_compat
+from trainer.errors import storage_fault
 
 
 def _plugin(name: str) -> summary_pb2.SummaryMetadata:
@@ -80,19 +84,41 @@ class SummaryWriters:
                         if "tensorboard" in outputs else {})
         self.jsonl = open(jsonl, "a", encoding="utf-8") if "jsonl" in outputs else None
 
+    def _failed(self, output: str, error: Exception) -> None:
+        """A write of ``output`` ("jsonl" / "tensorboard") failed: one warning, and that
+        output is written no more (telemetry never ends a run)."""
+        where = self.jsonl.name if output == "jsonl" else self.workdir
+        why = storage_fault(error) or f"{type(error).__name__}: {str(error)[:300]}"
+        logging.warning("Cannot write the run's %s records to %s (%s); the run goes on "
+                        "without them.", output, where, why)
+        if output == "jsonl":
+            with contextlib.suppress(OSError):
+                self.jsonl.close()
+            self.jsonl = None
+        else:
+            self.summary = {}
+
     def write_jsonl(self, record: dict[str, Any]) -> None:
         """Appends ``record`` to metrics.jsonl only (any JSON values; nothing without
         the "jsonl" output)."""
         if self.jsonl:
-            self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
-            self.jsonl.flush()
+            try:
+                self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
+                self.jsonl.flush()
+            except OSError as error:
+                self._failed("jsonl", error)
 
     def write(self, record: dict[str, Any]) -> None:
         """A window or eval record: metrics.jsonl and its numbers to TensorBoard."""
-        kind, step = record["kind"], record["step"]
         self.write_jsonl(record)
-        if not self.summary:
-            return
+        if self.summary:
+            try:
+                self._write_summaries(record)
+            except (OSError, tf.errors.OpError) as error:
+                self._failed("tensorboard", error)
+
+    def _write_summaries(self, record: dict[str, Any]) -> None:
+        kind, step = record["kind"], record["step"]
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
@@ -106,14 +132,23 @@ class SummaryWriters:
         self.summary[kind].flush()
 
     def flush(self) -> None:
-        for writer in self.summary.values():
-            writer.flush()
-        if self.jsonl:
-            self.jsonl.flush()
+        try:
+            for writer in self.summary.values():
+                writer.flush()
+        except (OSError, tf.errors.OpError) as error:
+            self._failed("tensorboard", error)
+        try:
+            if self.jsonl:
+                self.jsonl.flush()
+        except OSError as error:
+            self._failed("jsonl", error)
 
     def close(self) -> None:
         """Flushes and closes every writer and the JSON-lines file."""
+        self.flush()
         for writer in self.summary.values():
-            writer.close()
+            with contextlib.suppress(OSError, tf.errors.OpError):
+                writer.close()
         if self.jsonl:
-            self.jsonl.close()
+            with contextlib.suppress(OSError):
+                self.jsonl.close()

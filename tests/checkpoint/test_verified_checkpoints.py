@@ -1,0 +1,160 @@
+"""Verified checkpoints: every file of a step is covered by a CRC32C written with it; a
+damaged file (one byte flipped, removed, truncated) is named with its step and the
+restore falls back to the newest step that verifies; the inspect command lists each
+step's state. Faults of a real file system during a save are in test_storage_faults.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from tests import toy
+from trainer.checkpoint import checksums, inventory
+from trainer.checkpoint import inspect as checkpoint_inspect
+from trainer.checkpoint.state import CheckpointError
+
+
+def config(fast_io: bool):
+    return toy.toy_config(**{"checkpoint.every_steps": 10, "checkpoint.fast_io": fast_io})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``{fast_io: workdir}``: the toy trained 20 steps, checkpoints at 10 and 20, with
+    orbax's stock arrays (False) and the ``.npy`` arrays (True)."""
+    out = {}
+    for fast_io in (False, True):
+        workdir = str(tmp_path_factory.mktemp(f"fast_io_{fast_io}"))
+        toy.ToyTrainer(config(fast_io), workdir).fit()
+        out[fast_io] = workdir
+    return out
+
+
+@pytest.fixture
+def copy_of(trained, tmp_path):
+    def copy(fast_io: bool) -> str:
+        workdir = str(tmp_path / f"w{int(fast_io)}")
+        shutil.copytree(trained[fast_io], workdir)
+        return workdir
+    return copy
+
+
+def flip_one_byte(path: str) -> None:
+    """Flips one bit of the byte in the middle of the data (the file keeps its size)."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        at = len(data) // 2 if len(data) < 8192 else 4096 + (len(data) - 4096) // 2
+        data[at] ^= 0x01
+        f.seek(0)
+        f.write(data)
+
+
+def restore_warnings(workdir: str, fast_io: bool, caplog) -> tuple[int, str]:
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        step = toy.ToyTrainer(config(fast_io), workdir).restore()
+    return step, caplog.text
+
+
+# (format, file of step 20 relative to the step directory, how it is damaged)
+DAMAGES = [
+    (True, "state/model.0.npy", "flip"),          # an array file of ours
+    (True, "state/optimizer.2.npy", "remove"),
+    (False, "state/d/*", "flip"),                  # an OCDBT data file of orbax's
+    (False, "state/manifest.ocdbt", "flip"),
+    (False, "state/_METADATA", "flip"),            # orbax's pytree metadata
+    (True, "state/_METADATA", "truncate"),
+    (False, "manifest/metadata", "flip"),          # our JSON manifest
+    (True, "manifest/metadata", "truncate"),
+    (False, "state/" + checksums.FILE, "remove"),  # the checksums themselves
+]
+
+
+@pytest.mark.parametrize("fast_io,pattern,damage", DAMAGES)
+def test_a_damaged_file_is_named_and_the_restore_falls_back_to_the_newest_good_step(
+        copy_of, caplog, fast_io, pattern, damage):
+    workdir = copy_of(fast_io)
+    path = sorted(glob.glob(os.path.join(workdir, "checkpoints", "20", pattern)))[0]
+    rel = os.path.relpath(path, os.path.join(workdir, "checkpoints", "20"))
+    if damage == "flip":
+        flip_one_byte(path)
+    elif damage == "remove":
+        os.remove(path)
+    else:
+        os.truncate(path, os.path.getsize(path) // 2)
+    step, warnings = restore_warnings(workdir, fast_io, caplog)
+    assert step == 10
+    skipped = [line for line in warnings.splitlines() if "Skipping checkpoint" in line]
+    assert len(skipped) == 1 and f"{workdir}/checkpoints/20: " in skipped[0]
+    # the file, then what is wrong with it (after the reader's own error, if it failed)
+    assert f"{rel} " in skipped[0], skipped
+    if rel.endswith(".npy"):  # an array file of ours: its variable too
+        assert re.search(r"cannot read variable '(sequential/dense/kernel|sgd/\w+)'",
+                         skipped[0]), skipped
+    with pytest.raises(CheckpointError, match=f"checkpoints/20: .*{rel} "):
+        toy.ToyTrainer(config(fast_io), workdir).restore(step=20)
+    states = {e.step: e.state for e in inventory.survey(workdir)}
+    assert states == {20: inventory.CORRUPT, 10: inventory.COMPLETE}
+
+
+@pytest.mark.parametrize("fast_io", [False, True])
+def test_every_file_of_both_items_is_covered(trained, fast_io):
+    step_dir = os.path.join(trained[fast_io], "checkpoints", "20")
+    for item in checksums.ITEMS:
+        directory = os.path.join(step_dir, item)
+        with open(os.path.join(directory, checksums.FILE)) as f:
+            table = json.load(f)["files"]
+        on_disk = {os.path.relpath(os.path.join(root, n), directory)
+                   for root, _, names in os.walk(directory) for n in names
+                   if n not in checksums.NOT_COVERED}
+        assert set(table) == on_disk and on_disk
+        for rel, (size, crc) in table.items():
+            assert checksums.file_crc(os.path.join(directory, rel)) == (size, crc)
+
+
+def test_the_npy_checksums_computed_in_memory_are_those_of_the_files(tmp_path):
+    from trainer.checkpoint import array_files
+
+    array = array_files.aligned_empty((1000, 3), np.float32)
+    array[:] = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    path = str(tmp_path / "a.npy")
+    assert array_files.write_npy(path, array) == checksums.file_crc(path)
+
+
+def test_a_checkpoint_without_checksums_restores_and_says_so_once(copy_of, caplog):
+    workdir = copy_of(True)
+    for path in glob.glob(os.path.join(workdir, "checkpoints", "*", "*", checksums.FILE)):
+        os.remove(path)
+    step, warnings = restore_warnings(workdir, True, caplog)
+    assert step == 20 and warnings.count("have no checksums") == 1, warnings
+    assert {e.detail for e in inventory.survey(workdir)} == {
+        "no checksums (an earlier version)"}
+
+
+def test_inspect_lists_complete_incomplete_and_corrupt_steps(copy_of, capsys):
+    workdir = copy_of(True)
+    checkpoints = os.path.join(workdir, "checkpoints")
+    shutil.copytree(os.path.join(checkpoints, "20"),
+                    os.path.join(checkpoints, "30.orbax-checkpoint-tmp-1234"))
+    flip_one_byte(os.path.join(checkpoints, "20", "state", "model.1.npy"))
+    assert checkpoint_inspect.main([f"--workdir={workdir}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["step", "state", "path", "detail"]
+    assert [line.split()[:2] for line in lines[1:4]] == [
+        ["30", "incomplete"], ["20", "corrupt"], ["10", "complete"]]
+    assert "state/model.1.npy does not match its CRC32C" in lines[2]
+    assert lines[-1] == f"resume: step 10 ({checkpoints}/10)"
+
+
+def test_inspect_of_a_missing_workdir_is_one_line(tmp_path, capsys):
+    assert checkpoint_inspect.main([f"--workdir={tmp_path}/nope"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("Workdir error: --workdir=") and "Traceback" not in "".join(err)
