@@ -115,3 +115,15 @@ def test_ragged_features_name_the_way_that_works():
                                          r"model takes dense inputs .*padded_batch"):
         t.fit()
     assert t.step == 0
+
+
+def test_variable_length_batches_run_in_one_trace_of_the_loop():
+    # 3 loop calls of 4 steps over batches padded to several lengths (18-20 tokens): the
+    # loop is traced once (the iterator's spec has a dynamic length), not per length.
+    t = families.TextClassifierTrainer(families.family_config("text", **{
+        "train.steps": 12, "train.steps_per_loop": 4}))
+    t.fit()
+    lengths = {int(batch[0].shape[1]) for batch in t.build_train_dataset(
+        tf.distribute.InputContext()).take(12)}
+    assert len(lengths) > 1, lengths
+    assert t.driver.loops.train.experimental_get_tracing_count() == 1
