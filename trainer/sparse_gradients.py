@@ -45,7 +45,6 @@ from trainer.tracing import no_autograph
 from trainer.update_context import in_update_context
 
 _SUM = tf.distribute.ReduceOp.SUM
-POLICIES = ("auto", "dense", "gather")
 _MIN_CAPACITY = 64
 # "auto" with a dynamic row count: tables up to this many elements go dense. Measured on
 # 2 Mirrored CPU replicas (benchmarks/sparse_reduce.py): a 2,000 x 16 table trains 1.18x
@@ -61,7 +60,7 @@ def sum_duplicates(indices: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf
     return unique, tf.math.unsorted_segment_sum(values, position, tf.shape(unique)[0])
 
 
-def _rows(grad: tf.IndexedSlices, variable) -> tuple[int, int]:
+def _rows(variable) -> tuple[int, int]:
     """(table rows V, elements per row D) of a sparse gradient's variable."""
     shape = variable.shape
     return int(shape[0]), int(shape[1:].num_elements() or 1)
@@ -74,7 +73,7 @@ def chooses_dense(policy: str, grad: tf.IndexedSlices, variable,
         return True
     if policy == "gather":
         return False
-    table, width = _rows(grad, variable)
+    table, width = _rows(variable)
     rows = grad.indices.shape[0]
     if rows is None:
         return table * width <= DENSE_TABLE_ELEMENTS
@@ -149,7 +148,7 @@ def _gather(grad: tf.IndexedSlices, variable, replicas: int) -> tf.IndexedSlices
     dense_shape = tf.shape(variable, out_type=grad.indices.dtype)
     indices, values = sum_duplicates(grad.indices, grad.values)
     if replicas > 1:
-        table, width = _rows(grad, variable)
+        table, width = _rows(variable)
         indices, values = in_update_context(
             lambda ops, args: _gather_rows(ops, *args, table, width, replicas),
             (indices, values))
