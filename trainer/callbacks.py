@@ -5,7 +5,7 @@ callbacks=[...])`` or return them from ``build_callbacks()``. The framework's ow
 services (:class:`trainer.run_context.Service`: the run's history, the FLOPs meter,
 telemetry and progress, the experiment loggers, profiler windows, the non-finite guard,
 periodic evaluation, early stopping, checkpointing, preemption) receive the same hooks
-and run first, in the one order written (with why) in :func:`trainer.trainer.build_services`;
+and run first, in the one order written (with why) in :func:`trainer.service_order.build_services`;
 user callbacks follow in the order given (constructor list, then ``build_callbacks()``).
 
 Every hook runs on the host, eagerly, in cross-replica context, between ``tf.function``

@@ -1,0 +1,74 @@
+"""The framework's services, wired in the one order they run.
+
+:func:`build_services` is the only place that orders them; the Trainer calls it once.
+It sits above the service packages (checkpoint, telemetry, services), which never
+import one another, and below the Trainer.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from trainer.checkpoint import inventory as checkpoint_inventory
+from trainer.checkpoint.preemption import PreemptionWatcher
+from trainer.checkpoint.service import Checkpointer
+from trainer.events import RunEvents
+from trainer.precision import NonFinitePolicy
+from trainer.run_context import Service
+from trainer.services.early_stopping import EarlyStopping
+from trainer.services.evaluation import PeriodicEvaluation
+from trainer.services.history import History
+from trainer.services.nonfinite import NonFiniteGuard
+from trainer.telemetry.flops import FlopsMeter
+from trainer.telemetry.loggers import build_loggers
+from trainer.telemetry.profiler import ProfilerWindows
+from trainer.telemetry.service import Telemetry
+
+
+def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief: bool,
+                   has_eval: bool, history: History, nonfinite: NonFinitePolicy,
+                   events: RunEvents) -> tuple[list[Service], Checkpointer]:
+    """The framework's services in the ONE order they run (every hook, every boundary),
+    with why; user callbacks run after all of them, so they see each boundary's outcome
+    (its evaluation, its checkpoint). Returns them with the checkpoint service, which
+    a rollback's restore waits for. Services that report run events get ``events``
+    (telemetry writes and prints them).
+
+    The FLOPs meter is no service: telemetry asks it for values (a record source), and
+    the loggers are telemetry's sinks too.
+    """
+    loggers = build_loggers(config)
+    telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=loggers, events=events)
+    checkpointer = Checkpointer(config, workdir, chief, events)
+
+    def last_good(workdir: str | None) -> str:  # once this run's saves are committed
+        checkpointer.wait()
+        return checkpoint_inventory.describe_last_good(workdir)
+
+    return [
+        # What fit() returns: first, so it holds every window's and evaluation's values
+        # whatever a later service raises.
+        history,
+        # The window record and progress line before anything acts on the window, so
+        # metrics.jsonl shows the window that led to a rollback or stop before its event.
+        telemetry,
+        # Telemetry's sinks (MLflow): open their run after telemetry starts, close it after
+        # telemetry's last record; they hear the checkpoint saved at the end.
+        *loggers,
+        # Trace windows start and stop at loop ends before evaluation and saves run, so
+        # a window covers train steps only.
+        ProfilerWindows(config),
+        # Acts on the loop's outcome before anything uses the weights: a rollback
+        # restores before this boundary's evaluation and save; 'stop' raises before a save.
+        NonFiniteGuard(config, nonfinite, events, last_good),
+        # Evaluates before early stopping judges its values and before the checkpoint
+        # that keeps the best step needs them.
+        PeriodicEvaluation(config, has_eval),
+        # Judges the evaluation just announced; its stop is agreed after every hook.
+        EarlyStopping(config),
+        # Saves after every service that changes the state or reports on it at this
+        # boundary (rollback, evaluation); the final save follows the final evaluation.
+        checkpointer,
+        # Last: SIGTERM is handled from when every service has started until all ended.
+        PreemptionWatcher(),
+    ], checkpointer
