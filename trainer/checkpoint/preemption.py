@@ -19,7 +19,6 @@ A second signal exits at once (:mod:`trainer.signals`).
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 from absl import logging
 
