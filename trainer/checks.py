@@ -20,6 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.data import describe_shape
 from trainer.errors import InputError, TensorFlowError, UserError, user_error_in
 
 
@@ -34,8 +35,7 @@ def _model_inputs(model: keras.Model) -> list | None:
 
 
 def _describe(shape: Any, dtype: Any) -> str:
-    dims = ", ".join("None" if d is None else str(d) for d in tuple(shape))
-    return f"shape ({dims}) {tf.as_dtype(dtype).name}"
+    return f"shape {describe_shape(shape, dtype)}"
 
 
 def _dtype_fits(data: tf.DType, wanted: tf.DType) -> bool:

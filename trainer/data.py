@@ -186,6 +186,12 @@ def split_batch(batch) -> tuple[Any, Any]:
         f"for another layout.")
 
 
+def describe_shape(shape: Any, dtype: Any) -> str:
+    """``"(None, 8) float32"``: a shape and dtype as error messages show them."""
+    dims = ", ".join("None" if d is None else str(d) for d in tuple(shape))
+    return f"({dims}) {tf.as_dtype(dtype).name}"
+
+
 def describe_structure(batch: Any) -> str:
     """A short description of a batch's structure (tensors or specs): what an error
     about the batch layout shows the user."""
@@ -194,8 +200,7 @@ def describe_structure(batch: Any) -> str:
         dtype = getattr(value, "dtype", None)
         if shape is None or dtype is None:
             return type(value).__name__
-        dims = ", ".join("None" if d is None else str(d) for d in tuple(shape))
-        return f"({dims}) {tf.as_dtype(dtype).name}"
+        return describe_shape(shape, dtype)
 
     if isinstance(batch, dict):
         return "a dict with keys " + ", ".join(f"{k!r}: {one(v)}" if not isinstance(
@@ -210,8 +215,7 @@ def describe_structure(batch: Any) -> str:
 def dynamic_shapes_problem(spec: Any) -> str | None:
     """Why XLA should not compile a step fed batches of ``spec`` (one replica's): the
     tensors with an unknown size past the batch dimension, or None when all are fixed."""
-    dynamic = [f"({', '.join('None' if d is None else str(d) for d in s.shape)}) "
-               f"{s.dtype.name}" for s in tf.nest.flatten(spec)
+    dynamic = [describe_shape(s.shape, s.dtype) for s in tf.nest.flatten(spec)
                if hasattr(s, "shape") and s.shape.rank is not None
                and any(d is None for d in list(s.shape)[1:])]
     if not dynamic:
