@@ -212,7 +212,12 @@ def check_workdir(path: str) -> None:
     checkpoint). A remote URL (``gs://...``) is not checked here: only TensorFlow's
     file system layer can reach it. A non-chief worker task of a TF_CONFIG cluster writes
     nothing (only the chief does), so it neither creates nor checks the directory."""
-    if "://" in path or not _writes_files():
+    if "://" in path:
+        problem = unreachable_scheme(path, "--workdir")
+        if problem:
+            raise WorkdirError(problem)
+        return
+    if not _writes_files():
         return
     if os.path.exists(path) and not os.path.isdir(path):
         raise WorkdirError(f"--workdir={path} is a file, not a directory. Give a directory "
@@ -229,6 +234,29 @@ def check_workdir(path: str) -> None:
             raise WorkdirError(f"--workdir={path} cannot be used: {error}. Choose another "
                                f"directory.") from error
         raise translated from error
+
+
+#: URL schemes TensorFlow 2.21's own file systems reach (``tf.io.gfile``, checkpoints,
+#: TensorBoard); a local path has none. Others raise "File system scheme not implemented"
+#: at the first write, after TensorFlow's import.
+TENSORFLOW_SCHEMES = ("gs", "ram")
+
+
+def unreachable_scheme(path: str, what: str) -> str | None:
+    """None when TensorFlow's file systems reach ``path``; otherwise the one line saying
+    so and what to use instead (``s3://``: a mounted bucket, see docs/checkpoints.md)."""
+    scheme = path.split("://", 1)[0].lower()
+    if "://" not in path or scheme in TENSORFLOW_SCHEMES:
+        return None
+    if scheme in ("s3", "s3a", "s3n"):
+        return (f"{what}={path}: TensorFlow 2.21 has no S3 file system (it moved to "
+                f"tensorflow-io, whose newest release, 0.37.1, does not load on it), so checkpoints, "
+                f"TensorBoard events and exports cannot be written there. Mount the bucket "
+                f"(s3fs) and give the mount point, e.g. "
+                f"{what}=/mnt/{path.split('://', 1)[1]}; or use a gs:// bucket.")
+    return (f"{what}={path}: TensorFlow 2.21 has no file system for '{scheme}://' (it "
+            f"reaches local paths and gs://). Mount the storage and give the mount point, "
+            f"or use a gs:// bucket.")
 
 
 def _writes_files() -> bool:
