@@ -7,6 +7,9 @@ process the test left on the hosts is killed (except the session's daemons).
 ``slurm_cluster`` (session) / ``multinode_slurm`` (per test): a Slurm cluster with one
 slurmd per host (tests/cluster/slurm.py); before and after each test no job is left,
 every daemon runs and every node is usable.
+``gcs`` (session): a Google Cloud Storage emulator on the head node serving the real
+storage host names to every host (tests/cluster/gcs.py); ``gcs.client_env()`` is what a
+process on a host needs to use gs://.
 
 Without root or network namespaces these fixtures skip with the reason; under
 ``CI=true`` they fail instead: CI must run these tests. CLUSTER_NAME, CLUSTER_SUBNET and
@@ -25,6 +28,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.cluster.gcs import PROCESS_NAME as GCS_PROCESS, GcsEmulator, GcsError
 from tests.cluster.hosts import (DEFAULT_DIR, DEFAULT_NAME, DEFAULT_SUBNET, ClusterError,
                                  SimulatedCluster, cluster_problem)
 from tests.cluster.slurm import SLURM_DAEMONS, SlurmCluster, SlurmError
@@ -102,3 +106,15 @@ def multinode_slurm(slurm_cluster: SlurmCluster, cluster: SimulatedCluster) -> I
     slurm_cluster.cleanup()  # an earlier test may have killed a host's slurmd
     yield slurm_cluster
     slurm_cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def gcs(simulated_cluster: SimulatedCluster) -> Iterator[GcsEmulator]:
+    emulator = GcsEmulator(simulated_cluster)
+    try:
+        emulator.start()
+    except GcsError as error:
+        unavailable(f"no GCS emulator on the simulated hosts: {error}")
+    simulated_cluster.daemons.add(GCS_PROCESS)
+    yield emulator
+    simulated_cluster.daemons.discard(GCS_PROCESS)

@@ -26,7 +26,9 @@
 #     HOST` brings it back up.
 #   * /etc/netns/<host>/hosts: every host's name and address, mounted over /etc/hosts for
 #     commands run through `exec` (as `ip netns exec` does), so hosts resolve each other
-#     by name.
+#     by name. The Google storage names (GCS_NAMES below) resolve to the head node, where
+#     the tests' GCS emulator serves them (tests/cluster/gcs.py); with no route out, no
+#     client in a namespace can reach the real ones.
 #   * disks: CLUSTER_DIR/hosts/<host>/{home,tfds,scratch} (node-local: HOME,
 #     TFDS_DATA_DIR, TMPDIR of commands run through `exec`) and CLUSTER_DIR/shared (the
 #     one directory every host sees, what NFS is on a real cluster). A cluster set up
@@ -46,6 +48,7 @@ DIR=${CLUSTER_DIR:-/tmp/tfsim-cluster}
 BRIDGE=$NAME-br
 HEAD=$NAME-head
 MANIFEST=$DIR/hosts.tsv
+GCS_NAMES="www.googleapis.com storage.googleapis.com oauth2.googleapis.com"
 say() { echo "[netns_hosts] $*"; }
 die() { echo "[netns_hosts] error: $*" >&2; exit 1; }
 
@@ -115,6 +118,7 @@ ensure_host() {  # ns: namespace, veth and address, all up
 write_hosts_files() {  # /etc/netns/<ns>/hosts for every host, and the manifest
   local names ns dir
   names=$(for ns in $(cluster_namespaces); do printf '%s %s\n' "$(address_of "$ns")" "$ns"; done)
+  names=$(printf '%s\n%s %s' "$names" "$(address_of "$HEAD")" "$GCS_NAMES")
   for ns in $(cluster_namespaces); do
     mkdir -p "/etc/netns/$ns"
     printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n%s\n' "$names" > "/etc/netns/$ns/hosts"
