@@ -54,8 +54,9 @@ class GcsError(RuntimeError):
 class GcsEmulator:
     """The emulator of ``cluster`` (files in ``cluster.root``/gcs)."""
 
-    def __init__(self, cluster: SimulatedCluster):
+    def __init__(self, cluster: SimulatedCluster, latency_ms: float = 0.0):
         self.cluster = cluster
+        self.latency_ms = latency_ms  # added before each answer (benchmarks/bucket_checkpoint.py)
         self.dir = cluster.root / "gcs"
         self.ca = self.dir / "ca.pem"
 
@@ -78,7 +79,8 @@ class GcsEmulator:
         proc = subprocess.Popen(
             self.cluster.wrap(self.cluster.head, [sys.executable, emulator, "--dir", self.dir,
                                                   "--bucket", BUCKET,
-                                                  "--process-name", PROCESS_NAME]),
+                                                  "--process-name", PROCESS_NAME,
+                                                  "--latency_ms", str(self.latency_ms)]),
             env=self.cluster.env(), stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S

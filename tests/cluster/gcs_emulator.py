@@ -44,6 +44,7 @@ import ssl
 import sys
 import re
 import threading
+import time
 import traceback
 from http import HTTPStatus, server
 from pathlib import Path
@@ -78,9 +79,11 @@ class _Handler(emulator.RequestHandler):
 
     tls = False
     log_file = None
+    latency_s = 0.0
     protocol_version = "HTTP/1.0"
 
     def _route(self, method: str) -> None:
+        time.sleep(self.latency_s)  # a slow link's round trip (no lock held)
         method = self.headers.get("x-http-method-override") or method
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             del self.headers["Content-Length"]  # RFC 9112 6.3: chunked wins
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket", action="append", default=[])
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--process-name", default="gcs-emulator")
+    parser.add_argument("--latency_ms", type=float, default=0.0,
+                        help="added before each answer (a slow link's round trip)")
     args = parser.parse_args(argv)
     _name_process(args.process_name)
     storage = Storage(use_memory_fs=True, data_dir=str(args.dir / "data"))
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def handler(tls: bool):
         return type("Handler", (_Handler,), {"tls": tls, "log_file": log_file,
+                                              "latency_s": args.latency_ms / 1e3,
                                               "__init__": _bind_storage(storage)})
 
     servers = [_TlsServer((args.host, 443), handler(True), context),
