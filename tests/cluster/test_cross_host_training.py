@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 from launch import multiworker
+from tests.cluster.gcs import BUCKET, GcsEmulator
 from tests.cluster.hosts import Host, SimulatedCluster, Watched
 from tests.helpers import REPO, assert_same_weights, load_weights, max_abs_diff
 
@@ -110,6 +111,24 @@ def assert_reference_weights(reference: Reference, workdir: Path, workers: int) 
                for i in range(workers))
 
 
+def fetch(cluster: SimulatedCluster, gcs: GcsEmulator, prefix: str, dest: Path) -> list[str]:
+    """Downloads every object under ``gs://BUCKET/prefix/`` into ``dest`` (through
+    google-cloud-storage on the first host: only the hosts reach the emulator); returns
+    the object names relative to ``prefix``."""
+    script = ("import sys, pathlib\n"
+              "from google.cloud import storage\n"
+              "bucket, prefix, dest = sys.argv[1:]\n"
+              "for blob in storage.Client().list_blobs(bucket, prefix=prefix + '/'):\n"
+              "    name = blob.name[len(prefix) + 1:]\n"
+              "    print(name)\n"
+              "    if name and not name.endswith('/'):\n"
+              "        (pathlib.Path(dest) / name).parent.mkdir(parents=True, exist_ok=True)\n"
+              "        blob.download_to_filename(str(pathlib.Path(dest) / name))\n")
+    result = cluster.run(cluster.hosts[0], ["python", "-c", script, BUCKET, prefix, dest],
+                         env=gcs.client_env(), timeout=120)
+    return result.stdout.split()
+
+
 def resumed_step(output: str) -> int:
     found = re.findall(r"resumed from step (\d+) \(", output)
     assert found, f"the run did not resume from a checkpoint:\n{output[-6000:]}"
@@ -142,6 +161,27 @@ def test_two_hosts_of_two_tasks_train_to_the_weights_of_one_host_of_four(cluster
     print(f"\n[measured] max|dw| 2 hosts x 2 vs 1 host x 4: {diff:.2e}; examples/s: 2 hosts x 2 "
           f"{speed:,.0f}, 1 host x 4 {reference.examples_per_s:,.0f} (ratio "
           f"{speed / reference.examples_per_s:.2f})")
+
+
+def test_two_hosts_with_local_disks_only_train_as_one_through_a_bucket(cluster, gcs, reference,
+                                                                      tmp_path):
+    """No shared file system: the workdir is gs://; the shared-workdir check, the
+    checkpoints and the weights go through the bucket."""
+    h0, h1 = cluster.hosts[:2]
+    prefix = f"two-hosts-{cluster.ports()[0]}"
+    runs = per_host(cluster, (h0, h1), 1, f"gs://{BUCKET}/{prefix}", env=gcs.client_env())
+    assert finish_all(runs) == [0, 0], outputs(runs)
+    assert "replicas in sync: 2" in runs[0].output, runs[0].output[-3000:]
+    for run in runs:
+        assert f"checking that every task sees the workdir gs://{BUCKET}/{prefix}" in run.output
+    names = fetch(cluster, gcs, prefix, tmp_path)
+    assert f"checkpoints/{STEPS}/commit_success.txt" in names, names
+    assert f"checkpoints/{STEPS}/state/crc32c.json" in names, names
+    assert not any(n.startswith(".cluster-") for n in names), names  # the check cleaned up
+    assert_reference_weights(reference, tmp_path, 2)
+    # Nothing went to a local directory named "gs:" (a path joined without gfile).
+    for root in (REPO, h0.home, h1.home):
+        assert not (root / "gs:").exists(), root
 
 
 def test_a_host_cut_off_ends_every_launcher_naming_it_and_the_rerun_resumes(cluster, reference):

@@ -14,10 +14,13 @@
   batch from batch 10 on, and creates ``workdir/slow-<task>`` when it reaches batch 10,
   so a test can signal a run that is surely mid-training. Only in a run that finds no
   such marker at start: a restarted run goes at full speed.
+
+Its files go through ``tf.io.gfile``: the workdir may be a bucket (``gs://...``).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -67,14 +70,13 @@ class WeightsTrainer(DigitsTrainer):
         spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
         task_type, index = task_id()
         marker = os.path.join(self.workdir, f"slow-{task_type}-{index}")
-        if not spec or os.path.exists(marker):
+        if not spec or tf.io.gfile.exists(marker):
             return ds
         start, seconds = int(spec.split(":")[0]), float(spec.split(":")[1])
 
         def maybe_sleep(count):
             if int(count) == start:
-                os.makedirs(self.workdir, exist_ok=True)
-                open(marker, "w").close()
+                _write(marker, b"")
             if int(count) >= start:
                 time.sleep(seconds)
             return count
@@ -93,11 +95,11 @@ class WeightsTrainer(DigitsTrainer):
         task_type, index = task_id()
         target, crash_at = spec.rsplit(":", 1)
         marker = os.path.join(self.workdir, f"crashed-{task_type}-{index}")
-        armed = target == f"{task_type}:{index}" and not os.path.exists(marker)
+        armed = target == f"{task_type}:{index}" and not tf.io.gfile.exists(marker)
 
         def maybe_crash(count):
             if armed and int(count) == int(crash_at):
-                open(marker, "w").close()
+                _write(marker, b"")
                 print(f"injected crash of {task_type}:{index} at batch {crash_at}", flush=True)
                 os._exit(3)
             return count
@@ -110,11 +112,16 @@ class WeightsTrainer(DigitsTrainer):
     def fit(self) -> dict[str, float]:
         results = super().fit()
         task_type, index = task_id()
-        os.makedirs(self.workdir, exist_ok=True)
-        weights = self.model.get_weights()
-        np.savez(os.path.join(self.workdir, f"weights-{task_type}-{index}.npz"),
-                 **{f"w{i}": w for i, w in enumerate(weights)})
+        weights = io.BytesIO()
+        np.savez(weights, **{f"w{i}": w for i, w in enumerate(self.model.get_weights())})
+        _write(os.path.join(self.workdir, f"weights-{task_type}-{index}.npz"), weights.getvalue())
         if hasattr(self, "files_read"):
-            with open(os.path.join(self.workdir, f"files-{task_type}-{index}.json"), "w") as f:
-                json.dump(sorted(self.files_read), f)
+            _write(os.path.join(self.workdir, f"files-{task_type}-{index}.json"),
+                   json.dumps(sorted(self.files_read)).encode())
         return results
+
+
+def _write(path: str, data: bytes) -> None:
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
