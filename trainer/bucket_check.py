@@ -111,9 +111,9 @@ def _list_one(client_factory: Callable[[], Any], bucket: str, path: str, timeout
         kind = "credentials" if isinstance(error, auth_exceptions.DefaultCredentialsError) else "error"
         outcome[kind] = error
         return
-    try:
-        from google.api_core import exceptions, retry
+    from google.api_core import exceptions, retry
 
+    try:
         transient = retry.if_exception_type(
             exceptions.TooManyRequests, exceptions.InternalServerError,
             exceptions.BadGateway, exceptions.ServiceUnavailable, exceptions.GatewayTimeout,
@@ -123,6 +123,8 @@ def _list_one(client_factory: Callable[[], Any], bucket: str, path: str, timeout
         list(client.list_blobs(bucket, prefix=f"{path}/" if path else None, max_results=1,
                                timeout=_REQUEST_TIMEOUT_S, retry=policy))
         outcome["listed"] = None
+    except exceptions.RetryError:
+        return  # the bound passed while retrying: no answer (the last error is in retried)
     except Exception as error:  # noqa: BLE001 (every failure becomes the one line)
         outcome["error"] = error
 
