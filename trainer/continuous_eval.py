@@ -143,10 +143,12 @@ class EvalStream:
 
     def steps(self) -> set[int]:
         """The steps already recorded (lines that do not parse are ignored)."""
-        if not os.path.exists(self.path):
+        if self._writers is not None:
+            self._writers.flush()
+        if not tf.io.gfile.exists(self.path):
             return set()
         found = set()
-        with open(self.path, encoding="utf-8") as f:
+        with tf.io.gfile.GFile(self.path) as f:
             for line in f:
                 try:
                     found.add(int(json.loads(line)["step"]))

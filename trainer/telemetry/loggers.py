@@ -95,7 +95,8 @@ class MlflowLogger(Service):
         if new:
             mlflow.log_params(flatten_config(self.config))
             if run.workdir:
-                mlflow.set_tag("workdir", os.path.abspath(run.workdir))
+                mlflow.set_tag("workdir", run.workdir if "://" in run.workdir
+                               else os.path.abspath(run.workdir))
         logging.info("MLflow: logging to run %s at %s", self.run_id, mlflow.get_tracking_uri())
 
     def write(self, record: dict[str, Any]) -> None:

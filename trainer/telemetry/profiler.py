@@ -59,7 +59,9 @@ class ProfilerWindows(Service):
 
     def _sessions(self) -> set[str]:
         root = os.path.join(self.logdir, "plugins", "profile")
-        return set(os.listdir(root)) if os.path.isdir(root) else set()
+        if not tf.io.gfile.isdir(root):
+            return set()
+        return {name.rstrip("/") for name in tf.io.gfile.listdir(root)}  # gs://: "dir/"
 
     def _maybe_start(self, step: int) -> None:
         if not self._enabled or self._active:
@@ -78,10 +80,10 @@ class ProfilerWindows(Service):
         name = "steps_{}_{}".format(*self._active)
         for session in sorted(self._sessions() - self._before):
             target, n = os.path.join(root, name), 1
-            while os.path.exists(target):
+            while tf.io.gfile.exists(target):
                 n += 1
                 target = os.path.join(root, f"{name}_{n}")
-            os.rename(os.path.join(root, session), target)
+            tf.io.gfile.rename(os.path.join(root, session), target)
             logging.info("profiler: trace of steps %d:%d written to %s", *self._active, target)
         self._active = None
 

@@ -6,14 +6,22 @@ their record keys without the ``train/``/``eval/`` prefix; alerts as the text su
 or read-only disk ...) warns once and turns that output off: telemetry never ends a run. Another layout
 (the continuous evaluator's own stream: ``workdir/eval/metrics.jsonl`` and its event
 files in ``workdir/eval``) is given by :class:`SummaryWriters`' arguments.
+
+Paths go through ``tf.io.gfile`` (a ``gs://`` workdir alike). Records are written and
+flushed by one background thread, in order: a write to a bucket is a network round
+trip (each flush uploads the file again) and a bucket that does not answer is retried
+by TensorFlow for minutes; neither may hold up the training thread.
+:meth:`SummaryWriters.flush` and :meth:`~SummaryWriters.close` wait for every record
+handed over before them, so once ``fit()`` returns the files hold every record.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -32,6 +40,7 @@ def _plugin(name: str) -> summary_pb2.SummaryMetadata:
 # ``tf.summary.write`` so that writing needs no ``tensorboard`` package (viewing does).
 _SCALAR, _TEXT = _plugin("scalars"), _plugin("text")
 _SCALAR_BYTES = _SCALAR.SerializeToString()
+MAX_PENDING = 1000  # records waiting for the writer thread; more are dropped with a warning
 
 
 @tf.function(input_signature=[tf.TensorSpec([], tf.resource), tf.TensorSpec([], tf.int64),
@@ -62,6 +71,11 @@ class SummaryWriters:
     record's scalars are written by one call of a ``tf.function`` shared by every
     writer of the process (traced once), instead of an eager op per scalar.
 
+    Contexts: host only. :meth:`write` and :meth:`write_jsonl` return at once (the
+    record is copied and written by the writer thread, in the order given); more than
+    :data:`MAX_PENDING` records behind (a bucket that does not answer) drops the newest
+    with one warning.
+
     Args:
       workdir: the run's directory.
       logdirs: TensorBoard directory by record kind; default ``workdir/train`` and
@@ -75,24 +89,44 @@ class SummaryWriters:
                  logdirs: dict[str, str] | None = None, jsonl: str | None = None,
                  filename_suffix: str | None = None):
         jsonl = jsonl or os.path.join(workdir, "metrics.jsonl")
-        os.makedirs(os.path.dirname(jsonl) or ".", exist_ok=True)
-        self.workdir = workdir
+        tf.io.gfile.makedirs(os.path.dirname(jsonl) or ".")
+        self.workdir, self.jsonl_path = workdir, jsonl
         logdirs = logdirs or {kind: os.path.join(workdir, kind) for kind in ("train", "eval")}
         self.summary = ({kind: tf.summary.create_file_writer(logdir,
                                                              filename_suffix=filename_suffix)
                          for kind, logdir in logdirs.items()}
                         if "tensorboard" in outputs else {})
-        self.jsonl = open(jsonl, "a", encoding="utf-8") if "jsonl" in outputs else None
+        self.jsonl = tf.io.gfile.GFile(jsonl, "a") if "jsonl" in outputs else None
+        self._thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="telemetry-writer")
+        self._pending: list[concurrent.futures.Future] = []
+        self._dropped = 0
+
+    def _submit(self, write: Callable[[], None]) -> None:
+        self._pending = [f for f in self._pending if not f.done()]
+        if len(self._pending) >= MAX_PENDING:
+            if not self._dropped:
+                logging.warning("The run's records are %d writes behind (is %s answering?); "
+                                "newer records are dropped until it catches up.",
+                                MAX_PENDING, self.workdir)
+            self._dropped += 1
+            return
+        self._pending.append(self._thread.submit(write))
+
+    def _wait(self) -> None:
+        """Blocks until every record handed over so far is written."""
+        concurrent.futures.wait(self._pending)
+        self._pending = []
 
     def _failed(self, output: str, error: Exception) -> None:
         """A write of ``output`` ("jsonl" / "tensorboard") failed: one warning, and that
         output is written no more (telemetry never ends a run)."""
-        where = self.jsonl.name if output == "jsonl" else self.workdir
+        where = self.jsonl_path if output == "jsonl" else self.workdir
         why = storage_fault(error) or f"{type(error).__name__}: {str(error)[:300]}"
         logging.warning("Cannot write the run's %s records to %s (%s); the run goes on "
                         "without them.", output, where, why)
         if output == "jsonl":
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, tf.errors.OpError):
                 self.jsonl.close()
             self.jsonl = None
         else:
@@ -101,16 +135,28 @@ class SummaryWriters:
     def write_jsonl(self, record: dict[str, Any]) -> None:
         """Appends ``record`` to metrics.jsonl only (any JSON values; nothing without
         the "jsonl" output)."""
-        if self.jsonl:
-            try:
-                self.jsonl.write(json.dumps(record, sort_keys=True) + "\n")
-                self.jsonl.flush()
-            except OSError as error:
-                self._failed("jsonl", error)
+        line = json.dumps(record, sort_keys=True) + "\n"
+        self._submit(lambda: self._append(line))
 
     def write(self, record: dict[str, Any]) -> None:
         """A window or eval record: metrics.jsonl and its numbers to TensorBoard."""
-        self.write_jsonl(record)
+        line, record = json.dumps(record, sort_keys=True) + "\n", dict(record)
+
+        def write_both() -> None:
+            self._append(line)
+            self._summarize(record)
+
+        self._submit(write_both)
+
+    def _append(self, line: str) -> None:  # on the writer thread
+        if self.jsonl:
+            try:
+                self.jsonl.write(line)
+                self.jsonl.flush()
+            except (OSError, tf.errors.OpError) as error:
+                self._failed("jsonl", error)
+
+    def _summarize(self, record: dict[str, Any]) -> None:  # on the writer thread
         if self.summary:
             try:
                 self._write_summaries(record)
@@ -132,6 +178,8 @@ class SummaryWriters:
         self.summary[kind].flush()
 
     def flush(self) -> None:
+        """Returns once every record handed over so far is written and flushed."""
+        self._wait()
         try:
             for writer in self.summary.values():
                 writer.flush()
@@ -140,15 +188,20 @@ class SummaryWriters:
         try:
             if self.jsonl:
                 self.jsonl.flush()
-        except OSError as error:
+        except (OSError, tf.errors.OpError) as error:
             self._failed("jsonl", error)
 
     def close(self) -> None:
-        """Flushes and closes every writer and the JSON-lines file."""
+        """Writes every record handed over, then flushes and closes every writer and
+        the JSON-lines file."""
         self.flush()
+        self._thread.shutdown()
+        if self._dropped:
+            logging.warning("%d of the run's records were dropped: %s did not keep up.",
+                            self._dropped, self.workdir)
         for writer in self.summary.values():
             with contextlib.suppress(OSError, tf.errors.OpError):
                 writer.close()
         if self.jsonl:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, tf.errors.OpError):
                 self.jsonl.close()
