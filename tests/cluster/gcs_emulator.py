@@ -41,7 +41,10 @@ the former's faults are mended here in test code (each seen with a real client):
   the chunk framing). Here every body is read by :func:`read_body` (chunked wins, as
   RFC 9112 6.3 says) and handed to the emulator with its true length;
 * an empty media upload (the ``dir/`` marker ``tf.io.gfile.makedirs`` writes) crashes
-  its upload handler (``len(None)``): :class:`_Request` hands it ``b""``;
+  its upload handler (``len(None)``): :class:`_Request` hands it ``b""``; TensorFlow's
+  compose request (``GCS_APPEND_MODE=compose``) is a Python literal in single quotes,
+  which GCS takes and the emulator's JSON parser does not: it is read as a literal (and
+  its optional ``destination`` defaulted);
 * its disk store maps the object ``a/`` and the objects ``a/b`` onto one path, a file
   and a directory at once, and fails: objects are kept in memory;
 * it dumps all its metadata as indented JSON after every write (:class:`_Storage` does
@@ -64,7 +67,9 @@ storage, and reuses its handlers and bucket creation.
 from __future__ import annotations
 
 import argparse
+import ast
 import ctypes
+import email.message
 import io
 import json
 import os
@@ -100,7 +105,10 @@ class _Body:
     """What the emulator's body parser reads from: the body already read, its length."""
 
     def __init__(self, headers, raw: bytes):
-        self.headers = {k: v for k, v in headers.items() if k.lower() != "transfer-encoding"}
+        self.headers = email.message.Message()  # case-insensitive, as the request's
+        for key, value in headers.items():
+            if key.lower() not in ("transfer-encoding", "content-length"):
+                self.headers[key] = value
         self.headers["Content-Length"] = str(len(raw))
         self.rfile = io.BytesIO(raw)
 
@@ -116,7 +124,16 @@ class _Request(emulator.Request):
     @property
     def data(self):
         if self._data is emulator._UNSET:
-            self._data = emulator._read_data(self._body, self._query)
+            try:
+                self._data = emulator._read_data(self._body, self._query)
+            except ValueError:
+                if not self.path.endswith("/compose"):
+                    raise
+                # TensorFlow's compose body (GCS_APPEND_MODE=compose) is a Python literal
+                # ('single quotes'), which GCS accepts and JSON does not.
+                self._data = ast.literal_eval(self._body.rfile.getvalue().decode())
+            if self.path.endswith("/compose"):
+                self._data.setdefault("destination", {})  # optional in GCS, not here
         if self._data is None and self.query.get("uploadType") == ["media"]:
             return b""
         return self._data
