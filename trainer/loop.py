@@ -33,7 +33,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checks, data, data_resume, eval_pass, host_collectives, keras_compat
+from trainer import (checks, data, data_resume, eval_pass, host_collectives, iterator_release,
+                     keras_compat)
 from trainer import plan as plan_lib
 from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
@@ -53,10 +54,11 @@ class LoopDriver:
     """Runs ``fit()`` and ``evaluate()`` for one Trainer (``trainer.driver``).
 
     Keeps the compiled loops and the eval dataset across ``fit()`` calls (until
-    :meth:`close`). The train iterator lives for one ``fit()``, freed at its end
-    (returned or raised), not at a later garbage collection of the Trainer's cycles,
-    where destroying it waits for its tf.data autotune thread (seconds to a minute); a
-    second ``fit()`` builds the dataset again and skips the batches consumed, as a resume.
+    :meth:`close`). The train iterator lives for one ``fit()``, released at its end
+    (returned or raised), not at a later garbage collection of the Trainer's cycles;
+    destroying it waits for its tf.data autotune thread (seconds to a minute), so it is
+    destroyed on a background thread (:mod:`trainer.iterator_release`); a second
+    ``fit()`` builds the dataset again and skips the batches consumed, as a resume.
 
     Args:
       trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
@@ -251,10 +253,13 @@ class LoopDriver:
         return _replica_spec(self._fit_iterator.element_spec)
 
     def release_iterator(self) -> None:
-        """Drops the train iterator and its dataset; keeps its graph and batch spec."""
+        """Drops the train iterator and its dataset (destroyed on a background thread:
+        :mod:`trainer.iterator_release`); keeps its graph and batch spec."""
         if self._fit_iterator is not None:
             self._last_fit = (self.train_graph(), self.train_batch_spec())
+        held = [x for x in (self._fit_iterator, self._dataset) if x is not None]
         self._fit_iterator = self._dataset = None
+        iterator_release.release(held)
 
     def close(self) -> None:
         """Drops everything a ``fit()`` or ``evaluate()`` built: the train iterator, the
