@@ -1,0 +1,178 @@
+"""The small-model regression check: the framework's default config vs the hand-written
+loop on the rows where the host work around each loop call shows.
+
+    python -m benchmarks.small_model_regression [--rounds 9] [--seconds 2]
+                                                [--rows mlp/default,mlp/mirrored2]
+
+Run it before you stop when you changed anything a ``fit()`` does per loop call or at
+its start and end (the loop, the callbacks and services, the input, the plan). A row
+is the MLP 784-256-10 at global batch 64 with the DEFAULT config (``perf.plan="auto"``)
+on one device (``mlp/default``) or on 2 Mirrored replicas of virtual CPU devices
+(``mlp/mirrored2``); each row runs in its own process (a process hosts one device
+layout) the paired interleaved rounds of :func:`benchmarks.throughput.measure`: the
+framework (``a``: one short ``fit()`` per round) and the hand-written K-step in-graph
+loop (``c``, and ``c+xla`` where XLA compiles; the per-round faster is the reference,
+``best``). Per row it prints the median [min..max] of the per-round ratios a / best:
+
+* ``per fit``: a's whole ``fit()``, its start (the dataset and iterator, the services'
+  ``on_fit_start``) and end (final callbacks, the iterator handed over) included;
+* ``in fit``: a's time inside the ``fit()``, from ``on_fit_start`` to its last
+  ``on_loop_end`` (:func:`benchmarks.throughput_impls.fit_clock`): the loop calls and
+  the host work between them;
+
+then a per-call cost table of one more ``fit()`` of a (4 rounds long): the compiled
+call (median seconds per step, next to c's), the host work between two calls (median)
+and the parts of it that can be timed alone (each called ``--repeats`` times on the
+fitted Trainer; the rest is the services' ``on_loop_end``, the planner's bookkeeping
+after a call and the loop's own lines). benchmarks/README.md says how to read a slide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.throughput import measure
+
+ROWS = ("mlp/default", "mlp/mirrored2")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
+
+
+def _us_per_call(fn: Callable[[], object], repeats: int) -> float:
+    """Microseconds per call of ``fn``: the median of 5 timings of ``repeats`` calls."""
+    fn()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        times.append((time.perf_counter() - start) / repeats)
+    return 1e6 * statistics.median(times)
+
+
+def host_parts(trainer, repeats: int) -> dict[str, float]:
+    """Microseconds per loop call of the host work the loop does around each call that
+    can be called alone on a fitted Trainer (host, cross-replica context; nothing
+    changes: the watch is a fresh one, the plan is decided, the loops are traced)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer import host_collectives
+    from trainer.trainable_watch import TrainableWatch
+
+    watch, driver, flags = TrainableWatch(), trainer.driver, np.zeros(2, np.int32)
+    return {
+        "callbacks.next_boundary": _us_per_call(
+            lambda: trainer.callbacks.next_boundary(trainer.step), repeats),
+        "TrainableWatch.changed": _us_per_call(
+            lambda: watch.changed(trainer.model, trainer.step), repeats),
+        "planner.next_plan": _us_per_call(lambda: driver.planner.next_plan(), repeats),
+        "loops (plan's) + prepare (traced)": _us_per_call(
+            lambda: driver.loops.prepare(None), repeats),
+        "step count tensor": _us_per_call(lambda: tf.constant(50, tf.int64), repeats),
+        "stop agreement (sum_over_workers)": _us_per_call(
+            lambda: host_collectives.sum_over_workers(trainer.strategy, flags), repeats),
+    }
+
+
+def call_costs(framework, steps: int, c_step_s: float, repeats: int) -> dict:
+    """The per-call cost table of ``framework`` (a built, warmed-up ``a``): one fit of
+    ``steps`` steps timed per loop call by its clock, the parts of the host work timed
+    alone, and the hand-written loop's seconds per step ``c_step_s``."""
+    framework.run(steps)
+    calls = framework.clock.calls[1:]  # the first one includes the plan's adoption
+    host_s = statistics.median(h for _, _, h in calls)
+    return {"calls": len(calls), "steps_per_call": statistics.median(n for n, _, _ in calls),
+            "call_step_s": statistics.median(s / n for n, s, _ in calls),
+            "c_step_s": c_step_s, "host_us": 1e6 * host_s,
+            "call_s": statistics.median(s for _, s, _ in calls),
+            "parts_us": host_parts(framework.trainer, repeats)}
+
+
+def run_row(row: str, rounds: int, seconds: float, repeats: int) -> dict:
+    """One row in this process: the paired rounds, then the cost table."""
+    workload, strategy = row.split("/")
+    built: dict = {}
+    run = measure(workload, strategy, rounds, seconds, ("a",), built)
+    a, best = run["implementations"]["a"], run["implementations"].get("best")
+    reference = best or run["implementations"]["c"]
+    c_step_s = run_c_step_s(run)
+    return {"row": row, "rounds": rounds, "steps_per_round": run["steps_per_round"],
+            "per_fit": [v / r for v, r in zip(a["per_round"], reference["per_round"])],
+            "in_fit": [v / r for v, r in zip(a["in_fit"]["per_round"],
+                                              reference["per_round"])],
+            "plan": run["plan"],
+            "costs": call_costs(built["a"], 4 * run["steps_per_round"], c_step_s, repeats)}
+
+
+def run_c_step_s(run: dict) -> float:
+    """The hand-written loop's (c) median seconds per step in ``run``'s rounds."""
+    from benchmarks.workloads import WORKLOADS
+
+    batch = WORKLOADS[run["workload"]].batch_size
+    return batch / run["implementations"]["c"]["examples_per_s"]
+
+
+def format_row(result: dict) -> list[str]:
+    """The ratio line and the cost table of one row."""
+    costs = result["costs"]
+    parts = costs["parts_us"]
+    rest = costs["host_us"] - sum(parts.values())
+    lines = [f"{result['row']:<15}{_spread(result['per_fit']):>22}"
+             f"{_spread(result['in_fit']):>22}   ({result['rounds']} rounds of "
+             f"{result['steps_per_round']} steps)",
+             f"  per loop call of a ({costs['steps_per_call']:.0f} steps, median of "
+             f"{costs['calls']} calls):",
+             f"    compiled call {1e3 * costs['call_s']:9.2f} ms = "
+             f"{1e6 * costs['call_step_s']:.1f} us/step; c {1e6 * costs['c_step_s']:.1f} "
+             f"us/step (call / c {costs['c_step_s'] / costs['call_step_s']:.2f}x c's speed)",
+             f"    host work     {costs['host_us']:9.0f} us = "
+             f"{100 * costs['host_us'] / (1e6 * costs['call_s']):.2f} % of the call"]
+    lines += [f"      {name:<36}{us:8.1f} us" for name, us in parts.items()]
+    lines.append(f"      {'the rest (services on_loop_end, ...)':<36}{rest:8.1f} us")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="target duration of one timed run of the reference")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--repeats", type=int, default=2000,
+                        help="calls per timing of a host part")
+    parser.add_argument("--row_child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.row_child:
+        print(json.dumps(run_row(args.row_child, args.rounds, args.seconds, args.repeats)))
+        return
+    rows = args.rows.split(",")
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        parser.error(f"--rows: unknown {unknown}; choose from {','.join(ROWS)}")
+    lines = [f"{'row':<15}{'per fit (a / best)':>22}{'in fit (a / best)':>22}"]
+    for row in rows:
+        print(f"running {row} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.small_model_regression", "--row_child", row,
+             "--rounds", str(args.rounds), "--seconds", str(args.seconds),
+             "--repeats", str(args.repeats)],
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+        if proc.returncode:
+            print(proc.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(f"{row}: the child process failed ({proc.returncode})")
+        lines += format_row(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
