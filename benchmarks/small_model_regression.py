@@ -84,42 +84,36 @@ def host_parts(trainer, repeats: int) -> dict[str, float]:
     }
 
 
-def call_costs(framework, steps: int, c_step_s: float, repeats: int) -> dict:
+def call_costs(framework, steps: int, best_step_s: float, repeats: int) -> dict:
     """The per-call cost table of ``framework`` (a built, warmed-up ``a``): one fit of
     ``steps`` steps timed per loop call by its clock, the parts of the host work timed
-    alone, and the hand-written loop's seconds per step ``c_step_s``."""
+    alone, and the reference's (best: c or c+xla) median seconds per step."""
     framework.run(steps)
     calls = framework.clock.calls[1:]  # the first one includes the plan's adoption
     host_s = statistics.median(h for _, _, h in calls)
     return {"calls": len(calls), "steps_per_call": statistics.median(n for n, _, _ in calls),
             "call_step_s": statistics.median(s / n for n, s, _ in calls),
-            "c_step_s": c_step_s, "host_us": 1e6 * host_s,
+            "best_step_s": best_step_s, "host_us": 1e6 * host_s,
             "call_s": statistics.median(s for _, s, _ in calls),
             "parts_us": host_parts(framework.trainer, repeats)}
 
 
 def run_row(row: str, rounds: int, seconds: float, repeats: int) -> dict:
     """One row in this process: the paired rounds, then the cost table."""
+    from benchmarks.workloads import WORKLOADS
+
     workload, strategy = row.split("/")
     built: dict = {}
     run = measure(workload, strategy, rounds, seconds, ("a",), built)
     a, best = run["implementations"]["a"], run["implementations"].get("best")
     reference = best or run["implementations"]["c"]
-    c_step_s = run_c_step_s(run)
+    best_step_s = WORKLOADS[workload].batch_size / reference["examples_per_s"]
     return {"row": row, "rounds": rounds, "steps_per_round": run["steps_per_round"],
             "per_fit": [v / r for v, r in zip(a["per_round"], reference["per_round"])],
             "in_fit": [v / r for v, r in zip(a["in_fit"]["per_round"],
                                               reference["per_round"])],
             "plan": run["plan"],
-            "costs": call_costs(built["a"], 4 * run["steps_per_round"], c_step_s, repeats)}
-
-
-def run_c_step_s(run: dict) -> float:
-    """The hand-written loop's (c) median seconds per step in ``run``'s rounds."""
-    from benchmarks.workloads import WORKLOADS
-
-    batch = WORKLOADS[run["workload"]].batch_size
-    return batch / run["implementations"]["c"]["examples_per_s"]
+            "costs": call_costs(built["a"], 4 * run["steps_per_round"], best_step_s, repeats)}
 
 
 def format_row(result: dict) -> list[str]:
@@ -127,14 +121,18 @@ def format_row(result: dict) -> list[str]:
     costs = result["costs"]
     parts = costs["parts_us"]
     rest = costs["host_us"] - sum(parts.values())
+    plan = result["plan"]["chosen"] if result["plan"] else None
     lines = [f"{result['row']:<15}{_spread(result['per_fit']):>22}"
              f"{_spread(result['in_fit']):>22}   ({result['rounds']} rounds of "
-             f"{result['steps_per_round']} steps)",
+             f"{result['steps_per_round']} steps; a's plan: " + (
+                 f"xla {plan['xla']}, {plan['steps_per_loop']} steps per call)" if plan
+                 else "no plan event)"),
              f"  per loop call of a ({costs['steps_per_call']:.0f} steps, median of "
              f"{costs['calls']} calls):",
              f"    compiled call {1e3 * costs['call_s']:9.2f} ms = "
-             f"{1e6 * costs['call_step_s']:.1f} us/step; c {1e6 * costs['c_step_s']:.1f} "
-             f"us/step (call / c {costs['c_step_s'] / costs['call_step_s']:.2f}x c's speed)",
+             f"{1e6 * costs['call_step_s']:.1f} us/step; best {1e6 * costs['best_step_s']:.1f}"
+             f" us/step (the call at {costs['best_step_s'] / costs['call_step_s']:.2f}x "
+             f"best's speed)",
              f"    host work     {costs['host_us']:9.0f} us = "
              f"{100 * costs['host_us'] / (1e6 * costs['call_s']):.2f} % of the call"]
     lines += [f"      {name:<36}{us:8.1f} us" for name, us in parts.items()]
@@ -159,7 +157,7 @@ def main() -> None:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         parser.error(f"--rows: unknown {unknown}; choose from {','.join(ROWS)}")
-    lines = [f"{'row':<15}{'per fit (a / best)':>22}{'in fit (a / best)':>22}"]
+    print(f"{'row':<15}{'per fit (a / best)':>22}{'in fit (a / best)':>22}", flush=True)
     for row in rows:
         print(f"running {row} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(
@@ -170,8 +168,8 @@ def main() -> None:
         if proc.returncode:
             print(proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{row}: the child process failed ({proc.returncode})")
-        lines += format_row(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print("\n".join(lines))
+        print("\n".join(format_row(json.loads(proc.stdout.strip().splitlines()[-1]))),
+              flush=True)
 
 
 if __name__ == "__main__":
