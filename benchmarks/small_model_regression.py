@@ -107,12 +107,16 @@ def run_row(row: str, rounds: int, seconds: float, repeats: int) -> dict:
     run = measure(workload, strategy, rounds, seconds, ("a",), built)
     a, best = run["implementations"]["a"], run["implementations"].get("best")
     reference = best or run["implementations"]["c"]
-    best_step_s = WORKLOADS[workload].batch_size / reference["examples_per_s"]
-    return {"row": row, "rounds": rounds, "steps_per_round": run["steps_per_round"],
+    batch, steps = WORKLOADS[workload].batch_size, run["steps_per_round"]
+    best_step_s = batch / reference["examples_per_s"]
+    return {"row": row, "rounds": rounds, "steps_per_round": steps,
             "per_fit": [v / r for v, r in zip(a["per_round"], reference["per_round"])],
             "in_fit": [v / r for v, r in zip(a["in_fit"]["per_round"],
                                               reference["per_round"])],
+            "start_end_s": [steps * batch * (1 / whole - 1 / inside) for whole, inside
+                            in zip(a["per_round"], a["in_fit"]["per_round"])],
             "plan": run["plan"],
+            "first_step": built["a"].trainer.step - rounds * steps,
             "costs": call_costs(built["a"], 4 * run["steps_per_round"], best_step_s, repeats)}
 
 
@@ -137,6 +141,9 @@ def format_row(result: dict) -> list[str]:
              f"{100 * costs['host_us'] / (1e6 * costs['call_s']):.2f} % of the call"]
     lines += [f"      {name:<36}{us:8.1f} us" for name, us in parts.items()]
     lines.append(f"      {'the rest (services on_loop_end, ...)':<36}{rest:8.1f} us")
+    lines.append(f"  per fit of a: start + end {_spread(result['start_end_s'])} s (the "
+                 f"dataset built and the {result['first_step']}+ batches consumed skipped, "
+                 f"services' start and end, the iterator handed over)")
     return lines
 
 
