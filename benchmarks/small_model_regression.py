@@ -86,12 +86,18 @@ def host_parts(trainer, repeats: int) -> dict[str, float]:
 
 def call_costs(framework, steps: int, best_step_s: float, repeats: int) -> dict:
     """The per-call cost table of ``framework`` (a built, warmed-up ``a``): one fit of
-    ``steps`` steps timed per loop call by its clock, the parts of the host work timed
+    ``steps`` steps timed per loop call by its clock (its first call apart: the fit's new
+    iterator skips the batches consumed before it), the parts of the host work timed
     alone, and the reference's (best: c or c+xla) median seconds per step."""
+    start_step, clock = framework.trainer.step, framework.clock
+    begin = time.perf_counter()
     framework.run(steps)
-    calls = framework.clock.calls[1:]  # the first one includes the plan's adoption
+    returned = time.perf_counter()
+    first, *calls = clock.calls  # the first: the skip of the consumed batches
     host_s = statistics.median(h for _, _, h in calls)
     return {"calls": len(calls), "steps_per_call": statistics.median(n for n, _, _ in calls),
+            "start_step": start_step, "first_call_s": first[1],
+            "start_s": clock.start - begin, "end_s": returned - clock.end,
             "call_step_s": statistics.median(s / n for n, s, _ in calls),
             "best_step_s": best_step_s, "host_us": 1e6 * host_s,
             "call_s": statistics.median(s for _, s, _ in calls),
@@ -141,6 +147,11 @@ def format_row(result: dict) -> list[str]:
              f"{100 * costs['host_us'] / (1e6 * costs['call_s']):.2f} % of the call"]
     lines += [f"      {name:<36}{us:8.1f} us" for name, us in parts.items()]
     lines.append(f"      {'the rest (services on_loop_end, ...)':<36}{rest:8.1f} us")
+    lines.append(f"    first call of the fit {1e3 * costs['first_call_s']:9.2f} ms (from step "
+                 f"{costs['start_step']}: the new iterator skips that many batches first)")
+    lines.append(f"    this fit's start {1e3 * costs['start_s']:.1f} ms (fit() to the end of "
+                 f"on_fit_start), end {1e3 * costs['end_s']:.1f} ms (the last on_loop_end "
+                 f"to fit()'s return)")
     lines.append(f"  per fit of a: start + end {_spread(result['start_end_s'])} s (the "
                  f"dataset built and the {result['first_step']}+ batches consumed skipped, "
                  f"services' start and end, the iterator handed over)")
