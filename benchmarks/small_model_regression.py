@@ -16,15 +16,18 @@ loop (``c``, and ``c+xla`` where XLA compiles; the per-round faster is the refer
 
 * ``per fit``: a's whole ``fit()``, its start (the dataset and iterator, the services'
   ``on_fit_start``) and end (final callbacks, the iterator handed over) included;
-* ``in fit``: a's time inside the ``fit()``, from ``on_fit_start`` to its last
-  ``on_loop_end`` (:func:`benchmarks.throughput_impls.fit_clock`): the loop calls and
-  the host work between them;
+* ``in fit``: a's loop calls and the host work between them, after the first call
+  (:func:`benchmarks.throughput_impls.fit_clock`): a fit's first call includes the skip
+  of the batches consumed before it (its new iterator resumes there), which grows with
+  the step the fit starts from;
 
 then a per-call cost table of one more ``fit()`` of a (4 rounds long): the compiled
-call (median seconds per step, next to c's), the host work between two calls (median)
-and the parts of it that can be timed alone (each called ``--repeats`` times on the
-fitted Trainer; the rest is the services' ``on_loop_end``, the planner's bookkeeping
-after a call and the loop's own lines). benchmarks/README.md says how to read a slide.
+call (median seconds per step, next to best's), the host work between two calls
+(median) and the parts of it that can be timed alone (each called ``--repeats`` times
+on the fitted Trainer; the rest is the services' ``on_loop_end``, the planner's
+bookkeeping after a call and the loop's own lines); that fit's first call, start and
+end; and the start + end of the rounds' fits (per-fit minus in-fit seconds).
+benchmarks/README.md says how to read a slide.
 """
 
 from __future__ import annotations

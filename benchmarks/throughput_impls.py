@@ -5,7 +5,7 @@ global batch) and exposes ``run(steps)``: train that many more steps. ``warm_up`
 before the timed rounds (tracing, compilation, and for the framework's default config
 the plan's measuring). ``xla`` is the XLA state the implementation actually ran with.
 ``in_fit_s``: for the framework, the seconds of its last ``run`` inside the ``fit()``
-(:class:`FitClock`); None for the others, whose ``run`` is all loop calls.
+(:func:`fit_clock`); None for the others, whose ``run`` is all loop calls.
 """
 
 from __future__ import annotations
@@ -68,15 +68,19 @@ def fit_clock():
     from trainer import Callback
 
     class FitClock(Callback):
-        """Times one ``fit()`` from the end of ``on_fit_start`` (user callbacks run after
-        the framework's services) to its last ``on_loop_end``: ``in_fit_s``, the fit
-        without its start and end. Per loop call of the last fit: ``calls`` holds
-        ``(steps, seconds of the compiled call, host seconds)``: the call's span as the
-        loop timed it (``trainer.context.last_loop``) and the rest of the time between
-        two ``on_loop_end`` (the first counts from ``on_fit_start``)."""
+        """Times the loop calls of one ``fit()`` and the host work between them.
+
+        ``calls`` (the last fit's): per loop call, ``(steps, seconds of the compiled
+        call, host seconds)``: the call's span as the loop timed it
+        (``trainer.context.last_loop``) and the rest of the time between two
+        ``on_loop_end`` (the first counts from the end of ``on_fit_start``: user
+        callbacks run after the framework's services). ``in_fit_s``: the seconds the
+        fit's steps take at the rate of its calls after the first, host work included:
+        the fit without its start and end. The first call is part of the start: the
+        fit's new iterator skips the batches consumed before it there (a resume)."""
 
         def __init__(self):
-            self.start = self.end = 0.0
+            self.start = self.end = 0.0  # the end of on_fit_start, the last on_loop_end
             self.calls: list[tuple[int, float, float]] = []
 
         def on_fit_start(self, trainer) -> None:
@@ -91,7 +95,9 @@ def fit_clock():
 
         @property
         def in_fit_s(self) -> float:
-            return self.end - self.start
+            later = self.calls[1:] or self.calls
+            seconds = sum(s + h for _, s, h in later)
+            return seconds * sum(n for n, _, _ in self.calls) / sum(n for n, _, _ in later)
 
     return FitClock()
 
