@@ -1,18 +1,22 @@
 """trainer.iterator_release: what a fit() hands over is dropped on a background thread;
 the caller does not wait for it, the drop happens, and a process that ends normally
-waits for it. (A fit() on 2 replicas that hands its iterators over, several Trainers
+waits for it; the input probe's copy goes the same way at close(). (A fit() on 2 replicas that hands its iterators over, several Trainers
 after it, and a clean exit: tests/test_many_trainers.py.)"""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
 import threading
 import weakref
 
+from tests import toy
 from tests.helpers import REPO, subprocess_env
+from tests.test_many_trainers import live_iterators
 from trainer import iterator_release
+from trainer.telemetry.probes import InputProbe
 
 
 class SlowToDestroy:
@@ -87,3 +91,20 @@ def test_a_process_that_ends_normally_waits_for_pending_releases():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["main done", "destroyed"]
     assert "Exception" not in done.stderr, done.stderr[-3000:]
+
+
+def test_the_input_probe_releases_its_copy_at_close():
+    t = toy.ToyTrainer(toy.toy_config(**{"train.steps": 2}))
+    t.fit()
+    assert iterator_release.wait(timeout=120)
+    gc.collect()
+    gc.disable()  # freed by reference counting on the releasing thread, not a collection
+    try:
+        before = live_iterators()
+        probe = InputProbe(t.context)
+        assert live_iterators() > before
+        probe.close()
+        assert iterator_release.wait(timeout=120)
+        assert live_iterators() == before
+    finally:
+        gc.enable()
