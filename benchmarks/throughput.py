@@ -119,11 +119,15 @@ def _summary(values: list[float], c: list[float], best: list[float]) -> dict:
 
 
 def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
-            only: tuple[str, ...] = IMPLEMENTATIONS) -> dict:
+            only: tuple[str, ...] = IMPLEMENTATIONS, built: dict | None = None) -> dict:
     """Interleaved rounds in this process; returns per-implementation results.
 
     ``only``: the implementations to run (the references c and c+xla are always
-    included). ``best`` is the per-round faster of c and c+xla.
+    included). ``best`` is the per-round faster of c and c+xla. The framework's
+    results also hold ``in_fit``: the same summary of its rates inside each ``fit()``
+    (without the fit's start and end; :func:`benchmarks.throughput_impls.fit_clock`).
+    ``built``: when given, receives the implementations that ran, by name (to look
+    into after the rounds).
     """
     from benchmarks.workloads import WORKLOADS
 
@@ -134,6 +138,7 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
     # Steps per timed run: about `seconds` of the reference (c), a multiple of K.
     steps = max(K, int(seconds / step_s) // K * K) if step_s else K
     rates: dict[str, list[float]] = {name: [] for name in impls}
+    in_fit: dict[str, list[float]] = {name: [] for name in impls}  # rates inside fit()
     names = list(impls)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -141,12 +146,16 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
                 start = time.perf_counter()
                 impls[name].run(steps)
                 rates[name].append(steps * workload.batch_size / (time.perf_counter() - start))
+                if impls[name].in_fit_s is not None:
+                    in_fit[name].append(steps * workload.batch_size / impls[name].in_fit_s)
             except Exception as error:
                 errors[name] = _short(error)
                 impls.pop(name)
                 names.remove(name)
                 rates.pop(name)
     best = _best_of_references(rates)
+    if built is not None:
+        built.update(impls)
     results = {}
     for name in selected:
         if name in errors:
@@ -154,6 +163,8 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
         else:
             results[name] = dict(_summary(rates[name], rates.get("c", []), best),
                                  xla=impls[name].xla)
+            if in_fit[name]:
+                results[name]["in_fit"] = _summary(in_fit[name], rates.get("c", []), best)
         if name == "c+xla" and best:
             with_xla = rates.get("c+xla", [])
             results["best"] = dict(_summary(best, rates["c"], best), xla=None, xla_rounds=sum(

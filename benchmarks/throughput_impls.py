@@ -4,11 +4,14 @@ Every implementation trains the same workload (model, Adam, synthetic in-memory 
 global batch) and exposes ``run(steps)``: train that many more steps. ``warm_up`` runs
 before the timed rounds (tracing, compilation, and for the framework's default config
 the plan's measuring). ``xla`` is the XLA state the implementation actually ran with.
+``in_fit_s``: for the framework, the seconds of its last ``run`` inside the ``fit()``
+(:func:`fit_clock`); None for the others, whose ``run`` is all loop calls.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 K = 100  # steps per loop / per execution of the hand-written loop and fixed configs
 IMPLEMENTATIONS = ("a", "a-fixed", "a+xla", "b", "c", "c+xla", "d", "e")
@@ -35,6 +38,7 @@ class _Impl:
     """One implementation: ``run(steps)`` trains that many steps (after ``warm_up``)."""
 
     xla = False
+    in_fit_s: float | None = None
 
     def warm_up(self, steps: int, step_s: float | None = None) -> None:
         """Trace and warm up: ``steps`` steps (``step_s``: the reference's seconds per
@@ -58,6 +62,46 @@ def _stop_after_plan():
     return StopAfterPlan()
 
 
+def fit_clock():
+    """A :class:`FitClock` (a ``trainer.Callback``; built here so that importing this
+    module does not import the framework)."""
+    from trainer import Callback
+
+    class FitClock(Callback):
+        """Times the loop calls of one ``fit()`` and the host work between them.
+
+        ``calls`` (the last fit's): per loop call, ``(steps, seconds of the compiled
+        call, host seconds)``: the call's span as the loop timed it
+        (``trainer.context.last_loop``) and the rest of the time between two
+        ``on_loop_end`` (the first counts from the end of ``on_fit_start``: user
+        callbacks run after the framework's services). ``in_fit_s``: the seconds the
+        fit's steps take at the rate of its calls after the first, host work included:
+        the fit without its start and end. The first call is part of the start: the
+        fit's new iterator skips the batches consumed before it there (a resume)."""
+
+        def __init__(self):
+            self.start = self.end = 0.0  # the end of on_fit_start, the last on_loop_end
+            self.calls: list[tuple[int, float, float]] = []
+
+        def on_fit_start(self, trainer) -> None:
+            self.start = self.end = time.perf_counter()
+            self.calls = []
+
+        def on_loop_end(self, trainer) -> None:
+            now = time.perf_counter()
+            steps, seconds = trainer.context.last_loop
+            self.calls.append((steps, seconds, now - self.end - seconds))
+            self.end = now
+
+        @property
+        def in_fit_s(self) -> float:
+            later = self.calls[1:] or self.calls
+            seconds = sum(s + h for _, s, h in later)
+            return seconds * sum(n for n, _, _ in self.calls) / sum(n for n, _, _ in later)
+
+    return FitClock()
+
+
 class Framework(_Impl):
     """``Trainer.fit`` on the workload.
 
@@ -68,19 +112,23 @@ class Framework(_Impl):
     length), and stops it at the first loop end after the plan event (callback), then
     warms the chosen plan up; the timed fits reuse the plan. ``plan="fixed"``:
     ``perf.plan="fixed"``, ``steps_per_loop=K``, ``perf.jit_compile=jit``: exactly the
-    config as written.
+    config as written. ``clock``: a :func:`fit_clock` of every fit, which
+    ``in_fit_s`` reads.
     """
+
+    clock = None
 
     def __init__(self, workload, strategy, plan: str, jit: bool = False):
         from benchmarks.workloads import framework_trainer
 
         self.auto = plan == "auto"
+        self.clock = fit_clock()
         if self.auto:
             self.trainer = framework_trainer(workload, None, strategy=strategy,
-                                             callbacks=[_stop_after_plan()])
+                                             callbacks=[_stop_after_plan(), self.clock])
         else:
-            self.trainer = framework_trainer(workload, K, strategy=strategy, **{
-                "perf.plan": "fixed", "perf.jit_compile": jit})
+            self.trainer = framework_trainer(workload, K, strategy=strategy, callbacks=[
+                self.clock], **{"perf.plan": "fixed", "perf.jit_compile": jit})
         self.xla = self.trainer.steps.jit_compiled  # off with 2+ replicas (logged)
 
     def warm_up(self, steps: int, step_s: float | None = None) -> None:
@@ -93,6 +141,10 @@ class Framework(_Impl):
     def run(self, steps: int) -> None:
         self.trainer.config.train.steps = self.trainer.step + steps
         self.trainer.fit()
+
+    @property
+    def in_fit_s(self) -> float | None:
+        return self.clock.in_fit_s if self.clock else None
 
     def plan(self) -> dict | None:
         """The plan event of this Trainer (``trainer.events.records``), or None."""

@@ -7,8 +7,10 @@ Each Trainer (ToyEvalTrainer, a workdir of its own: summaries and checkpoints) i
 built and fitted; odd ones through ``with Trainer(...) as t:``, the others by
 ``fit()`` then ``close()``. After each ``fit()`` and after each close, with NO garbage
 collection in between (the process runs with the collector off), one JSON line counts
-what is still alive: tf.data iterators and distributed iterators, distributed datasets,
-and threads. Ends with the line ``done``.
+what is still alive once the pending releases are done (``trainer.iterator_release``
+destroys iterators on a background thread): tf.data iterators and distributed
+iterators, distributed datasets, and threads; ``pending`` is the number of releases a
+``fit()`` or close left running when it returned. Ends with the line ``done``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main() -> None:
     import tensorflow as tf
 
     from tests import toy
+    from trainer import iterator_release
 
     iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)
     datasets = (tf.distribute.DistributedDataset,)
@@ -46,7 +49,10 @@ def main() -> None:
     baseline = threading.active_count()
 
     def report(i: int, when: str, results: dict | None = None) -> None:
-        print(json.dumps({"trainer": i, "when": when, "iterators": live(iterators),
+        pending = iterator_release.pending()
+        iterator_release.wait()
+        print(json.dumps({"trainer": i, "when": when, "pending": pending,
+                          "iterators": live(iterators),
                           "datasets": live(datasets),
                           "threads": threading.active_count(), "baseline": baseline,
                           "keys": sorted(results or {})}), flush=True)

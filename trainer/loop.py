@@ -34,6 +34,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import checks, data, data_resume, eval_pass, host_collectives, keras_compat
+from trainer.iterator_release import release
 from trainer import plan as plan_lib
 from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
@@ -53,10 +54,11 @@ class LoopDriver:
     """Runs ``fit()`` and ``evaluate()`` for one Trainer (``trainer.driver``).
 
     Keeps the compiled loops and the eval dataset across ``fit()`` calls (until
-    :meth:`close`). The train iterator lives for one ``fit()``, freed at its end
-    (returned or raised), not at a later garbage collection of the Trainer's cycles,
-    where destroying it waits for its tf.data autotune thread (seconds to a minute); a
-    second ``fit()`` builds the dataset again and skips the batches consumed, as a resume.
+    :meth:`close`). The train iterator lives for one ``fit()``, released at its end
+    (returned or raised), not at a later garbage collection of the Trainer's cycles;
+    destroying it waits for its tf.data autotune thread (seconds to a minute), so it is
+    destroyed on a background thread (:mod:`trainer.iterator_release`); a second
+    ``fit()`` builds the dataset again and skips the batches consumed, as a resume.
 
     Args:
       trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
@@ -66,8 +68,7 @@ class LoopDriver:
         (:class:`trainer.services.history.History`).
     """
 
-    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable,
-                 history: Any):
+    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable, history: Any):
         self.trainer = trainer
         self.history = history
         self._train_step, self._eval_step = train_step, eval_step
@@ -79,11 +80,8 @@ class LoopDriver:
         # What the restored checkpoint says about the run that wrote it (its step, worker
         # count and input layout; set through the run context's ``resumed``), or None.
         self.resumed: data_resume.Resumed | None = None
-        # {"input_layout": InputLayout} of the current train dataset (the checkpoint
-        # records it).
-        self.input_report: dict = {}
-        self._stop_reason: str | None = None
-        self._preempt = False
+        self.input_report: dict = {}  # {"input_layout": ...} of the train dataset (checkpointed)
+        self._stop_reason, self._preempt = None, False  # a stop's reason; preemption noticed
         self._dataset = None  # the distributed train dataset of the current iterator
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
@@ -99,8 +97,7 @@ class LoopDriver:
     def planner(self) -> plan_lib.Planner:
         """The execution plan's planner (built once, at the first use)."""
         if self._planner is None:
-            t = self.trainer
-            cfg = t.config
+            t, cfg = self.trainer, self.trainer.config
             # perf.jit_compile compiles the DEFAULT step's forward + backward only.
             grads = t.steps.xla and not t.overrides("train_step")
             workers = host_collectives.num_workers(t.strategy)
@@ -125,8 +122,7 @@ class LoopDriver:
         """The compiled loops of the current plan's XLA setting (evaluation uses the
         first loops built: the eval step never compiles with XLA)."""
         plan = self.planner.next_plan() if self._planner else None
-        return self._loops_for(plan.xla if plan else
-                               "grads" if self.trainer.steps.xla else "off")
+        return self._loops_for(plan.xla if plan else "grads" if self.trainer.steps.xla else "off")
 
     def _loops_for(self, setting: str) -> CompiledLoops:
         """The loops of XLA ``setting`` (:mod:`trainer.plan`; built once); sets the
@@ -207,8 +203,9 @@ class LoopDriver:
                              f"build_eval_dataset(ctx) to evaluate.")
         self._eval_input()
         self.eval_readout.reset()
+        held = [iter(self._eval_dataset)]  # released off this thread (as the train one)
         try:
-            eval_pass.run_pass(self._eval_loops().evaluate, iter(self._eval_dataset),
+            eval_pass.run_pass(self._eval_loops().evaluate, held[0],
                                t.config.eval.steps, lambda: self._preempt,
                                f"eval at step {t.step}",
                                host_collectives.num_workers(t.strategy))
@@ -217,6 +214,8 @@ class LoopDriver:
             if found is None:
                 raise
             raise found from error
+        finally:
+            release(held)
         return self.eval_readout.take()
 
     def _eval_loops(self) -> CompiledLoops:
@@ -235,8 +234,8 @@ class LoopDriver:
 
     def train_graph(self) -> tf.Graph | None:
         """The graph of the compiled train loop as ``fit()`` traced it for the last loop
-        call's plan (no retrace); None before the first ``fit()``. Its loop body calls the step function once:
-        ``strategy.run`` of the train step on this worker's replicas."""
+        call's plan (no retrace); None before the first ``fit()``. Its loop body calls the
+        step function once: ``strategy.run`` of the train step on this worker's replicas."""
         loops = self._loops.get(self._last_setting)
         if self._fit_iterator is None or loops is None:
             return self._last_fit[0]
@@ -251,10 +250,13 @@ class LoopDriver:
         return _replica_spec(self._fit_iterator.element_spec)
 
     def release_iterator(self) -> None:
-        """Drops the train iterator and its dataset; keeps its graph and batch spec."""
+        """Drops the train iterator and its dataset (destroyed on a background thread);
+        keeps its graph and batch spec."""
         if self._fit_iterator is not None:
             self._last_fit = (self.train_graph(), self.train_batch_spec())
+        held = [x for x in (self._fit_iterator, self._dataset) if x is not None]
         self._fit_iterator = self._dataset = None
+        release(held)
 
     def close(self) -> None:
         """Drops everything a ``fit()`` or ``evaluate()`` built: the train iterator, the
@@ -377,8 +379,7 @@ class LoopDriver:
             return
         if record["source"] == "skipped" and not record["plans"]:
             logging.info("plan: %s as configured, not measured: %s",
-                         plan_lib.Plan.from_dict(record["chosen"]).describe(),
-                         record["reason"])
+                         plan_lib.Plan.from_dict(record["chosen"]).describe(), record["reason"])
             return
         self.trainer.events.plan(self.trainer.step, record)
 

@@ -72,13 +72,15 @@ class Watched:
     """A :meth:`SimulatedCluster.popen` process (text output) read line by line as it
     runs, by a thread, so that a test can act on a line mid-run.
 
-    ``lines`` grows as the process writes; ``exited_at`` is the ``time.monotonic()`` at
+    ``lines`` grows as the process writes (``timed_lines``: the same with the
+    ``time.monotonic()`` each was read at); ``exited_at`` is the ``time.monotonic()`` at
     which the process was seen to exit (None while it runs), at most ~0.1 s late.
     """
 
     def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self.lines: list[str] = []
+        self.timed_lines: list[tuple[float, str]] = []
         self.exited_at: float | None = None
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -88,6 +90,7 @@ class Watched:
         for line in self.proc.stdout:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
+                self.timed_lines.append((time.monotonic(), self.lines[-1]))
                 self._cond.notify_all()
         self.proc.wait()
         with self._cond:

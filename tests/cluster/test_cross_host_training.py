@@ -111,10 +111,11 @@ def assert_reference_weights(reference: Reference, workdir: Path, workers: int) 
                for i in range(workers))
 
 
-def fetch(cluster: SimulatedCluster, gcs: GcsEmulator, prefix: str, dest: Path) -> list[str]:
+def fetch(cluster: SimulatedCluster, gcs: GcsEmulator, prefix: str, dest: Path,
+          host: int | str = 0) -> list[str]:
     """Downloads every object under ``gs://BUCKET/prefix/`` into ``dest`` (through
-    google-cloud-storage on the first host: only the hosts reach the emulator); returns
-    the object names relative to ``prefix``."""
+    google-cloud-storage on ``host``: only the hosts reach the emulator); returns the
+    object names relative to ``prefix``."""
     script = ("import sys, pathlib\n"
               "from google.cloud import storage\n"
               "bucket, prefix, dest = sys.argv[1:]\n"
@@ -124,7 +125,7 @@ def fetch(cluster: SimulatedCluster, gcs: GcsEmulator, prefix: str, dest: Path) 
               "    if name and not name.endswith('/'):\n"
               "        (pathlib.Path(dest) / name).parent.mkdir(parents=True, exist_ok=True)\n"
               "        blob.download_to_filename(str(pathlib.Path(dest) / name))\n")
-    result = cluster.run(cluster.hosts[0], ["python", "-c", script, BUCKET, prefix, dest],
+    result = cluster.run(host, ["python", "-c", script, BUCKET, prefix, dest],
                          env=gcs.client_env(), timeout=120)
     return result.stdout.split()
 
@@ -247,11 +248,11 @@ def test_a_run_stopped_on_one_layout_resumes_on_another(cluster, reference, befo
 # ---------------------------------------------------------------- multi-node Slurm
 
 def submit(slurm, cluster: SimulatedCluster, label: str, nodes: str,
-           flags: Sequence[str] = (), env: dict | None = None):
+           flags: Sequence[str] = (), env: dict | None = None, workdir: str | None = None):
     """The emitted ``--nodes NODES --tasks_per_node 2`` script, submitted; returns the job
-    and its workdir."""
+    and its workdir (default: ``run`` in the job's shared directory)."""
     directory = cluster.shared_dir(label)
-    workdir, script = directory / "run", directory / "job.sbatch"
+    workdir, script = workdir or directory / "run", directory / "job.sbatch"
     code = multiworker.main(["--emit", "slurm", "--nodes", nodes, "--tasks_per_node", "2",
                              "--port", str(consecutive_ports(cluster, 2)), "--job_name", label,
                              "--output", str(script), CONFIG, f"--workdir={workdir}", *flags])
@@ -320,3 +321,26 @@ def test_a_host_lost_mid_job_requeues_it_onto_the_remaining_host(multinode_slurm
     print(f"\n[measured] 1 host: requeue (Restarts seen) -> first resumed window seen "
           f"{resumed - requeued:.1f} s (resumed at step {resumed_step(last_run)}, "
           f"restarts {state['Restarts']}); 4 -> 2 workers max|dw| {diff:.2e}")
+
+
+def test_a_spot_host_lost_mid_job_requeues_onto_another_host_resuming_from_the_bucket(
+        multinode_slurm, cluster, gcs, reference, tmp_path):
+    """The spot-VM case: the workdir is gs://, the job's host (with its local disk) is
+    lost, Slurm requeues the job onto the other host, which resumes from the bucket."""
+    prefix = f"slurm-spot-{cluster.ports()[0]}"
+    job, _ = submit(multinode_slurm, cluster, "slurm-spot", "1", [EVERY_5],
+                    env={**SLOW, **gcs.client_env()}, workdir=f"gs://{BUCKET}/{prefix}")
+    # An async save is logged when issued; the next one starts once it is committed.
+    committed = int(job.wait_for_output(r"checkpoint of step (\d+) ->", RUN_S).group(1))
+    job.wait_for_output(rf"checkpoint of step {committed + 5} ->", RUN_S)
+    (first,) = job.nodes()
+    cluster.partition(first)  # the machine and its local disk are gone
+    state = job.wait(timeout=LOST_S + RUN_S)
+    output = job.output()
+    assert state["JobState"] == "COMPLETED", output[-6000:]
+    (second,) = job.nodes()
+    assert second != first, (first, second)
+    step = resumed_step(output)
+    assert committed <= step < STEPS, output[-6000:]
+    fetch(cluster, gcs, prefix, tmp_path, host=second)  # the lost host has no route
+    assert_reference_weights(reference, tmp_path, 2)

@@ -22,12 +22,11 @@ the dataset skips the consumed batches in every input pipeline; exact for a
 deterministic pipeline (``train.deterministic``, seeded shuffles), and a warning says
 when it cannot hold; also on another number of workers (the input follows the
 checkpoint's input layout, :mod:`trainer.data_resume`). Every restore logs the worker
-counts of both runs, and the next ``fit()`` writes a ``"resume"`` record. When resuming (``step=None``) a committed step that cannot be read
-is skipped with a warning and the previous one is tried.
-
-A restore checks a step's files against their checksums (a damaged step is skipped
-like an unreadable one); a save failing on a full or read-only disk warns and retries,
-then stops (:mod:`trainer.checkpoint.save_failures`).
+counts of both runs; the next ``fit()`` writes a ``"resume"`` record. A committed step
+that cannot be read, or does not match its checksums, is skipped with a warning and the
+previous one tried. A save failing on a full or read-only disk warns and retries, then
+stops (:mod:`~trainer.checkpoint.save_failures`); a periodic save due while the previous
+async write still runs is skipped (:mod:`~trainer.checkpoint.deferral`).
 
 Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
 takes part in a restore, which the chief performs and broadcasts to the others over TF
@@ -48,6 +47,7 @@ from absl import logging
 from trainer import data_resume, host_collectives
 from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
+from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
@@ -231,7 +231,7 @@ class Checkpointer(Service):
         self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
-        self.failures = SaveFailures(workdir)
+        self.failures, self.deferral = SaveFailures(workdir), SaveDeferral(self.every)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
 
@@ -241,9 +241,8 @@ class Checkpointer(Service):
     def save(self, run: RunContext, kind: str = LATEST_DIR,
              metrics: dict[str, float] | None = None, wait: bool = False) -> None:
         """Saves the current state (chief writes; every worker announces a save of the
-        latest state, so every callback's ``on_checkpoint`` runs).
-
-        A step already saved to ``kind`` by this run is not saved again."""
+        latest state, so every callback's ``on_checkpoint`` runs). A step already saved
+        to ``kind`` by this run is not saved again."""
         if self._saved.get(kind) == run.step:
             return
         if not checkpoint_state.all_finite(run):
@@ -254,16 +253,17 @@ class Checkpointer(Service):
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
         self._saved[kind] = run.step
-        written = True
-        if self.chief:
-            written = self._write(run, kind, metrics, wait)
+        written = not self.chief or self._write(run, kind, metrics, wait)
         if kind == LATEST_DIR and written:
             run.announce_checkpoint(run.step)
 
     def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
                wait: bool) -> bool:
-        """Writes the current state to ``kind`` (chief); False when a storage fault
-        stopped it and training goes on (:meth:`_storage_fault`)."""
+        """Writes the current state to ``kind`` (chief); False when it was skipped
+        (:mod:`~trainer.checkpoint.deferral`) or a storage fault stopped it."""
+        if (not wait and kind == LATEST_DIR and run.step < self.total and self.deferral.skip(
+                run.step, lambda: self.store.in_flight(kind), os.path.join(run.workdir, kind))):
+            return False
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
             if self.store.has(kind, run.step):

@@ -321,6 +321,12 @@ class CheckpointStore:
         """The step of ``kind`` whose async write may not be committed yet, or None."""
         return self._pending.get(kind)
 
+    def in_flight(self, kind: str) -> int | None:
+        """The step of ``kind`` whose async write is still running, or None."""
+        manager = self._managers.get(kind)
+        running = manager is not None and manager.is_saving_in_progress()
+        return self._pending.get(kind) if running else None
+
     def wait(self, kind: str | None = None) -> None:
         """Blocks until the async writes of ``kind`` (default: every kind) are committed;
         raises the error of a write that failed."""

@@ -25,7 +25,7 @@ import time
 
 import tensorflow as tf
 
-from trainer import data, precision
+from trainer import data, iterator_release, precision
 from trainer.run_context import RunContext
 from trainer.tracing import no_autograph
 
@@ -44,7 +44,8 @@ class InputProbe:
     """Times the train input pipeline alone, on a second copy of the distributed dataset.
 
     The copy is built on first use and kept (its iterator stays warm between probes);
-    it costs the memory of one more pipeline (e.g. its shuffle buffer).
+    it costs the memory of one more pipeline (e.g. its shuffle buffer) until
+    :meth:`close`.
     """
 
     def __init__(self, run: RunContext):
@@ -64,6 +65,14 @@ class InputProbe:
 
         self._drain = drain
         self._drain(self._iterator, tf.constant(1, tf.int64)).numpy()  # trace and warm up
+
+    def close(self) -> None:
+        """Drops the copy and its iterator, destroyed on a background thread
+        (:mod:`trainer.iterator_release`: the autotune thread's wait stays off the
+        training thread). Host; the probe is unusable afterwards."""
+        held = [self._iterator, self._dataset]
+        self._iterator = self._dataset = None
+        iterator_release.release(held)
 
     def next_batch(self):
         """One distributed batch (a PerReplica structure) from the probe's copy."""

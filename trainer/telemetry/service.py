@@ -269,8 +269,8 @@ class Telemetry(Service):
             self._active_writers = None
         if self._sampler:
             self._sampler.close()
-        # The input probe's iterator is freed now, not at a later garbage collection
-        # (where destroying it waits for its tf.data autotune thread).
+        if self._probes.get("input") is not None:  # its iterator: released now, not at a
+            self._probes["input"].close()  # later garbage collection, and off this thread
         self._probes.clear()
 
     # ---------------------------------------------------------------- windows

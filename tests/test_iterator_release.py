@@ -1,0 +1,110 @@
+"""trainer.iterator_release: what a fit() hands over is dropped on a background thread;
+the caller does not wait for it, the drop happens, and a process that ends normally
+waits for it; the input probe's copy goes the same way at close(). (A fit() on 2 replicas that hands its iterators over, several Trainers
+after it, and a clean exit: tests/test_many_trainers.py.)"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+
+from tests import toy
+from tests.helpers import REPO, subprocess_env
+from tests.test_many_trainers import live_iterators
+from trainer import iterator_release
+from trainer.telemetry.probes import InputProbe
+
+
+class SlowToDestroy:
+    """Stands in for a distributed iterator: its destruction blocks until ``go`` is set
+    (as an iterator's waits for its tf.data autotune thread) and records its thread."""
+
+    def __init__(self, go: threading.Event):
+        self.go = go
+        self.destroyed_on: list[int] = []
+
+    def __del__(self):
+        self.go.wait(timeout=30)  # a synchronous release would block the test this long
+        self.destroyed_on.append(threading.get_ident())
+
+
+def test_release_returns_before_the_object_is_destroyed():
+    go = threading.Event()
+    held = [SlowToDestroy(go)]
+    gone = weakref.ref(held[0])
+    try:
+        iterator_release.release(held)
+        # The destructor is still blocked: release did not wait for it.
+        assert gone() is not None
+        assert iterator_release.pending() >= 1
+    finally:
+        go.set()
+    assert iterator_release.wait(timeout=60)
+
+
+def test_the_release_destroys_the_object_on_another_thread():
+    go = threading.Event()
+    go.set()
+    obj = SlowToDestroy(go)
+    destroyed_on, gone = obj.destroyed_on, weakref.ref(obj)
+    held = [obj]
+    del obj
+    iterator_release.release(held)
+    assert iterator_release.wait(timeout=60)
+    assert gone() is None
+    assert held == []
+    assert destroyed_on and destroyed_on[0] != threading.get_ident()
+
+
+def test_wait_with_a_timeout_reports_a_release_still_running():
+    go = threading.Event()
+    iterator_release.release([SlowToDestroy(go)])
+    try:
+        assert not iterator_release.wait(timeout=0.01)
+    finally:
+        go.set()
+    assert iterator_release.wait(timeout=60)
+    assert iterator_release.pending() == 0
+
+
+def test_a_process_that_ends_normally_waits_for_pending_releases():
+    # The destructor prints after the main thread has finished: the interpreter waited
+    # for the (non-daemon) releasing thread, and the process still exits with 0.
+    script = textwrap.dedent("""
+        import threading
+        from trainer import iterator_release
+
+        class Slow:
+            def __del__(self):
+                threading.Event().wait(0.5)
+                print("destroyed", flush=True)
+
+        iterator_release.release([Slow()])
+        print("main done", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["main done", "destroyed"]
+    assert "Exception" not in done.stderr, done.stderr[-3000:]
+
+
+def test_the_input_probe_releases_its_copy_at_close():
+    t = toy.ToyTrainer(toy.toy_config(**{"train.steps": 2}))
+    t.fit()
+    assert iterator_release.wait(timeout=120)
+    gc.collect()
+    gc.disable()  # freed by reference counting on the releasing thread, not a collection
+    try:
+        before = live_iterators()
+        probe = InputProbe(t.context)
+        assert live_iterators() > before
+        probe.close()
+        assert iterator_release.wait(timeout=120)
+        assert live_iterators() == before
+    finally:
+        gc.enable()
