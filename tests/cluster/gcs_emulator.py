@@ -341,7 +341,8 @@ def _bucket_of(path: str) -> str | None:
 
 def _target(request, match: re.Match) -> tuple[str, str] | None:
     """(bucket, object) a request reads or writes: the destination of a copy/rewrite,
-    the ``name`` of an upload, else the object of the path."""
+    the ``name`` of an upload (in the query, or in the upload's metadata), else the
+    object of the path."""
     params = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
     if "dest_object_id" in params:
         return params["dest_bucket_name"], params["dest_object_id"]
@@ -349,6 +350,9 @@ def _target(request, match: re.Match) -> tuple[str, str] | None:
         return params["bucket_name"], params["object_id"]
     if "name" in request.query and "upload_id" not in request.query:
         return params.get("bucket_name", ""), request.query["name"][0]
+    if request.query.get("uploadType") in (["multipart"], ["resumable"]) and isinstance(
+            request.data, dict):  # google-cloud-storage names the object in the metadata
+        return params.get("bucket_name", ""), request.data.get("meta", request.data).get("name")
     return None
 
 

@@ -4,7 +4,8 @@ From a simulated host, TensorFlow's gs:// filesystem, tensorstore (what orbax wr
 arrays with) and google-cloud-storage (what orbax asks for the bucket) all work against
 the emulator (tests/cluster/gcs.py) under the real storage host names, every one of
 their requests is in the emulator's log, and a connection to any address outside the
-namespaces fails at once (no route out).
+namespaces fails at once (no route out). Writes with generation preconditions (what
+tensorstore and TensorFlow send) are answered as GCS answers them.
 """
 
 from __future__ import annotations
@@ -49,3 +50,34 @@ def test_no_route_leaves_the_simulated_hosts(cluster, gcs):
         # A public address: the connection fails at once (no route), it does not time out.
         result = connect(cluster, host, "8.8.8.8", 443, timeout=10)
         assert result.returncode == 1 and "Network is unreachable" in result.stdout, result
+
+
+PRECONDITIONS = """
+import json, sys
+from google.api_core import exceptions
+from google.cloud import storage
+blob = storage.Client().bucket(sys.argv[1]).blob(sys.argv[2])
+blob.upload_from_string(b"first", if_generation_match=0)  # create only
+seen = {}
+try:
+    blob.upload_from_string(b"second", if_generation_match=0)
+except exceptions.PreconditionFailed:
+    seen["create_again"] = 412
+blob.reload()
+first = blob.generation
+blob.upload_from_string(b"third", if_generation_match=first)  # this generation only
+try:
+    blob.upload_from_string(b"stale", if_generation_match=first)
+except exceptions.PreconditionFailed:
+    seen["stale_generation"] = 412
+seen["content"] = blob.download_as_bytes().decode()
+print(json.dumps(seen))
+"""
+
+
+def test_generation_preconditions_are_answered_as_gcs_does(cluster, gcs):
+    name = f"preconditions-{cluster.ports()[0]}/object"
+    result = cluster.run(cluster.hosts[0], [sys.executable, "-c", PRECONDITIONS, BUCKET, name],
+                         env=gcs.client_env(), timeout=120)
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen == {"create_again": 412, "stale_generation": 412, "content": "third"}, seen
