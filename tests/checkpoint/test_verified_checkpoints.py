@@ -120,13 +120,31 @@ def test_every_file_of_both_items_is_covered(trained, fast_io):
             assert checksums.file_crc(os.path.join(directory, rel)) == (size, crc)
 
 
-def test_the_npy_checksums_computed_in_memory_are_those_of_the_files(tmp_path):
+@pytest.mark.parametrize("rows", [1000, 100_000], ids=["inline", "in_a_thread"])
+def test_the_npy_checksums_computed_while_writing_and_reading_are_those_of_the_files(
+        tmp_path, rows):
     from trainer.checkpoint import array_files
 
-    array = array_files.aligned_empty((1000, 3), np.float32)
-    array[:] = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    array = array_files.aligned_empty((rows, 3), np.float32)
+    array[:] = np.arange(3 * rows, dtype=np.float32).reshape(rows, 3)
+    assert (array.nbytes >= array_files.BACKGROUND_CRC_BYTES) == (rows > 1000)
     path = str(tmp_path / "a.npy")
     assert array_files.write_npy(path, array) == checksums.file_crc(path)
+    assert array_files.read_npy(path)[1] == checksums.file_crc(path)
+
+
+def test_a_restore_hands_the_checksums_of_the_npy_bytes_it_read_to_the_check(trained):
+    from trainer.checkpoint import store
+
+    step_dir = os.path.join(trained[True], "checkpoints", "20")
+    _, known = store.read_state(step_dir, store.read_manifest(step_dir))
+    with open(os.path.join(step_dir, "state", checksums.FILE)) as f:
+        table = json.load(f)["files"]
+    arrays = [rel for rel in table if rel.endswith(".npy")]
+    assert arrays
+    for rel in arrays:  # by the path the check looks them up with, as written
+        assert known(os.path.join(step_dir, "state", rel)) == tuple(table[rel]), rel
+    assert known(os.path.join(step_dir, "state", "_METADATA")) is None  # read by the check
 
 
 def test_a_checkpoint_without_checksums_restores_and_says_so_once(copy_of, caplog):

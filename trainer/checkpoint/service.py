@@ -68,12 +68,13 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
 
     Then its files are checked against their checksums (:class:`Unreadable` naming the
-    file; none: an earlier version, said once). A failed read, or a manifest that does
+    file; none: an earlier version, said once); the ``.npy`` array files by the CRC of
+    the bytes just read, the others read again. A failed read, or a manifest that does
     not fit, is :class:`Unreadable` when a file does not match (naming both)."""
     try:
         manifest = read_manifest(path)
         checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
-        state = read_state(path, manifest)
+        state, known = read_state(path, manifest)
     except (Unreadable, CheckpointError) as error:
         try:
             verify(path)
@@ -81,7 +82,7 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
             raise Unreadable(f"{error}; {damaged}" if isinstance(error, Unreadable)
                              else str(damaged)) from error
         raise
-    if not verify(path):
+    if not verify(path, known):
         inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
     return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
 
