@@ -44,11 +44,17 @@ the "async_tensorstore" arm).
    print the ratio of their stalls.
 4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer,
    median over rounds, next to a synchronous save of the same writer (checksums
-   included; ``PAUSE_S`` after the previous save): the CRC32C work a save adds (the
-   ``.npy`` writer: the CRC of the arrays in memory, plus the small metadata files read
-   back; the tensorstore writer: every file read back right after the write, as the
-   finalize step does), and the check a restore adds (every file read) next to a
-   restore. ``--only checksums`` runs the warm-up and this part alone.
+   included; ``PAUSE_S`` after the previous save). What the checksums add to a save:
+   the same host state written through the checkpoint's item handlers with and
+   without checksums, back to back (alternating order; ``PAUSE_S`` before each),
+   their difference per round (the ``.npy`` writer computes the CRC in a thread while
+   the bytes are written; the tensorstore writer reads every file back). What the
+   check adds to a restore: a restore (read, check, assign) against the same read and
+   assign without the check, per round (the ``.npy`` files are checked by the CRC of
+   the bytes read; other files are read again). Also printed: the CRC32C of the arrays
+   in memory alone (the work the ``.npy`` writer overlaps with the write). Differences
+   are noisy (a few % of a save); read the median and the per-round values.
+   ``--only checksums`` runs the warm-up and this part alone.
 """
 
 from __future__ import annotations
@@ -168,18 +174,44 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     return out
 
 
+def _write_item_dirs(ocp, path: str, state: dict, manifest: dict, fast_io: bool,
+                     verified: bool) -> float:
+    """Seconds of one synchronous orbax write of ``state`` / ``manifest`` to ``path``
+    through the checkpoint's item handlers, with or without their checksums."""
+    from trainer.checkpoint import store
+
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
+        state=store.state_handler(ocp, fast_io, verified=verified),
+        manifest=store.manifest_handler(ocp, verified=verified)))
+    time.sleep(PAUSE_S)
+    start = time.perf_counter()
+    checkpointer.save(path, args=ocp.args.Composite(
+        state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
+    seconds = time.perf_counter() - start
+    checkpointer.close()
+    return seconds
+
+
 def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
-    """Per array writer: seconds of a sync save (checksums included), of the checksum
-    work that save did, of a restore and of the check that restore did (see 4.)."""
+    """Per array writer and round (see 4.): a sync save (checksums included); the same
+    state written with and without checksums, back to back in alternating order (their
+    difference is what the checksums add to a save); a restore with its check and the
+    same read without it (the difference is what the check adds); the CRC32C work
+    alone (every array in memory: what the ``.npy`` writer overlaps with the write)."""
     import numpy as np
 
     from trainer.checkpoint import checksums, state as checkpoint_state, store
     from trainer.checkpoint.service import Checkpointer, load
 
-    out: dict[str, list[float]] = {f"{writer}_{what}": [] for writer in WRITERS
-                                   for what in ("save_s", "crc_s", "restore_s", "verify_s")}
-    for _ in range(rounds):
+    ocp = store.orbax()
+    out: dict[str, list[float]] = {
+        f"{writer}_{what}": [] for writer in WRITERS
+        for what in ("save_s", "write_s", "write_unverified_s", "crc_s", "restore_s",
+                     "restore_unverified_s", "verify_s")}
+    out["crc_work_s"] = []
+    for r in range(rounds):
         _fit(trainer, 1, 0, True)  # a new step (its own save is not timed)
+        groups = checkpoint_state.state_variables(trainer.context)
         for writer in WRITERS:
             cfg = trainer.config.checkpoint
             cfg.async_save, cfg.fast_io = False, writer == "npy"
@@ -190,43 +222,57 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
             saver.save(trainer.context, kind=kind, wait=True)
             out[f"{writer}_save_s"].append(time.perf_counter() - start)
             saver.on_fit_end(trainer.context, {})
+            state, manifest = checkpoint_state.snapshot(trainer.context)
+            for verified in ((True, False) if r % 2 == 0 else (False, True)):
+                path = os.path.join(trainer.workdir, f"{kind}_write_{verified}")
+                seconds = _write_item_dirs(ocp, path, state, manifest, writer == "npy",
+                                           verified)
+                out[f"{writer}_write{'' if verified else '_unverified'}_s"].append(seconds)
+                shutil.rmtree(path)
+            out[f"{writer}_crc_s"].append(out[f"{writer}_write_s"][-1]
+                                          - out[f"{writer}_write_unverified_s"][-1])
             step_dir = os.path.join(trainer.workdir, kind, str(trainer.step))
-            state, _ = checkpoint_state.snapshot(trainer.context)
-            start = time.perf_counter()
-            if writer == "npy":  # in memory, as array_files.write_npy does
-                for arrays in state.values():
-                    for array in arrays:
-                        checksums.extend(0, np.ascontiguousarray(array))
-                read_back = {"manifest"}  # and the state's _METADATA (below)
-                checksums.file_crc(os.path.join(step_dir, "state", "_METADATA"))
-            else:
-                read_back = {"state", "manifest"}
-            for item in read_back:
-                checksums.write(os.path.join(step_dir, item))  # rewrites the same table
-            out[f"{writer}_crc_s"].append(time.perf_counter() - start)
-            groups = checkpoint_state.state_variables(trainer.context)
-            start = time.perf_counter()
-            store.verify(step_dir)
-            out[f"{writer}_verify_s"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            checkpoint_state.assign(groups, load(step_dir, groups)[0])  # verify + read + assign
-            out[f"{writer}_restore_s"].append(time.perf_counter() - start)
+            for verified in ((True, False) if r % 2 == 0 else (False, True)):
+                start = time.perf_counter()
+                if verified:  # the restore's path: read, check, assign
+                    checkpoint_state.assign(groups, load(step_dir, groups)[0])
+                else:
+                    manifest = store.read_manifest(step_dir)
+                    read, _ = store.read_state(step_dir, manifest)
+                    checkpoint_state.assign(groups, checkpoint_state.in_trainer_order(
+                        groups, manifest, read))
+                out[f"{writer}_restore{'' if verified else '_unverified'}_s"].append(
+                    time.perf_counter() - start)
+            out[f"{writer}_verify_s"].append(out[f"{writer}_restore_s"][-1]
+                                             - out[f"{writer}_restore_unverified_s"][-1])
             shutil.rmtree(os.path.join(trainer.workdir, kind))
+        start = time.perf_counter()
+        for arrays in state.values():
+            for array in arrays:
+                checksums.extend(0, np.ascontiguousarray(array))
+        out["crc_work_s"].append(time.perf_counter() - start)
     return out
 
 
 def _print_checksum_cost(costs: dict[str, list[float]], state_mb: float) -> dict:
     median = {k: statistics.median(v) for k, v in costs.items()}
     print(f"  checksums (CRC32C, google-crc32c), {state_mb:.0f} MB state, median of "
-          f"{len(costs['npy_save_s'])} rounds:")
+          f"{len(costs['npy_save_s'])} rounds (paired differences: with - without, per round); "
+          f"CRC32C of the arrays in memory alone {median['crc_work_s']:.3f} s:")
     for writer in WRITERS:
         save, crc = median[f"{writer}_save_s"], median[f"{writer}_crc_s"]
         restore, verify = median[f"{writer}_restore_s"], median[f"{writer}_verify_s"]
         median[f"{writer}_crc_pct_of_save"] = 100 * crc / save
         median[f"{writer}_verify_pct_of_restore"] = 100 * verify / restore
-        print(f"  {writer:11s} writer: sync save {save:.2f} s, of which checksums "
-              f"{crc:.3f} s = {100 * crc / save:.1f}% (goal <= 5%); restore {restore:.2f} s, "
-              f"of which the check {verify:.2f} s = {100 * verify / restore:.0f}%")
+        print(f"  {writer:11s} writer: sync save {save:.2f} s; written with checksums "
+              f"{median[f'{writer}_write_s']:.2f} s, without "
+              f"{median[f'{writer}_write_unverified_s']:.2f} s: checksums add {crc:.3f} s = "
+              f"{100 * crc / save:.1f}% of the save (goal <= 5%; per round "
+              f"{[round(x, 3) for x in costs[f'{writer}_crc_s']]})")
+        print(f"  {writer:11s} writer: restore {restore:.2f} s, without the check "
+              f"{median[f'{writer}_restore_unverified_s']:.2f} s: the check adds "
+              f"{verify:.3f} s = {100 * verify / restore:.1f}% of the restore (per round "
+              f"{[round(x, 3) for x in costs[f'{writer}_verify_s']]})")
     return {**{f"checksum_{k}": v for k, v in costs.items()},
             **{f"checksum_{k}_median": v for k, v in median.items()}}
 
