@@ -180,9 +180,10 @@ def _write_item_dirs(ocp, path: str, state: dict, manifest: dict, fast_io: bool,
     through the checkpoint's item handlers, with or without their checksums."""
     from trainer.checkpoint import store
 
-    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
-        state=store.state_handler(ocp, fast_io, verified=verified),
-        manifest=store.manifest_handler(ocp, verified=verified)))
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    registry.add("state", ocp.args.PyTreeSave, store.state_handler(ocp, fast_io, verified))
+    registry.add("manifest", ocp.args.JsonSave, store.manifest_handler(ocp, verified))
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(handler_registry=registry))
     time.sleep(PAUSE_S)
     start = time.perf_counter()
     checkpointer.save(path, args=ocp.args.Composite(
