@@ -202,7 +202,8 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
     import numpy as np
 
     from trainer.checkpoint import checksums, state as checkpoint_state, store
-    from trainer.checkpoint.service import Checkpointer, load
+    from trainer.checkpoint.resume import load
+    from trainer.checkpoint.service import Checkpointer
 
     ocp = store.orbax()
     out: dict[str, list[float]] = {

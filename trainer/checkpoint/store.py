@@ -148,12 +148,15 @@ def _without_closed_loop_noise(previous):
 
 class _QuietOrbax(pylogging.Filter):
     """Drops orbax's and JAX's INFO lines (a dozen per save), orbax's warning that a
-    save holds no OCDBT data to merge (``.npy`` leaves) and its reports of a write that
-    failed on a full, read-only or vanished disk (the checkpoint service says it in one
-    line: :class:`trainer.errors.StorageError`); other warnings and errors pass."""
+    save holds no OCDBT data to merge (``.npy`` leaves), its reports of a write that
+    failed on a full, read-only or vanished disk and its warning that the metadata of
+    an unfinished save (a temporary step directory) is missing (the checkpoint service
+    says it in one line: :class:`trainer.errors.StorageError`); other warnings and
+    errors pass."""
 
     _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
     _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
+    _UNFINISHED = ("Metadata file does not exist: ", ".orbax-checkpoint-tmp")
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         path = record.pathname or ""
@@ -161,7 +164,10 @@ class _QuietOrbax(pylogging.Filter):
             return True
         if _storage_fault_record(record):
             return False  # the checkpoint service reports it, in one line
-        return record.levelno >= pylogging.WARNING and self._EXPECTED not in record.getMessage()
+        message = record.getMessage()
+        if message.startswith(self._UNFINISHED[0]) and self._UNFINISHED[1] in message:
+            return False  # a save cut short: reported by the checkpoint service
+        return record.levelno >= pylogging.WARNING and self._EXPECTED not in message
 
 
 def _storage_fault_record(record: pylogging.LogRecord) -> bool:
@@ -351,6 +357,12 @@ class CheckpointStore:
             state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
         if wait:
             self.wait(kind)
+
+    def vanished(self, kind: str) -> bool:
+        """Whether the directory of ``kind``'s open manager is gone (deleted during the
+        run: ``rm -rf`` of the workdir by a user or a cleaner)."""
+        return kind in self._managers and not tf.io.gfile.isdir(
+            os.path.join(self.workdir, kind))
 
     def discard(self, kind: str) -> None:
         """Drops the manager of ``kind`` after a failed write (its errors are ignored);
