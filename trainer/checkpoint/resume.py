@@ -74,8 +74,11 @@ def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
     return chosen
 
 
-def _load_first_readable(found: list, groups: dict, step: int | None) -> tuple[dict, dict]:
-    """Loads the newest readable candidate; with ``step`` given, only that step."""
+def _load_first_readable(workdir: str, found: list, groups: dict, step: int | None
+                         ) -> tuple[dict, dict]:
+    """Loads the newest readable candidate; with ``step`` given, only that step. When
+    none loads, :class:`CheckpointError` in one line: the last good checkpoint
+    (:func:`~trainer.checkpoint.inventory.describe_last_good`), then each step's reason."""
     reasons = []
     for _, path in found:
         try:
@@ -85,9 +88,10 @@ def _load_first_readable(found: list, groups: dict, step: int | None) -> tuple[d
             if step is None:
                 logging.warning("Skipping checkpoint %s: %s; trying an earlier one.", path, error)
     raise CheckpointError(
-        "No readable checkpoint: " + "; ".join(reasons) + ". The files are corrupt or "
-        "incomplete: delete those step directories (training then resumes from an "
-        "earlier one, or from scratch).")
+        f"No readable checkpoint{'' if step is None else f' of step {step}'}: the last good "
+        f"checkpoint is {inventory.describe_last_good(workdir)}. " + "; ".join(reasons)
+        + ". The files are corrupt or incomplete: delete those step directories (training "
+        "then resumes from an earlier one, or from scratch).")
 
 
 def restore(run: RunContext, step: int | None = None) -> int | None:
@@ -125,7 +129,7 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     state, manifest, failure = None, None, None
     if chief:
         try:
-            state, manifest = _load_first_readable(found, groups, step)
+            state, manifest = _load_first_readable(run.workdir, found, groups, step)
         except CheckpointError as error:
             failure = error
     if multi:

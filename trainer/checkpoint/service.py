@@ -89,7 +89,7 @@ class Checkpointer(Service):
             self.wait()  # a pending save of an earlier step is a good checkpoint
             raise NonFiniteError(
                 f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
-                f"(the last good one is {inventory.describe_last_good(run.workdir)}). Set "
+                f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
         self._saved[kind] = run.step
