@@ -43,18 +43,15 @@ the "async_tensorstore" arm).
    the loop (1., measured directly). Run for both array writers; the last lines
    print the ratio of their stalls.
 4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer,
-   median over rounds, next to a synchronous save of the same writer (checksums
-   included; ``PAUSE_S`` after the previous save). What the checksums add to a save:
-   the same host state written through the checkpoint's item handlers with and
-   without checksums, back to back (alternating order; ``PAUSE_S`` before each),
-   their difference per round (the ``.npy`` writer computes the CRC in a thread while
-   the bytes are written; the tensorstore writer reads every file back). What the
-   check adds to a restore: a restore (read, check, assign) against the same read and
-   assign without the check, per round (the ``.npy`` files are checked by the CRC of
-   the bytes read; other files are read again). Also printed: the CRC32C of the arrays
-   in memory alone (the work the ``.npy`` writer overlaps with the write). Differences
-   are noisy (a few % of a save); read the median and the per-round values.
-   ``--only checksums`` runs the warm-up and this part alone.
+   median over rounds, next to a synchronous save and a restore of the same writer
+   (checksums included; ``PAUSE_S`` before the save). What the checksums add: for the
+   ``.npy`` writer, whose CRC runs in a second thread while the bytes are written or
+   read, by pairs: each array's ``write_npy`` against the same O_DIRECT write without
+   a CRC, and its ``read_npy`` against the same read without a CRC (back to back,
+   alternating which runs first), plus the small files' checksums timed directly; for
+   the tensorstore writer, whose finalize step reads every file back and whose check
+   reads every file again, the same work timed directly. Also the CRC32C of the arrays
+   in memory alone. ``--only checksums`` runs the warm-up and this part alone.
 """
 
 from __future__ import annotations
@@ -174,44 +171,95 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def _write_item_dirs(ocp, path: str, state: dict, manifest: dict, fast_io: bool,
-                     verified: bool) -> float:
-    """Seconds of one synchronous orbax write of ``state`` / ``manifest`` to ``path``
-    through the checkpoint's item handlers, with or without their checksums."""
-    from trainer.checkpoint import store
+def _raw_write(path: str, array) -> None:
+    """The ``.npy`` writer's O_DIRECT write of ``array`` without any CRC (the arm the
+    writer's own ``write_npy`` is paired with)."""
+    from trainer.checkpoint import array_files
 
-    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-    registry.add("state", ocp.args.PyTreeSave, store.state_handler(ocp, fast_io, verified))
-    registry.add("manifest", ocp.args.JsonSave, store.manifest_handler(ocp, verified))
-    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(handler_registry=registry))
-    time.sleep(PAUSE_S)
+    array_files._write_direct(path, array_files._header(array), memoryview(array).cast("B"))
+
+
+def _raw_read(path: str, nbytes: int) -> None:
+    """The data of a ``.npy`` file read as its reader does (O_DIRECT into an aligned
+    buffer, 64 MB per call) without any CRC."""
+    import numpy as np
+
+    from trainer.checkpoint import array_files
+
+    align = array_files.ALIGN
+    out = memoryview(array_files.aligned_empty((nbytes + -nbytes % align,), np.uint8))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        done = 0
+        while done < nbytes:
+            got = os.preadv(fd, [out[done:done + 64 * 2**20]], align + done)
+            if got <= 0:
+                break
+            done += got
+    finally:
+        os.close(fd)
+
+
+def _paired(first, second, flip: bool) -> tuple[float, float]:
+    """Seconds of ``first()`` and ``second()``, run back to back (``second`` first when
+    ``flip``)."""
+    times = {}
+    for name, fn in ((("b", second), ("a", first)) if flip else (("a", first), ("b", second))):
+        start = time.perf_counter()
+        fn()
+        times[name] = time.perf_counter() - start
+    return times["a"], times["b"]
+
+
+def _npy_checksum_cost(step_dir: str, state: dict, scratch: str) -> tuple[float, float]:
+    """Seconds the checksums add to a ``.npy`` save and to its restore, measured on
+    ``step_dir`` (a sync ``.npy`` save of ``state``): per array, ``write_npy`` (its CRC
+    computed while writing) paired with the same O_DIRECT write without a CRC, and
+    ``read_npy`` (its CRC computed while reading) paired with the same read without a
+    CRC (alternating which runs first); plus the rest of the work, timed: the checksum
+    tables of both items at save (the small files read back), the check of the step
+    with the arrays' CRCs from the read (the small files read) at restore."""
+    from trainer.checkpoint import array_files, checksums
+
+    save = restore = 0.0
+    written, read = {}, {}
+    arrays = [(f"{group}.{i}.npy", a) for group, items in state.items()
+              for i, a in enumerate(items)]
+    for n, (name, array) in enumerate(arrays):
+        path = os.path.join(scratch, name)
+        stored = os.path.join(step_dir, "state", name)
+        with_crc, raw = _paired(lambda: written.update({stored: array_files.write_npy(
+            path, array)}), lambda: _raw_write(path + ".raw", array), n % 2 == 1)
+        save += with_crc - raw
+        with_crc, raw = _paired(lambda: read.update({stored: array_files.read_npy(
+            stored)[1]}), lambda: _raw_read(stored, array.nbytes), n % 2 == 1)
+        restore += with_crc - raw
     start = time.perf_counter()
-    checkpointer.save(path, args=ocp.args.Composite(
-        state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
-    seconds = time.perf_counter() - start
-    checkpointer.close()
-    return seconds
+    checksums.write(os.path.join(step_dir, "state"), written.get)  # rewrites the same table
+    checksums.write(os.path.join(step_dir, "manifest"))
+    save += time.perf_counter() - start
+    start = time.perf_counter()
+    checksums.verify(step_dir, read.get)
+    restore += time.perf_counter() - start
+    return save, restore
 
 
 def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
-    """Per array writer and round (see 4.): a sync save (checksums included); the same
-    state written with and without checksums, back to back in alternating order (their
-    difference is what the checksums add to a save); a restore with its check and the
-    same read without it (the difference is what the check adds); the CRC32C work
-    alone (every array in memory: what the ``.npy`` writer overlaps with the write)."""
+    """Per array writer and round (see 4.): a sync save and a restore (checksums
+    included), and what the checksums add to each: for the ``.npy`` writer measured by
+    pairs (:func:`_npy_checksum_cost`), for the tensorstore writer timed directly (its
+    finalize reads every file back; the check reads every file again). Also the CRC32C
+    of the arrays in memory alone (the work the ``.npy`` writer overlaps with its I/O)."""
     import numpy as np
 
-    from trainer.checkpoint import checksums, state as checkpoint_state, store
+    from trainer.checkpoint import checksums, state as checkpoint_state
     from trainer.checkpoint.resume import load
     from trainer.checkpoint.service import Checkpointer
 
-    ocp = store.orbax()
-    out: dict[str, list[float]] = {
-        f"{writer}_{what}": [] for writer in WRITERS
-        for what in ("save_s", "write_s", "write_unverified_s", "crc_s", "restore_s",
-                     "restore_unverified_s", "verify_s")}
+    out: dict[str, list[float]] = {f"{writer}_{what}": [] for writer in WRITERS
+                                   for what in ("save_s", "crc_s", "restore_s", "verify_s")}
     out["crc_work_s"] = []
-    for r in range(rounds):
+    for _ in range(rounds):
         _fit(trainer, 1, 0, True)  # a new step (its own save is not timed)
         groups = checkpoint_state.state_variables(trainer.context)
         for writer in WRITERS:
@@ -224,29 +272,26 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
             saver.save(trainer.context, kind=kind, wait=True)
             out[f"{writer}_save_s"].append(time.perf_counter() - start)
             saver.on_fit_end(trainer.context, {})
-            state, manifest = checkpoint_state.snapshot(trainer.context)
-            for verified in ((True, False) if r % 2 == 0 else (False, True)):
-                path = os.path.join(trainer.workdir, f"{kind}_write_{verified}")
-                seconds = _write_item_dirs(ocp, path, state, manifest, writer == "npy",
-                                           verified)
-                out[f"{writer}_write{'' if verified else '_unverified'}_s"].append(seconds)
-                shutil.rmtree(path)
-            out[f"{writer}_crc_s"].append(out[f"{writer}_write_s"][-1]
-                                          - out[f"{writer}_write_unverified_s"][-1])
             step_dir = os.path.join(trainer.workdir, kind, str(trainer.step))
-            for verified in ((True, False) if r % 2 == 0 else (False, True)):
+            start = time.perf_counter()
+            checkpoint_state.assign(groups, load(step_dir, groups)[0])  # read, check, assign
+            out[f"{writer}_restore_s"].append(time.perf_counter() - start)
+            if writer == "npy":
+                state, _ = checkpoint_state.snapshot(trainer.context)
+                scratch = os.path.join(trainer.workdir, "bench_crc_scratch")
+                os.makedirs(scratch)
+                save, restore = _npy_checksum_cost(step_dir, state, scratch)
+                shutil.rmtree(scratch)
+            else:
                 start = time.perf_counter()
-                if verified:  # the restore's path: read, check, assign
-                    checkpoint_state.assign(groups, load(step_dir, groups)[0])
-                else:
-                    manifest = store.read_manifest(step_dir)
-                    read, _ = store.read_state(step_dir, manifest)
-                    checkpoint_state.assign(groups, checkpoint_state.in_trainer_order(
-                        groups, manifest, read))
-                out[f"{writer}_restore{'' if verified else '_unverified'}_s"].append(
-                    time.perf_counter() - start)
-            out[f"{writer}_verify_s"].append(out[f"{writer}_restore_s"][-1]
-                                             - out[f"{writer}_restore_unverified_s"][-1])
+                for item in ("state", "manifest"):  # as the finalize step does
+                    checksums.write(os.path.join(step_dir, item))
+                save = time.perf_counter() - start
+                start = time.perf_counter()
+                checksums.verify(step_dir)
+                restore = time.perf_counter() - start
+            out[f"{writer}_crc_s"].append(save)
+            out[f"{writer}_verify_s"].append(restore)
             shutil.rmtree(os.path.join(trainer.workdir, kind))
         start = time.perf_counter()
         for arrays in state.values():
@@ -259,21 +304,17 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
 def _print_checksum_cost(costs: dict[str, list[float]], state_mb: float) -> dict:
     median = {k: statistics.median(v) for k, v in costs.items()}
     print(f"  checksums (CRC32C, google-crc32c), {state_mb:.0f} MB state, median of "
-          f"{len(costs['npy_save_s'])} rounds (paired differences: with - without, per round); "
-          f"CRC32C of the arrays in memory alone {median['crc_work_s']:.3f} s:")
+          f"{len(costs['npy_save_s'])} rounds; the CRC32C of the arrays in memory alone "
+          f"{median['crc_work_s']:.3f} s:")
     for writer in WRITERS:
         save, crc = median[f"{writer}_save_s"], median[f"{writer}_crc_s"]
         restore, verify = median[f"{writer}_restore_s"], median[f"{writer}_verify_s"]
         median[f"{writer}_crc_pct_of_save"] = 100 * crc / save
         median[f"{writer}_verify_pct_of_restore"] = 100 * verify / restore
-        print(f"  {writer:11s} writer: sync save {save:.2f} s; written with checksums "
-              f"{median[f'{writer}_write_s']:.2f} s, without "
-              f"{median[f'{writer}_write_unverified_s']:.2f} s: checksums add {crc:.3f} s = "
-              f"{100 * crc / save:.1f}% of the save (goal <= 5%; per round "
-              f"{[round(x, 3) for x in costs[f'{writer}_crc_s']]})")
-        print(f"  {writer:11s} writer: restore {restore:.2f} s, without the check "
-              f"{median[f'{writer}_restore_unverified_s']:.2f} s: the check adds "
-              f"{verify:.3f} s = {100 * verify / restore:.1f}% of the restore (per round "
+        print(f"  {writer:11s} writer: sync save {save:.2f} s, checksums add {crc:.3f} s = "
+              f"{100 * crc / save:.1f}% (goal <= 5%; per round "
+              f"{[round(x, 3) for x in costs[f'{writer}_crc_s']]}); restore {restore:.2f} s, "
+              f"the check adds {verify:.3f} s = {100 * verify / restore:.1f}% (per round "
               f"{[round(x, 3) for x in costs[f'{writer}_verify_s']]})")
     return {**{f"checksum_{k}": v for k, v in costs.items()},
             **{f"checksum_{k}_median": v for k, v in median.items()}}

@@ -86,18 +86,12 @@ def state_handler(ocp, fast_io: bool, verified: bool = False, npy: Any = None):
                   if verified else {}))
 
 
-def manifest_handler(ocp, verified: bool = False):
-    """The orbax handler of the ``manifest`` item (JSON); ``verified``: it also writes
-    the item's checksums (for saving)."""
-    return (_verified_handlers(ocp)["manifest"] if verified else ocp.JsonCheckpointHandler)()
-
-
 def _saving_registry(ocp, fast_io: bool):
     """The item handlers of a manager: ``state`` and ``manifest``, both writing their
     checksums (registered by item, so orbax's global args registry is left alone)."""
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     state = state_handler(ocp, fast_io, verified=True)
-    manifest = manifest_handler(ocp, verified=True)
+    manifest = _verified_handlers(ocp)["manifest"]()
     for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
         registry.add("state", args, state)
     for args in (ocp.args.JsonSave, ocp.args.JsonRestore):
