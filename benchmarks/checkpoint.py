@@ -51,7 +51,9 @@ the "async_tensorstore" arm).
    alternating which runs first), plus the small files' checksums timed directly; for
    the tensorstore writer, whose finalize step reads every file back and whose check
    reads every file again, the same work timed directly. Also the CRC32C of the arrays
-   in memory alone. ``--only checksums`` runs the warm-up and this part alone.
+   in memory alone, and in the same rounds the ``.npy`` writer's earlier way: that CRC
+   before each write, and a check that reads every file again.
+   ``--only checksums`` runs the warm-up and this part alone.
 """
 
 from __future__ import annotations
@@ -211,8 +213,10 @@ def _paired(first, second, flip: bool) -> tuple[float, float]:
     return times["a"], times["b"]
 
 
-def _npy_checksum_cost(step_dir: str, state: dict, scratch: str) -> tuple[float, float]:
-    """Seconds the checksums add to a ``.npy`` save and to its restore, measured on
+def _npy_checksum_cost(step_dir: str, state: dict, scratch: str
+                       ) -> tuple[float, float, float]:
+    """Seconds the checksums add to a ``.npy`` save and to its restore, and of the
+    small files' part of the save's (the third value), measured on
     ``step_dir`` (a sync ``.npy`` save of ``state``): per array, ``write_npy`` (its CRC
     computed while writing) paired with the same O_DIRECT write without a CRC, and
     ``read_npy`` (its CRC computed while reading) paired with the same read without a
@@ -237,11 +241,11 @@ def _npy_checksum_cost(step_dir: str, state: dict, scratch: str) -> tuple[float,
     start = time.perf_counter()
     checksums.write(os.path.join(step_dir, "state"), written.get)  # rewrites the same table
     checksums.write(os.path.join(step_dir, "manifest"))
-    save += time.perf_counter() - start
+    small = time.perf_counter() - start
     start = time.perf_counter()
     checksums.verify(step_dir, read.get)
     restore += time.perf_counter() - start
-    return save, restore
+    return save + small, restore, small
 
 
 def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
@@ -258,7 +262,7 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
 
     out: dict[str, list[float]] = {f"{writer}_{what}": [] for writer in WRITERS
                                    for what in ("save_s", "crc_s", "restore_s", "verify_s")}
-    out["crc_work_s"] = []
+    out.update(crc_work_s=[], npy_sequential_crc_s=[], npy_reread_check_s=[])
     for _ in range(rounds):
         _fit(trainer, 1, 0, True)  # a new step (its own save is not timed)
         groups = checkpoint_state.state_variables(trainer.context)
@@ -280,8 +284,11 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
                 state, _ = checkpoint_state.snapshot(trainer.context)
                 scratch = os.path.join(trainer.workdir, "bench_crc_scratch")
                 os.makedirs(scratch)
-                save, restore = _npy_checksum_cost(step_dir, state, scratch)
+                save, restore, small = _npy_checksum_cost(step_dir, state, scratch)
                 shutil.rmtree(scratch)
+                start = time.perf_counter()
+                checksums.verify(step_dir)  # every file read again: the earlier check
+                out["npy_reread_check_s"].append(time.perf_counter() - start)
             else:
                 start = time.perf_counter()
                 for item in ("state", "manifest"):  # as the finalize step does
@@ -298,6 +305,8 @@ def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
             for array in arrays:
                 checksums.extend(0, np.ascontiguousarray(array))
         out["crc_work_s"].append(time.perf_counter() - start)
+        # the earlier .npy writer: the CRC of each array in memory before its write
+        out["npy_sequential_crc_s"].append(out["crc_work_s"][-1] + small)
     return out
 
 
@@ -316,6 +325,11 @@ def _print_checksum_cost(costs: dict[str, list[float]], state_mb: float) -> dict
               f"{[round(x, 3) for x in costs[f'{writer}_crc_s']]}); restore {restore:.2f} s, "
               f"the check adds {verify:.3f} s = {100 * verify / restore:.1f}% (per round "
               f"{[round(x, 3) for x in costs[f'{writer}_verify_s']]})")
+    seq, reread = median["npy_sequential_crc_s"], median["npy_reread_check_s"]
+    print(f"  npy         writer, the earlier way, same rounds: the CRC before each write "
+          f"{seq:.3f} s = {100 * seq / median['npy_save_s']:.1f}% of the save; the check "
+          f"reading every file again {reread:.3f} s = "
+          f"{100 * reread / median['npy_restore_s']:.1f}% of the restore")
     return {**{f"checksum_{k}": v for k, v in costs.items()},
             **{f"checksum_{k}_median": v for k, v in median.items()}}
 
