@@ -50,20 +50,41 @@ def extend(crc: int, data) -> int:
     return crc
 
 
+_worker: futures.ThreadPoolExecutor | None = None  # the CRC thread, made on first use
+
+
+def _crc_thread() -> futures.ThreadPoolExecutor:
+    """The one worker thread of every :class:`Running` (one thread for the process: no
+    thread to start per file, and FIFO, so each stream's order holds)."""
+    global _worker
+    if _worker is None:
+        _worker = futures.ThreadPoolExecutor(1, "crc32c")
+    return _worker
+
+
+def _forget_crc_thread() -> None:
+    global _worker
+    _worker = None  # a forked child has no thread behind the parent's executor
+
+
+os.register_at_fork(after_in_child=_forget_crc_thread)
+
+
 class Running:
     """The CRC32C of a file's bytes, fed in file order while they are written or read.
 
-    ``background=True``: every :meth:`feed` is queued to one worker thread (FIFO, so
-    the order holds) and returns at once; ``google_crc32c`` releases the GIL, so the
+    ``background=True``: every :meth:`feed` is queued to the process's CRC thread (FIFO,
+    so the order holds) and returns at once; ``google_crc32c`` releases the GIL, so the
     CRC runs on another core while the caller writes the same buffer to disk or reads
-    the next one. ``background=False``: computed in :meth:`feed` (small files, where a
-    thread costs more than the CRC). A buffer fed must not change until :meth:`result`
-    returns. Use as a context manager: leaving it waits for the worker.
+    the next one. ``background=False``: computed in :meth:`feed` (small files, where
+    the hand-over costs more than the CRC). A buffer fed must not change until
+    :meth:`result` returns. Use as a context manager: leaving it waits for what was
+    queued (also after an error, so no buffer is freed while the thread reads it).
     """
 
     def __init__(self, background: bool):
         self.crc, self.size = 0, 0
-        self._pool = futures.ThreadPoolExecutor(1, "crc32c") if background else None
+        self._background = background
         self._queued: list[futures.Future] = []
 
     def _extend(self, data) -> None:
@@ -72,13 +93,13 @@ class Running:
     def feed(self, data) -> None:
         """Adds ``data`` (any buffer: the next bytes of the file)."""
         self.size += len(memoryview(data).cast("B"))
-        if self._pool is None:
-            self._extend(data)
+        if self._background:
+            self._queued.append(_crc_thread().submit(self._extend, data))
         else:
-            self._queued.append(self._pool.submit(self._extend, data))
+            self._extend(data)
 
     def result(self) -> tuple[int, int]:
-        """``(size, CRC32C)`` of everything fed, once the worker has done it."""
+        """``(size, CRC32C)`` of everything fed, once the thread has done it."""
         for job in self._queued:
             job.result()
         self._queued.clear()
@@ -88,8 +109,7 @@ class Running:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        futures.wait(self._queued)
 
 
 def file_crc(path: str) -> tuple[int, int]:
