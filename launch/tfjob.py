@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from launch.cluster import SECURITY_NOTE, ClusterError, evaluator_command, trainer_command
 from launch.flags import flag_value, sets_flag
+from tf_cluster.storage_schemes import unreachable_scheme
 
 # The training operator counts every failed pod, retryable or not, against
 # runPolicy.backoffLimit; without --max_restarts a TFJob survives this many.
@@ -57,7 +58,9 @@ def _workdir_findings(workdir: str | None, mount: str | None) -> tuple[str | Non
         return None, ("no --workdir in the trainer flags: trainer.main needs one, on storage "
                       "every pod shares (--volume CLAIM:MOUNT and --workdir=MOUNT/run).")
     if _REMOTE_WORKDIR.match(workdir):
-        return None, None  # a bucket (gs://, s3://, ...): shared by construction
+        # A gs:// bucket is shared by construction; a URL TensorFlow cannot write
+        # (s3://) fails every pod: the trainer's own line, before any pod starts.
+        return unreachable_scheme(workdir, "--workdir"), None
     if mount is None:
         return None, (f"--workdir={workdir} is a path inside each pod's own filesystem: "
                       f"checkpoints are lost when a pod restarts and the evaluator never sees "

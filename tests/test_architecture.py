@@ -18,9 +18,11 @@ from tests.helpers import REPO
 PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
 # start-up fast or the dependency optional (orbax/JAX and tfds take a noticeable time to import;
-# IPython exists only where a notebook kernel runs).
+# IPython exists only where a notebook kernel runs; google-cloud-storage, with google.auth,
+# google.api_core and requests under it, only with the [gcs] extra: trainer.bucket_check).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
-                "sklearn", "mlflow", "tensorboard_plugin_profile", "IPython")
+                "sklearn", "mlflow", "tensorboard_plugin_profile", "IPython", "google",
+                "requests")
 
 
 def sources(*packages: str) -> list[Path]:

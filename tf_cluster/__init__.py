@@ -8,6 +8,8 @@
   :func:`tf_cluster.tpu.connect_tpu`).
 * :mod:`tf_cluster.exit_codes`: the exit statuses a task reports and launchers and
   schedulers act on (preempted 143, peer lost 170).
+* :mod:`tf_cluster.storage_schemes`: which workdir URLs TensorFlow writes (local, gs://)
+  and the one line for those it cannot (s3://: mount it).
 
 Pure Python: it imports neither ``trainer`` nor ``launch`` (both import it), nor
 TensorFlow at import time.

@@ -27,7 +27,8 @@ from typing import Iterable
 import ml_collections
 from absl import flags
 
-from trainer import config as config_lib
+from tf_cluster.storage_schemes import unreachable_scheme
+from trainer import bucket_check, config as config_lib
 from trainer.errors import UsageError, UserError, WorkdirError, report, write_error
 
 #: trainer.main's --mode values (trainer.continuous_eval runs the two eval modes).
@@ -209,13 +210,15 @@ def check_workdir(path: str) -> None:
     """Raises :class:`WorkdirError` unless ``path`` is (or can be made) a directory this
     process can write: it is created if missing, and a small probe file is written,
     flushed to disk and removed (a full or read-only disk fails here, not at the first
-    checkpoint). A remote URL (``gs://...``) is not checked here: only TensorFlow's
-    file system layer can reach it. A non-chief worker task of a TF_CONFIG cluster writes
-    nothing (only the chief does), so it neither creates nor checks the directory."""
+    checkpoint). A ``gs://`` URL is checked by :func:`check_bucket`; another URL scheme
+    is one line saying what to use instead. A non-chief worker task of a TF_CONFIG
+    cluster writes nothing (only the chief does), so it neither creates nor checks a
+    local directory."""
     if "://" in path:
         problem = unreachable_scheme(path, "--workdir")
         if problem:
             raise WorkdirError(problem)
+        check_bucket(path, "--workdir")
         return
     if not _writes_files():
         return
@@ -236,27 +239,25 @@ def check_workdir(path: str) -> None:
         raise translated from error
 
 
-#: URL schemes TensorFlow 2.21's own file systems reach (``tf.io.gfile``, checkpoints,
-#: TensorBoard); a local path has none. Others raise "File system scheme not implemented"
-#: at the first write, after TensorFlow's import.
-TENSORFLOW_SCHEMES = ("gs", "ram")
+def check_bucket(url: str, what: str) -> None:
+    """For a ``gs://`` ``url``: raises :class:`WorkdirError` with one line naming the
+    bucket and what to check when, within ``TRAINER_BUCKET_CHECK_S`` seconds (default
+    30), it cannot be listed: no such bucket (404), no permission (403), no credentials,
+    no answer, or google-cloud-storage / tensorstore not installed
+    (:func:`trainer.bucket_check.bucket_problem`; no TensorFlow). Other URLs pass."""
+    if not url.lower().startswith("gs://"):
+        return
+    problem = bucket_check.bucket_problem(url, what)
+    if problem:
+        raise WorkdirError(problem)
 
 
-def unreachable_scheme(path: str, what: str) -> str | None:
-    """None when TensorFlow's file systems reach ``path``; otherwise the one line saying
-    so and what to use instead (``s3://``: a mounted bucket, see docs/checkpoints.md)."""
-    scheme = path.split("://", 1)[0].lower()
-    if "://" not in path or scheme in TENSORFLOW_SCHEMES:
-        return None
-    if scheme in ("s3", "s3a", "s3n"):
-        return (f"{what}={path}: TensorFlow 2.21 has no S3 file system (it moved to "
-                f"tensorflow-io, whose newest release, 0.37.1, does not load on it), so checkpoints, "
-                f"TensorBoard events and exports cannot be written there. Mount the bucket "
-                f"(s3fs) and give the mount point, e.g. "
-                f"{what}=/mnt/{path.split('://', 1)[1]}; or use a gs:// bucket.")
-    return (f"{what}={path}: TensorFlow 2.21 has no file system for '{scheme}://' (it "
-            f"reaches local paths and gs://). Mount the storage and give the mount point, "
-            f"or use a gs:// bucket.")
+def check_data_dir(config: ml_collections.ConfigDict) -> None:
+    """:func:`check_bucket` of ``config.data.data_dir`` when the config has one in a
+    bucket (``--config.data.data_dir=gs://BUCKET/tfds``)."""
+    data_dir = config.get("data", {}).get("data_dir", "") or ""
+    if isinstance(data_dir, str):
+        check_bucket(data_dir, "--config.data.data_dir")
 
 
 def _writes_files() -> bool:

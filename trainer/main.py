@@ -93,6 +93,7 @@ def check(argv: list[str]) -> ml_collections.ConfigDict:
         config_lib.check_batches_divisible(config, _CHECK_REPLICAS.value)
     cli.check_trainer_path(config.trainer)
     cli.check_workdir(_WORKDIR.value)
+    cli.check_data_dir(config)
     return config
 
 

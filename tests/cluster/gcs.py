@@ -20,6 +20,9 @@ Contracts:
   ``REQUESTS_CA_BUNDLE``), with ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` so no client asks a
   metadata server for credentials.
 * :meth:`GcsEmulator.requests` is every request the emulator answered, in order.
+* :meth:`GcsEmulator.inject` makes the next N requests whose path contains a string
+  answer an error status (an outage, for the retry tests); :data:`FORBIDDEN_BUCKET`
+  answers 403 to everything (a bucket the caller may not use).
 
 ``python -m tests.cluster.gcs start`` (as root, the cluster up) is what ``.ci/run`` runs.
 """
@@ -38,6 +41,7 @@ from tests.cluster.hosts import DEFAULT_DIR, SCRIPT, SimulatedCluster
 
 PROCESS_NAME = "gcs-emulator"  # its /proc/PID/comm
 BUCKET = "tfsim-bucket"  # the bucket the emulator serves (tests use prefixes of their own)
+FORBIDDEN_BUCKET = "tfsim-forbidden"  # every request naming it answers 403 (no permission)
 STORAGE_NAMES = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com")
 START_TIMEOUT_S = 60
 _PROBE = ("import socket, sys\n"
@@ -74,11 +78,13 @@ class GcsEmulator:
             make_certificates(self.dir)
         shutil.rmtree(self.dir / "data", ignore_errors=True)
         (self.dir / "requests.jsonl").unlink(missing_ok=True)
+        (self.dir / "faults.json").unlink(missing_ok=True)
         log = open(self.dir / "emulator.log", "w")
         emulator = Path(__file__).with_name("gcs_emulator.py")
         proc = subprocess.Popen(
             self.cluster.wrap(self.cluster.head, [sys.executable, emulator, "--dir", self.dir,
                                                   "--bucket", BUCKET,
+                                                  "--forbidden_bucket", FORBIDDEN_BUCKET,
                                                   "--process-name", PROCESS_NAME,
                                                   "--latency_ms", str(self.latency_ms)]),
             env=self.cluster.env(), stdout=log, stderr=subprocess.STDOUT,
@@ -103,6 +109,15 @@ class GcsEmulator:
                 "STORAGE_EMULATOR_HOST": "https://storage.googleapis.com",
                 "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
                 "GOOGLE_CLOUD_PROJECT": "tfsim", "NO_GCE_CHECK": "True"}
+
+    def inject(self, status: int, count: int, path_contains: str) -> None:
+        """The next ``count`` requests whose path contains ``path_contains`` answer
+        ``status`` instead of being served (``faults.json``, read by the emulator)."""
+        spec = {"id": time.time_ns(), "status": status, "count": count,
+                "path_contains": path_contains}
+        tmp = self.dir / "faults.json.tmp"
+        tmp.write_text(json.dumps(spec))
+        tmp.replace(self.dir / "faults.json")
 
     def requests(self) -> list[dict]:
         path = self.dir / "requests.jsonl"

@@ -81,3 +81,4 @@ def test_notebook_parameters_cell_defaults_train_mnist_on_tpu_sizes():
     assert namespace["DATASET"] == "mnist"
     assert namespace["GLOBAL_BATCH_SIZE"] % 8 == 0  # 8 TPU cores on a v2-8 / v3-8
     assert "YOUR_ORG" in namespace["REPO_URL"]  # the placeholder the user edits
+    assert namespace["WORKDIR"] == "gs://YOUR_BUCKET/runs/mnist"  # checkpoints in a bucket

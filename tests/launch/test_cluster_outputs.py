@@ -396,6 +396,14 @@ def test_tfjob_warns_when_the_workdir_is_not_shared(capsys):
     assert "warning" not in err  # a bucket is shared storage
 
 
+def test_tfjob_refuses_an_s3_workdir_with_the_trainers_line(capsys):
+    code, out, err = emit(["--workers", "2", "--emit", "tfjob", "--image", "img",
+                           "--config=c.py", "--workdir=s3://runs/digits"], capsys)
+    assert code == 2 and out == ""
+    assert "--workdir=s3://runs/digits: TensorFlow 2.21 has no S3 file system" in err
+    assert "--workdir=/mnt/runs/digits" in err  # the mount point to use instead
+
+
 def test_tfjob_evaluator_runs_continuous_eval_on_one_device(capsys):
     manifest, _ = tfjob(["--workers", "2", "--evaluator", "--gpus_per_worker", "4", "--volume",
                          "runs:/mnt/runs"], capsys)

@@ -1,0 +1,79 @@
+"""The spot-VM case with the workdir in a bucket: a run stopped by SIGTERM saves to the
+bucket and exits 143, and a NEW host with empty local disks resumes it exactly, while a
+continuous evaluator on another host follows its checkpoints in the bucket.
+
+The launcher tests' digits config (``tests/launch_helpers/weights_config.py``: 30 steps
+of 5 per loop, final weights written to the workdir by ``WeightsTrainer``) with a
+checkpoint every 10 steps, ``--workdir=gs://...`` in the GCS emulator
+(tests/cluster/gcs.py). The interrupted run's input sleeps 1 s per batch from batch 10 on
+(``LAUNCH_TEST_SLOW_FROM``, only in a run that finds no marker of an earlier one), so
+SIGTERM 2 s after its step-10 progress line lands mid-loop (steps 11-15). The reference is the same
+run uninterrupted; resumed from the checkpoint, with the data position it holds, the
+final weights match it to 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import time
+
+from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
+from tests.cluster.hosts import Host
+from tests.cluster.test_cross_host_training import fetch
+from tests.helpers import REPO, load_weights, max_abs_diff
+
+CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
+STEPS = 30
+EVERY_10 = "--config.checkpoint.every_steps=10"
+SLOW = {"LAUNCH_TEST_SLOW_FROM": "10:1"}
+WEIGHTS = "weights-local-0.npz"
+
+
+def empty_local_disks(host: Host) -> None:
+    """``host`` as a new machine: its HOME, TFDS data and scratch directories empty."""
+    for directory in (host.home, host.tfds_data_dir, host.scratch):
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+
+
+def test_a_preempted_run_resumes_exactly_on_a_new_host_and_the_evaluator_follows(
+        cluster, gcs, tmp_path):
+    h0, h1 = cluster.hosts[:2]
+    port = cluster.ports()[0]
+    run_url, reference_url = bucket_url(f"resume-{port}"), bucket_url(f"resume-ref-{port}")
+    argv = trainer_argv(run_url, EVERY_10, config=CONFIG)
+    reference = start(cluster, gcs, h1, trainer_argv(reference_url, EVERY_10, config=CONFIG))
+    interrupted = start(cluster, gcs, h0, argv, env=SLOW)
+    interrupted.wait_for(rf"^step 10/{STEPS}", RUN_S)
+    time.sleep(2)  # into the next loop of 5 slowed steps (>= 5 s): the stop is mid-loop
+    interrupted.proc.send_signal(signal.SIGTERM)
+    assert interrupted.finish(RUN_S) == 143, interrupted.output[-6000:]
+    saved = int(re.findall(r"checkpoint of step (\d+) ->", interrupted.output)[-1])
+    assert saved == 15, interrupted.output[-3000:]  # the loop's end, off the every-10 schedule
+    assert reference.finish(RUN_S) == 0, reference.output[-6000:]
+
+    empty_local_disks(h1)
+    resumed = start(cluster, gcs, h1, argv)
+    evaluator = start(cluster, gcs, h0, [*argv, "--mode=continuous_eval",
+                                         f"--eval_timeout_s={RUN_S}"])
+    assert resumed.finish(RUN_S) == 0, resumed.output[-6000:]
+    assert f"resumed from step {saved} (" in resumed.output, resumed.output[-6000:]
+    assert evaluator.finish(RUN_S) == 0, evaluator.output[-6000:]
+    evaluated = [int(s) for s in re.findall(r"eval  step (\d+):", evaluator.output)]
+    assert evaluated and evaluated[-1] == STEPS and evaluated == sorted(set(evaluated)), (
+        evaluator.output[-6000:])
+
+    names = fetch(cluster, gcs, f"resume-{port}", tmp_path / "run")
+    fetch(cluster, gcs, f"resume-ref-{port}", tmp_path / "reference")
+    diff = max_abs_diff(load_weights(tmp_path / "reference" / WEIGHTS),
+                        load_weights(tmp_path / "run" / WEIGHTS))
+    print(f"\n[measured] resumed on a new host from step {saved}: max|dw| vs uninterrupted "
+          f"{diff:.2e}")
+    assert diff <= 1e-5
+    assert f"checkpoints/{STEPS}/commit_success.txt" in names, names
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("kind") == "eval"][-1] == STEPS, records

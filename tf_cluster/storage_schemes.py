@@ -1,0 +1,31 @@
+"""Which workdir URLs TensorFlow 2.21 can write, and the one line for those it cannot.
+
+Shared by ``trainer.cli`` (``--workdir``, checked before TensorFlow is imported) and the
+launchers (``launch.tfjob``: a manifest whose trainers would all fail at once), so both
+give the same advice. Pure Python, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+#: URL schemes TensorFlow 2.21's own file systems reach (``tf.io.gfile``, checkpoints,
+#: TensorBoard); a local path has none. Others raise "File system scheme not implemented"
+#: at the first write, after TensorFlow's import.
+TENSORFLOW_SCHEMES = ("gs", "ram")
+
+
+def unreachable_scheme(path: str, what: str) -> str | None:
+    """None when TensorFlow's file systems reach ``path`` (a local path, ``gs://``);
+    otherwise the one line saying so and what to use instead, starting ``what=path``
+    (``s3://``: a mounted bucket, see docs/checkpoints.md)."""
+    scheme = path.split("://", 1)[0].lower()
+    if "://" not in path or scheme in TENSORFLOW_SCHEMES:
+        return None
+    if scheme in ("s3", "s3a", "s3n"):
+        return (f"{what}={path}: TensorFlow 2.21 has no S3 file system (it moved to "
+                f"tensorflow-io, whose newest release, 0.37.1, does not load on it), so checkpoints, "
+                f"TensorBoard events and exports cannot be written there. Mount the bucket "
+                f"(s3fs) and give the mount point, e.g. "
+                f"{what}=/mnt/{path.split('://', 1)[1]}; or use a gs:// bucket.")
+    return (f"{what}={path}: TensorFlow 2.21 has no file system for '{scheme}://' (it "
+            f"reaches local paths and gs://). Mount the storage and give the mount point, "
+            f"or use a gs:// bucket.")
