@@ -42,13 +42,9 @@ the "async_tensorstore" arm).
    difference (median over pairs, from ``metrics.jsonl``) plus the time the save held
    the loop (1., measured directly). Run for both array writers; the last lines
    print the ratio of their stalls.
-4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer,
-   median over rounds, next to a synchronous save of the same writer (checksums
-   included; ``PAUSE_S`` after the previous save): the CRC32C work a save adds (the
-   ``.npy`` writer: the CRC of the arrays in memory, plus the small metadata files read
-   back; the tensorstore writer: every file read back right after the write, as the
-   finalize step does), and the check a restore adds (every file read) next to a
-   restore. ``--only checksums`` runs the warm-up and this part alone.
+4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer:
+   see ``benchmarks/checkpoint_checksums.py``. ``--only checksums`` runs the warm-up
+   and this part alone.
 """
 
 from __future__ import annotations
@@ -61,14 +57,15 @@ import statistics
 import tempfile
 import time
 
+from benchmarks import checkpoint_checksums
+from benchmarks.checkpoint_checksums import PAUSE_S, WRITERS
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 INTERVALS_PER_RUN = 3
 ARMS = ("async", "async_tensorstore", "sync")  # the arms with saves, besides "baseline"
-PAUSE_S = 5.0  # before a timed save: a VM's kernel returns freed memory after ~2 s
 SAVES = (("sync", False, False), ("async", True, False),  # (name, async_save, tensorstore)
          ("async_tensorstore", True, True))
-WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.checkpoint.array_files); False
 
 
 def _trainer(args, workdir: str):
@@ -168,69 +165,6 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-def _checksum_cost(trainer, rounds: int) -> dict[str, list[float]]:
-    """Per array writer: seconds of a sync save (checksums included), of the checksum
-    work that save did, of a restore and of the check that restore did (see 4.)."""
-    import numpy as np
-
-    from trainer.checkpoint import checksums, state as checkpoint_state, store
-    from trainer.checkpoint.service import Checkpointer, load
-
-    out: dict[str, list[float]] = {f"{writer}_{what}": [] for writer in WRITERS
-                                   for what in ("save_s", "crc_s", "restore_s", "verify_s")}
-    for _ in range(rounds):
-        _fit(trainer, 1, 0, True)  # a new step (its own save is not timed)
-        for writer in WRITERS:
-            cfg = trainer.config.checkpoint
-            cfg.async_save, cfg.fast_io = False, writer == "npy"
-            kind = f"bench_crc_{writer}"
-            saver = Checkpointer(trainer.config, trainer.workdir, trainer.is_chief)
-            time.sleep(PAUSE_S)
-            start = time.perf_counter()
-            saver.save(trainer.context, kind=kind, wait=True)
-            out[f"{writer}_save_s"].append(time.perf_counter() - start)
-            saver.on_fit_end(trainer.context, {})
-            step_dir = os.path.join(trainer.workdir, kind, str(trainer.step))
-            state, _ = checkpoint_state.snapshot(trainer.context)
-            start = time.perf_counter()
-            if writer == "npy":  # in memory, as array_files.write_npy does
-                for arrays in state.values():
-                    for array in arrays:
-                        checksums.extend(0, np.ascontiguousarray(array))
-                read_back = {"manifest"}  # and the state's _METADATA (below)
-                checksums.file_crc(os.path.join(step_dir, "state", "_METADATA"))
-            else:
-                read_back = {"state", "manifest"}
-            for item in read_back:
-                checksums.write(os.path.join(step_dir, item))  # rewrites the same table
-            out[f"{writer}_crc_s"].append(time.perf_counter() - start)
-            groups = checkpoint_state.state_variables(trainer.context)
-            start = time.perf_counter()
-            store.verify(step_dir)
-            out[f"{writer}_verify_s"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            checkpoint_state.assign(groups, load(step_dir, groups)[0])  # verify + read + assign
-            out[f"{writer}_restore_s"].append(time.perf_counter() - start)
-            shutil.rmtree(os.path.join(trainer.workdir, kind))
-    return out
-
-
-def _print_checksum_cost(costs: dict[str, list[float]], state_mb: float) -> dict:
-    median = {k: statistics.median(v) for k, v in costs.items()}
-    print(f"  checksums (CRC32C, google-crc32c), {state_mb:.0f} MB state, median of "
-          f"{len(costs['npy_save_s'])} rounds:")
-    for writer in WRITERS:
-        save, crc = median[f"{writer}_save_s"], median[f"{writer}_crc_s"]
-        restore, verify = median[f"{writer}_restore_s"], median[f"{writer}_verify_s"]
-        median[f"{writer}_crc_pct_of_save"] = 100 * crc / save
-        median[f"{writer}_verify_pct_of_restore"] = 100 * verify / restore
-        print(f"  {writer:11s} writer: sync save {save:.2f} s, of which checksums "
-              f"{crc:.3f} s = {100 * crc / save:.1f}% (goal <= 5%); restore {restore:.2f} s, "
-              f"of which the check {verify:.2f} s = {100 * verify / restore:.0f}%")
-    return {**{f"checksum_{k}": v for k, v in costs.items()},
-            **{f"checksum_{k}_median": v for k, v in median.items()}}
-
-
 def _window_stall(trainer, interval: int, pairs: int, tensorstore: bool) -> list[float]:
     """Per pair of adjacent windows: loop seconds after an async save minus clean."""
     cfg = trainer.config
@@ -296,7 +230,7 @@ def main() -> None:
                 cpu[name].append(cpu_s)
         window = {writer: _window_stall(trainer, args.interval, args.pairs, writer == "tensorstore")
                   for writer in WRITERS}
-        costs = _checksum_cost(trainer, args.rounds)
+        costs = checkpoint_checksums.cost(trainer, args.rounds, _fit)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -356,7 +290,7 @@ def main() -> None:
               f"{new:.2f} / {old:.2f} s = {new / old if old > 0 else float('nan'):.2f}")
     print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
         f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
-    result.update(_print_checksum_cost(costs, result["state_mb"]))
+    result.update(checkpoint_checksums.report(costs, result["state_mb"]))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
@@ -370,7 +304,8 @@ def _checksums_only(args) -> None:
         _fit(trainer, 2 * args.interval, 0, True)  # warm-up: trace, build, first save
         state_mb = sum(v.numpy().nbytes for v in trainer.model.variables
                        + trainer.optimizer.variables) / 2**20
-        result = _print_checksum_cost(_checksum_cost(trainer, args.rounds), state_mb)
+        costs = checkpoint_checksums.cost(trainer, args.rounds, _fit)
+        result = checkpoint_checksums.report(costs, state_mb)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:

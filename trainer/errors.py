@@ -155,8 +155,10 @@ def write_error(error: OSError, what: str) -> WorkdirError | None:
 
 _STORAGE_ERRNOS = {**{e: reason for e, (reason, _) in _WRITE_ERRNOS.items()},
                    errno.ENOENT: "a directory vanished", errno.EIO: "an I/O error"}
-# tensorstore (orbax's writer) loses the OSError; its message keeps the number.
+# tensorstore (orbax's writer) loses the OSError; its message keeps the number, or
+# only its status code for a file or directory that is not there (a vanished workdir).
 _OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+_TENSORSTORE_NOT_FOUND = "NOT_FOUND: "
 
 
 def storage_fault(error: BaseException) -> str | None:
@@ -171,6 +173,8 @@ def storage_fault(error: BaseException) -> str | None:
             number = int(match.group(1) or match.group(2)) if match else None
         if number is None:  # TensorFlow's file errors keep only the text
             number = next((n for n in _STORAGE_ERRNOS if os.strerror(n) in str(error)), None)
+        if number is None and str(error).startswith(_TENSORSTORE_NOT_FOUND):
+            number = errno.ENOENT
         if number in _STORAGE_ERRNOS:
             return f"{_STORAGE_ERRNOS[number]} [{os.strerror(number)}]"
         seen.append(error)

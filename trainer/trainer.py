@@ -30,7 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import cli, distribute, keras_compat, optimizers, precision
-from trainer.checkpoint import service as checkpointing
+from trainer.checkpoint import resume as checkpointing
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
 from trainer.data import split_batch

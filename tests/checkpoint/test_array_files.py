@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from trainer.checkpoint import array_files
+from trainer.checkpoint import array_files, checksums
 
 CASES = [((), np.float32), ((), np.int64), ((3,), np.float32), ((1025, 3), np.float64),
          ((4096,), np.float32), ((7, 4096), np.int32), ((0,), np.float32), ((2, 3), np.bool_)]
@@ -46,7 +46,9 @@ def test_round_trip_is_a_standard_npy_with_the_data_on_an_aligned_offset(
     loaded = np.load(path)  # plain numpy reads it
     assert loaded.shape == array.shape and loaded.dtype == array.dtype
     np.testing.assert_array_equal(loaded, array)
-    np.testing.assert_array_equal(array_files.read_npy(path), array)
+    read, checksum = array_files.read_npy(path)
+    np.testing.assert_array_equal(read, array)
+    assert checksum == checksums.file_crc(path)  # of the bytes read, header included
     assert array_files.read_npy_header(path) == (array.shape, array.dtype)
 
 
@@ -63,16 +65,18 @@ def test_aligned_arrays_are_written_and_read_with_o_direct_unaligned_ones_buffer
     assert not any(flag & os.O_DIRECT for flag in opened)
     np.testing.assert_array_equal(np.load(str(tmp_path / "u.npy")), unaligned)
     del opened[:]
-    read = array_files.read_npy(str(tmp_path / "a.npy"))
+    read, _ = array_files.read_npy(str(tmp_path / "a.npy"))
     assert opened == [os.O_RDONLY | os.O_DIRECT]
     assert read.ctypes.data % array_files.ALIGN == 0
     np.testing.assert_array_equal(read, aligned)
 
 
-def test_any_npy_file_reads(tmp_path):
+def test_any_npy_file_reads_without_a_checksum_of_its_bytes(tmp_path):
     array = np.arange(1000.0).reshape(10, 100)
     np.save(str(tmp_path / "plain.npy"), array)  # a 128-byte header
-    np.testing.assert_array_equal(array_files.read_npy(str(tmp_path / "plain.npy")), array)
+    read, checksum = array_files.read_npy(str(tmp_path / "plain.npy"))
+    np.testing.assert_array_equal(read, array)
+    assert checksum is None  # np.load read it: the check reads the file itself
 
 
 @pytest.mark.parametrize("refused_at", ["open", "io"])
@@ -107,7 +111,9 @@ def test_a_file_system_that_refuses_o_direct_gets_buffered_io(
     array_files.write_npy(path, array)
     np.testing.assert_array_equal(np.load(path), array)
     assert os.path.getsize(path) == array_files.ALIGN + array.nbytes
-    np.testing.assert_array_equal(array_files.read_npy(path), array)
+    read, checksum = array_files.read_npy(path)
+    np.testing.assert_array_equal(read, array)
+    assert checksum == checksums.file_crc(path)  # counted once, from the buffered read
     assert len(direct_fds) == (2 if refused_at == "io" else 0)  # O_DIRECT was tried
 
 

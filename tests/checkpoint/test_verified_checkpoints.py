@@ -15,11 +15,15 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
+import trainer
 from tests import toy
+from trainer import errors
 from trainer.checkpoint import checksums, inventory
 from trainer.checkpoint import inspect as checkpoint_inspect
 from trainer.checkpoint.state import CheckpointError
+from trainer.precision import NonFiniteError
 
 
 def config(fast_io: bool):
@@ -120,13 +124,31 @@ def test_every_file_of_both_items_is_covered(trained, fast_io):
             assert checksums.file_crc(os.path.join(directory, rel)) == (size, crc)
 
 
-def test_the_npy_checksums_computed_in_memory_are_those_of_the_files(tmp_path):
+@pytest.mark.parametrize("rows", [1000, 100_000], ids=["inline", "in_a_thread"])
+def test_the_npy_checksums_computed_while_writing_and_reading_are_those_of_the_files(
+        tmp_path, rows):
     from trainer.checkpoint import array_files
 
-    array = array_files.aligned_empty((1000, 3), np.float32)
-    array[:] = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    array = array_files.aligned_empty((rows, 3), np.float32)
+    array[:] = np.arange(3 * rows, dtype=np.float32).reshape(rows, 3)
+    assert (array.nbytes >= array_files.BACKGROUND_CRC_BYTES) == (rows > 1000)
     path = str(tmp_path / "a.npy")
     assert array_files.write_npy(path, array) == checksums.file_crc(path)
+    assert array_files.read_npy(path)[1] == checksums.file_crc(path)
+
+
+def test_a_restore_hands_the_checksums_of_the_npy_bytes_it_read_to_the_check(trained):
+    from trainer.checkpoint import store
+
+    step_dir = os.path.join(trained[True], "checkpoints", "20")
+    _, known = store.read_state(step_dir, store.read_manifest(step_dir))
+    with open(os.path.join(step_dir, "state", checksums.FILE)) as f:
+        table = json.load(f)["files"]
+    arrays = [rel for rel in table if rel.endswith(".npy")]
+    assert arrays
+    for rel in arrays:  # by the path the check looks them up with, as written
+        assert known(os.path.join(step_dir, "state", rel)) == tuple(table[rel]), rel
+    assert known(os.path.join(step_dir, "state", "_METADATA")) is None  # read by the check
 
 
 def test_a_checkpoint_without_checksums_restores_and_says_so_once(copy_of, caplog):
@@ -137,6 +159,85 @@ def test_a_checkpoint_without_checksums_restores_and_says_so_once(copy_of, caplo
     assert step == 20 and warnings.count("have no checksums") == 1, warnings
     assert {e.detail for e in inventory.survey(workdir)} == {
         "no checksums (an earlier version)"}
+
+
+def damage_every_step(workdir: str) -> None:
+    for path in glob.glob(os.path.join(workdir, "checkpoints", "*", "state", "model.0.npy")):
+        flip_one_byte(path)
+
+
+def assert_one_line(error, capsys) -> str:
+    capsys.readouterr()
+    assert errors.report(error) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_workdir_whose_every_checkpoint_is_corrupt_is_one_line_naming_no_last_good(
+        copy_of, capsys):
+    workdir = copy_of(True)
+    damage_every_step(workdir)
+    with pytest.raises(CheckpointError) as raised:
+        toy.ToyTrainer(config(True), workdir).restore()
+    line = assert_one_line(raised.value, capsys)
+    assert line.startswith("Checkpoint error: No readable checkpoint: the last good checkpoint "
+                           f"is none (no complete checkpoint in {workdir}). "), line
+    for step in (20, 10):
+        assert f"{workdir}/checkpoints/{step}: cannot read variable" in line, line
+
+
+def test_a_step_asked_for_that_is_corrupt_names_the_last_good_one(copy_of, capsys):
+    workdir = copy_of(True)
+    flip_one_byte(os.path.join(workdir, "checkpoints", "20", "state", "model.0.npy"))
+    with pytest.raises(CheckpointError) as raised:
+        toy.ToyTrainer(config(True), workdir).restore(step=20)
+    line = assert_one_line(raised.value, capsys)
+    assert ("No readable checkpoint of step 20: the last good checkpoint is step 10 "
+            f"({workdir}/checkpoints/10). ") in line, line
+
+
+class DamageEveryStepAt(trainer.Callback):
+    """Damages every checkpoint on disk once the checkpoint of ``step`` is announced."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_checkpoint(self, t, step: int) -> None:
+        if step == self.step:
+            damage_every_step(t.workdir)
+
+
+def test_a_rollback_with_every_checkpoint_corrupt_is_one_line_naming_no_last_good(
+        tmp_path, capsys):
+    """Step 12's batch holds an inf; checkpoints 5 and 10 are damaged before the
+    rollback at the end of the loop of steps 11-15 tries them."""
+    from tests.run_controls import poisoned_trainer
+
+    workdir = str(tmp_path / "run")
+    cfg = toy.toy_config(**{"train.steps": 20, "checkpoint.every_steps": 5,
+                            "checkpoint.async_save": False, "checkpoint.fast_io": True,
+                            "train.on_nonfinite": "rollback"})
+    run = poisoned_trainer(toy, tf)(cfg, workdir, callbacks=[DamageEveryStepAt(10)])
+    with pytest.raises(NonFiniteError) as raised:
+        run.fit()
+    line = assert_one_line(raised.value, capsys)
+    assert line.startswith("Non-finite error: Step 15: "), line
+    assert ("the rollback could not restore a checkpoint: No readable checkpoint: the last "
+            f"good checkpoint is none (no complete checkpoint in {workdir}). ") in line, line
+
+
+def test_a_rollback_before_any_checkpoint_names_no_last_good(tmp_path, capsys):
+    from tests.run_controls import poisoned_trainer
+
+    workdir = str(tmp_path / "run")
+    cfg = toy.toy_config(**{"train.steps": 20, "checkpoint.every_steps": 20,
+                            "train.on_nonfinite": "rollback"})
+    with pytest.raises(NonFiniteError) as raised:
+        poisoned_trainer(toy, tf)(cfg, workdir).fit()
+    line = assert_one_line(raised.value, capsys)
+    assert ("and there is no checkpoint to roll back to (the last good checkpoint is none "
+            f"(no complete checkpoint in {workdir})). ") in line, line
 
 
 def test_inspect_lists_complete_incomplete_and_corrupt_steps(copy_of, capsys):

@@ -95,7 +95,7 @@ def test_rollback_skips_the_poisoned_window_and_finishes_finite(control_runs, re
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_nan_weights_are_never_checkpointed(control_runs, replicas):
     run = control_runs[replicas]
-    assert "NaN/inf at step 15" in run["auto_error"] and "last good one is step 10" in (
+    assert "NaN/inf at step 15" in run["auto_error"] and "last good checkpoint is step 10" in (
         run["auto_error"])
     assert run["auto_steps"] == [5, 10] and all(run["auto_restored_finite"])
 

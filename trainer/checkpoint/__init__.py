@@ -5,8 +5,8 @@
 * :mod:`trainer.checkpoint.store` — where checkpoints live: orbax managers, keep-N /
   best-N, async writes, reading back.
 * :mod:`trainer.checkpoint.array_files` — the opt-in ``O_DIRECT`` ``.npy`` writer.
-* :mod:`trainer.checkpoint.service` — the save policy (a service), resume and
-  the best export.
+* :mod:`trainer.checkpoint.service` — the save policy (a service) and the best export.
+* :mod:`trainer.checkpoint.resume` — restoring the newest good checkpoint (verified).
 * :mod:`trainer.checkpoint.preemption` — SIGTERM during ``fit()`` becomes a checkpoint
   and a retryable exit.
 

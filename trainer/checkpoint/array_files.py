@@ -32,6 +32,7 @@ from trainer.checkpoint import checksums
 
 ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers (a page; >= any block)
 _CHUNK = 64 * 2**20  # bytes per write() call (Linux writes at most ~2 GiB per call)
+BACKGROUND_CRC_BYTES = 2**20  # arrays this large have their CRC32C computed in a thread
 _MAGIC = b"\x93NUMPY\x01\x00"
 
 
@@ -116,7 +117,9 @@ def _write_direct(path: str, header: bytes, data: memoryview) -> None:
 
 def write_npy(path: str, array: np.ndarray) -> tuple[int, int]:
     """Writes ``array`` to ``path`` as an aligned-header ``.npy`` file and fsyncs it;
-    returns the file's ``(size, CRC32C)``, computed from memory (no read back).
+    returns the file's ``(size, CRC32C)``, computed from memory while the same bytes
+    are written (:class:`~trainer.checkpoint.checksums.Running`: in a worker thread for
+    arrays of :data:`BACKGROUND_CRC_BYTES` or more; never read back).
 
     Uses O_DIRECT when ``array`` is C-contiguous and starts on an :data:`ALIGN`
     boundary (see :func:`aligned_empty`) and the file system accepts it; otherwise an
@@ -128,19 +131,25 @@ def write_npy(path: str, array: np.ndarray) -> tuple[int, int]:
     header = _header(array)
     contiguous = array.flags.c_contiguous
     data = memoryview(np.ascontiguousarray(array)).cast("B")
-    written = (len(header) + len(data), checksums.extend(checksums.extend(0, header), data))
-    if contiguous and _is_aligned(array):
-        try:
-            _write_direct(path, header, data)
-            return written
-        except _Refused:
-            pass
-    with open(path, "wb") as f:
-        f.write(header)
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return written
+    with checksums.Running(background=len(data) >= BACKGROUND_CRC_BYTES) as crc:
+        crc.feed(header)
+        crc.feed(data)  # runs while the bytes go to disk
+        if not (contiguous and _is_aligned(array) and _written_direct(path, header, data)):
+            with open(path, "wb") as f:
+                f.write(header)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        return crc.result()
+
+
+def _written_direct(path: str, header: bytes, data: memoryview) -> bool:
+    """Whether :func:`_write_direct` wrote the file (False: O_DIRECT was refused)."""
+    try:
+        _write_direct(path, header, data)
+        return True
+    except _Refused:
+        return False
 
 
 def _read_header(f) -> tuple[tuple[int, ...], np.dtype, int]:
@@ -162,22 +171,47 @@ def read_npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
-def _read_direct(path: str, out: memoryview, size: int) -> None:
+def _read_direct(path: str, out: memoryview, size: int, crc: checksums.Running) -> None:
     """Reads ``size`` data bytes (from offset :data:`ALIGN`) into ``out`` (aligned, its
-    length rounded up to ALIGN) with O_DIRECT (:class:`_Refused` if it cannot)."""
+    length rounded up to ALIGN) with O_DIRECT (:class:`_Refused` if it cannot), each
+    chunk fed to ``crc`` once read (its CRC runs while the next one is read)."""
     with _direct(path, os.O_RDONLY) as fd:
         done = 0
         while done < size:
             got = os.preadv(fd, [out[done:done + _CHUNK]], ALIGN + done)
             if got <= 0 or (got % ALIGN and done + got < size):
                 raise _Refused  # an odd short read: the buffered path reads it all
+            crc.feed(out[done:min(done + got, size)])
             done += got
 
 
-def read_npy(path: str) -> np.ndarray:
+def _read_data(path: str, f, header: bytes, out: memoryview, nbytes: int
+               ) -> tuple[int, int]:
+    """Reads the ``nbytes`` data bytes of the open file ``f`` into ``out`` (O_DIRECT,
+    else buffered); returns the file's ``(size, CRC32C)`` from ``header`` and the bytes
+    read, computed while they are read."""
+    background = nbytes >= BACKGROUND_CRC_BYTES
+    with checksums.Running(background) as crc:
+        crc.feed(header)
+        try:
+            _read_direct(path, out, nbytes, crc)
+            return crc.result()
+        except _Refused:
+            pass
+    with checksums.Running(background) as crc:  # the buffered read, from the start
+        crc.feed(header)
+        f.seek(ALIGN)
+        f.readinto(out[:nbytes])
+        crc.feed(out[:nbytes])
+        return crc.result()
+
+
+def read_npy(path: str) -> tuple[np.ndarray, tuple[int, int] | None]:
     """The array stored at ``path`` by :func:`write_npy` (page-aligned, read with
-    O_DIRECT where possible; any other ``.npy`` through ``np.load``). ValueError
-    naming the file if it is not a whole ``.npy`` (wrong magic, truncated data ...)."""
+    O_DIRECT where possible; any other ``.npy`` through ``np.load``) and the file's
+    ``(size, CRC32C)`` computed from the bytes read (None for another ``.npy``: then
+    the file must be read again to check it). ValueError naming the file if it is not
+    a whole ``.npy`` (wrong magic, truncated data ...)."""
     try:
         with open(path, "rb") as f:
             shape, dtype, offset = _read_header(f)
@@ -187,14 +221,12 @@ def read_npy(path: str) -> np.ndarray:
                 raise ValueError(f"{size} bytes, expected {offset + nbytes} for {dtype} "
                                  f"{list(shape)}")
             if offset != ALIGN:
-                return np.load(path, allow_pickle=False)
+                return np.load(path, allow_pickle=False), None
+            f.seek(0)
+            header = f.read(ALIGN)  # the file's first bytes, for its CRC
             padded = aligned_empty((nbytes + -nbytes % ALIGN,), np.uint8)
-            try:
-                _read_direct(path, memoryview(padded), nbytes)
-            except _Refused:
-                f.seek(ALIGN)
-                f.readinto(memoryview(padded)[:nbytes])
-        return padded[:nbytes].view(dtype).reshape(shape)
+            checksum = _read_data(path, f, header, memoryview(padded), nbytes)
+        return padded[:nbytes].view(dtype).reshape(shape), checksum
     except (ValueError, EOFError, SyntaxError) as error:
         raise ValueError(f"{path} is not a readable .npy file: {error}") from error
 
@@ -229,13 +261,15 @@ def _handler_class(ocp):
         ``.npy`` if it exists (ValueError when damaged) and otherwise asks that
         handler (which also reads checkpoints written before this format).
 
-        ``written`` maps each file written and not yet claimed (:func:`claim`) to its
-        ``(size, CRC32C)``: the checksum file of the item takes them from there.
+        ``checksummed`` maps each file written or read and not yet claimed
+        (:func:`claim`) to its ``(size, CRC32C)``, computed from the bytes written or
+        read: the checksum file of the item takes them from there at save, and the
+        check of a restore (:func:`trainer.checkpoint.checksums.verify`) at restore.
         """
 
         def __init__(self):
             super().__init__(deepcopy_host_arrays=False)
-            self.written: dict[str, tuple[int, int]] = {}
+            self.checksummed: dict[str, tuple[int, int]] = {}
 
         @staticmethod
         def _file(info) -> str:
@@ -253,7 +287,7 @@ def _handler_class(ocp):
                 await info.await_path_creation()
             for value, info in zip(values, infos):
                 path = self._file(info)
-                self.written[os.path.normpath(path)] = write_npy(path, value)
+                self.checksummed[os.path.normpath(path)] = write_npy(path, value)
 
         async def serialize(self, values, infos, args=None):
             args = list(args) if args else [ocp.SaveArgs()] * len(values)
@@ -273,8 +307,15 @@ def _handler_class(ocp):
             stored = [self._stored(info) for info in infos]
             others = iter(await super().deserialize(*_where(_not(stored), infos, args))
                           if not all(stored) else [])
-            return [read_npy(self._file(info)) if own else next(others)
+            return [self._read(info) if own else next(others)
                     for info, own in zip(infos, stored)]
+
+        def _read(self, info) -> np.ndarray:
+            path = self._file(info)
+            array, checksum = read_npy(path)
+            if checksum is not None:
+                self.checksummed[os.path.normpath(path)] = checksum
+            return array
 
         async def metadata(self, infos):
             stored = [self._stored(info) for info in infos]
@@ -295,9 +336,9 @@ def _handler_class(ocp):
 
 
 def claim(handler, path: str) -> tuple[int, int] | None:
-    """``(size, CRC32C)`` of the file the ``NpyFileHandler`` ``handler`` wrote at
-    ``path`` and no one claimed yet, or None (then the file must be read)."""
-    return handler.written.pop(os.path.normpath(path), None)
+    """``(size, CRC32C)`` of the file the ``NpyFileHandler`` ``handler`` wrote or read
+    at ``path`` and no one claimed yet, or None (then the file must be read)."""
+    return handler.checksummed.pop(os.path.normpath(path), None)
 
 
 def npy_file_handler(ocp):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent import futures
 from typing import Callable
 
 import google_crc32c
@@ -47,6 +48,68 @@ def extend(crc: int, data) -> int:
     for start in range(0, len(view), _CHUNK):
         crc = google_crc32c.extend(crc, view[start:start + _CHUNK])
     return crc
+
+
+_worker: futures.ThreadPoolExecutor | None = None  # the CRC thread, made on first use
+
+
+def _crc_thread() -> futures.ThreadPoolExecutor:
+    """The one worker thread of every :class:`Running` (one thread for the process: no
+    thread to start per file, and FIFO, so each stream's order holds)."""
+    global _worker
+    if _worker is None:
+        _worker = futures.ThreadPoolExecutor(1, "crc32c")
+    return _worker
+
+
+def _forget_crc_thread() -> None:
+    global _worker
+    _worker = None  # a forked child has no thread behind the parent's executor
+
+
+os.register_at_fork(after_in_child=_forget_crc_thread)
+
+
+class Running:
+    """The CRC32C of a file's bytes, fed in file order while they are written or read.
+
+    ``background=True``: every :meth:`feed` is queued to the process's CRC thread (FIFO,
+    so the order holds) and returns at once; ``google_crc32c`` releases the GIL, so the
+    CRC runs on another core while the caller writes the same buffer to disk or reads
+    the next one. ``background=False``: computed in :meth:`feed` (small files, where
+    the hand-over costs more than the CRC). A buffer fed must not change until
+    :meth:`result` returns. Use as a context manager: leaving it waits for what was
+    queued (also after an error, so no buffer is freed while the thread reads it).
+    """
+
+    def __init__(self, background: bool):
+        self.crc, self.size = 0, 0
+        self._background = background
+        self._queued: list[futures.Future] = []
+
+    def _extend(self, data) -> None:
+        self.crc = extend(self.crc, data)
+
+    def feed(self, data) -> None:
+        """Adds ``data`` (any buffer: the next bytes of the file)."""
+        self.size += len(memoryview(data).cast("B"))
+        if self._background:
+            self._queued.append(_crc_thread().submit(self._extend, data))
+        else:
+            self._extend(data)
+
+    def result(self) -> tuple[int, int]:
+        """``(size, CRC32C)`` of everything fed, once the thread has done it."""
+        for job in self._queued:
+            job.result()
+        self._queued.clear()
+        return self.size, self.crc
+
+    def __enter__(self) -> "Running":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        futures.wait(self._queued)
 
 
 def file_crc(path: str) -> tuple[int, int]:
@@ -95,8 +158,13 @@ def has_checksums(step_dir: str) -> bool:
     return any(tf.io.gfile.exists(os.path.join(step_dir, item, FILE)) for item in ITEMS)
 
 
-def verify(step_dir: str) -> bool:
+def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambda p: None
+           ) -> bool:
     """Checks every covered file of a committed step directory against its checksums.
+
+    ``known(path)`` may give ``(size, crc)`` of a file computed from the bytes a
+    restore already read (the ``.npy`` reader's, :class:`Running`): that file is not read
+    again, and what is checked is what was restored. Other files are read.
 
     Returns True when verified, False when the step has no checksums at all (written
     before them: unverified). Raises :class:`Mismatch` naming the first file that is
@@ -118,7 +186,7 @@ def verify(step_dir: str) -> bool:
             path = os.path.join(directory, rel)
             if not tf.io.gfile.exists(path):
                 raise Mismatch(f"{item}/{rel}", "is missing")
-            got_size, got_crc = file_crc(path)
+            got_size, got_crc = known(path) or file_crc(path)
             if got_size != size:
                 raise Mismatch(f"{item}/{rel}", f"has {got_size} bytes, {size} were written")
             if got_crc != crc:

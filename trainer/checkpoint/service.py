@@ -1,4 +1,4 @@
-"""Checkpointing as a service: the save policy (a service), resume, and the best export.
+"""Checkpointing as a service: the save policy (a service) and the best export.
 
 Saves happen at every multiple of ``checkpoint.every_steps``, at ``train.steps`` and
 when training stops early (``request_stop`` or preemption: then synchronously, and all
@@ -17,20 +17,11 @@ directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint.st
 files and formats and :mod:`trainer.checkpoint.state` for what is saved and how it is
 matched.
 
-Resume (:func:`restore`): the step is restored BEFORE the train dataset is built, and
-the dataset skips the consumed batches in every input pipeline; exact for a
-deterministic pipeline (``train.deterministic``, seeded shuffles), and a warning says
-when it cannot hold; also on another number of workers (the input follows the
-checkpoint's input layout, :mod:`trainer.data_resume`). Every restore logs the worker
-counts of both runs; the next ``fit()`` writes a ``"resume"`` record. A committed step
-that cannot be read, or does not match its checksums, is skipped with a warning and the
-previous one tried. A save failing on a full or read-only disk warns and retries, then
-stops (:mod:`~trainer.checkpoint.save_failures`); a periodic save due while the previous
-async write still runs is skipped (:mod:`~trainer.checkpoint.deferral`).
-
-Multi-worker: only the chief (``distribute.is_chief``) writes and reads; every worker
-takes part in a restore, which the chief performs and broadcasts to the others over TF
-collectives (the other workers need no access to the chief's files).
+Resume is :mod:`trainer.checkpoint.resume`. A save failing on a full, read-only or
+vanished disk warns and retries, then stops (:mod:`trainer.checkpoint.save_failures`);
+a checkpoint directory deleted during the run is made again by the next save, with one
+warning. A periodic save due while the previous async write still runs is skipped
+(:mod:`trainer.checkpoint.deferral`). Only the chief (``distribute.is_chief``) writes.
 
 Contexts: host, eager, cross-replica, between ``tf.function`` calls.
 """
@@ -44,169 +35,19 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import data_resume, host_collectives
+from trainer import host_collectives
 from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
-from trainer.checkpoint.state import CheckpointError
-from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, Unreadable
-from trainer.checkpoint.store import candidates as _all_candidates
-from trainer.checkpoint.store import read_manifest, read_state, verify
+from trainer.checkpoint.resume import load
 from trainer.checkpoint.save_failures import SaveFailures
+from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore
 from trainer.config import ConfigError
 from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
-_NONE, _FAILED = -1, -2
-_CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the reason."
-
-
-# ------------------------------------------------------------------- restore
-def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
-    """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
-
-    Then its files are checked against their checksums (:class:`Unreadable` naming the
-    file; none: an earlier version, said once). A failed read, or a manifest that does
-    not fit, is :class:`Unreadable` when a file does not match (naming both)."""
-    try:
-        manifest = read_manifest(path)
-        checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
-        state = read_state(path, manifest)
-    except (Unreadable, CheckpointError) as error:
-        try:
-            verify(path)
-        except Unreadable as damaged:
-            raise Unreadable(f"{error}; {damaged}" if isinstance(error, Unreadable)
-                             else str(damaged)) from error
-        raise
-    if not verify(path):
-        inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
-    return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
-
-
-def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
-    """The step directories to try, newest first (only ``step``'s when given: then a
-    save in progress of another step is no reason for a warning)."""
-    found = _all_candidates(workdir, warn_incomplete=step is None)
-    if step is None:
-        return found
-    chosen = [c for c in found if c[0] == step]
-    if not chosen:
-        available = sorted({s for s, _ in found})
-        raise CheckpointError(f"There is no checkpoint of step {step} in {workdir} "
-                              f"(available: {available or 'none'}).")
-    return chosen
-
-
-def _load_first_readable(found: list, groups: dict, step: int | None) -> tuple[dict, dict]:
-    """Loads the newest readable candidate; with ``step`` given, only that step."""
-    reasons = []
-    for _, path in found:
-        try:
-            return load(path, groups)
-        except Unreadable as error:
-            reasons.append(f"{path}: {error}")
-            if step is None:
-                logging.warning("Skipping checkpoint %s: %s; trying an earlier one.", path, error)
-    raise CheckpointError(
-        "No readable checkpoint: " + "; ".join(reasons) + ". The files are corrupt or "
-        "incomplete: delete those step directories (training then resumes from an "
-        "earlier one, or from scratch).")
-
-
-def restore(run: RunContext, step: int | None = None) -> int | None:
-    """Restores the latest (or the given) checkpoint in ``run.workdir``.
-
-    Builds the model and optimizer variables if need be (``run.ensure_built``). Sets the
-    variables, and the step and input resume position (``run.resumed``); returns the
-    step, or None when there is no checkpoint (``step=None`` only). Call it on every
-    worker: the chief reads, the others receive the state over collectives. Raises
-    :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
-    unreadable or does not fit the model.
-    """
-    strategy = run.strategy
-    multi = host_collectives.num_workers(strategy) > 1
-    chief = host_collectives.is_chief(strategy)
-    if run.workdir is None:
-        if step is not None:
-            raise CheckpointError(f"restore(step={step}) needs a workdir; this Trainer has none.")
-        return None
-    found, failure, newest = [], None, _NONE
-    if chief:
-        try:
-            found = _select(run.workdir, step)
-            newest = found[0][0] if found else _NONE
-        except CheckpointError as error:
-            failure, newest = error, _FAILED
-    if multi:  # every worker learns the chief's answer before anything else happens
-        newest = host_collectives.from_chief(strategy, newest)
-    if newest == _FAILED:
-        raise failure or CheckpointError(_CHIEF_FAILED)
-    if newest == _NONE:
-        return None
-    run.ensure_built()  # the variables a checkpoint fills must exist
-    groups = checkpoint_state.state_variables(run)
-    state, manifest, failure = None, None, None
-    if chief:
-        try:
-            state, manifest = _load_first_readable(found, groups, step)
-        except CheckpointError as error:
-            failure = error
-    if multi:
-        status = host_collectives.from_chief(strategy, manifest["step"] if manifest else _FAILED)
-        if status == _FAILED:
-            raise failure or CheckpointError(_CHIEF_FAILED)
-        flat = host_collectives.broadcast_arrays(
-            strategy, [a for g in groups for a in state[g]] if chief else None,
-            checkpoint_state.like(groups))
-        state, i = {}, 0
-        for group, entries in groups.items():
-            state[group], i = flat[i:i + len(entries)], i + len(entries)
-        restored = status
-        words = host_collectives.sum_over_workers(
-            strategy, _input_words(manifest) if chief else np.zeros(4, np.int32))
-    else:
-        if failure:
-            raise failure
-        restored = manifest["step"]
-        words = _input_words(manifest)
-    workers = host_collectives.num_workers(strategy)
-    services = host_collectives.json_from_chief(
-        strategy, manifest.get("services", {}) if chief else None)
-    resumed = data_resume.Resumed(restored, int(words[0]), workers,
-                                  data_resume.InputLayout.from_words(words[1:]),
-                                  manifest.get("plan") if chief else None, services)
-    checkpoint_state.assign(groups, state)
-    run.resumed(resumed)  # the step, and the input layout the train input continues
-    if chief:
-        _warn_on_input_changes(run.config, manifest)
-    logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, run.workdir if chief else "the chief's checkpoint, broadcast",
-                 resumed.from_workers, workers)
-    return restored
-
-
-def _input_words(manifest: dict) -> np.ndarray:
-    """The checkpoint's worker count and input layout (zeros: none), as 4 int32 words."""
-    layout = data_resume.InputLayout.from_manifest(manifest)
-    return np.concatenate([np.array([int(manifest.get("workers", 0))], np.int32),
-                           layout.to_words() if layout else np.zeros(3, np.int32)])
-
-
-def _warn_on_input_changes(cfg, manifest: dict) -> None:
-    if not cfg.train.deterministic:
-        logging.warning("train.deterministic is False: the input resumes after %d batches, "
-                        "but their order may differ from the interrupted run.", manifest["step"])
-    if manifest["global_batch_size"] != cfg.train.global_batch_size:
-        logging.warning("The checkpoint was written with train.global_batch_size=%d, the run "
-                        "uses %d: the input position (%d batches) is no longer exact.",
-                        manifest["global_batch_size"], cfg.train.global_batch_size,
-                        manifest["step"])
-    if manifest["seed"] != cfg.seed:
-        logging.warning("The checkpoint was written with seed=%d, the run uses seed=%d.",
-                        manifest["seed"], cfg.seed)
 
 
 # ------------------------------------------------------------------ service
@@ -249,7 +90,7 @@ class Checkpointer(Service):
             self.wait()  # a pending save of an earlier step is a good checkpoint
             raise NonFiniteError(
                 f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
-                f"(the last good one is {inventory.describe_last_good(run.workdir)}). Set "
+                f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
         self._saved[kind] = run.step
@@ -264,6 +105,8 @@ class Checkpointer(Service):
         if (not wait and kind == LATEST_DIR and run.step < self.total and self.deferral.skip(
                 run.step, lambda: self.store.in_flight(kind), os.path.join(run.workdir, kind))):
             return False
+        if self.store.vanished(kind):
+            self._recreate(kind, run.step)
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
             if self.store.has(kind, run.step):
@@ -279,6 +122,17 @@ class Checkpointer(Service):
         logging.info("checkpoint of step %d -> %s%s", run.step,
                      os.path.join(run.workdir, kind), "" if wait else " (async)")
         return True
+
+    def _recreate(self, kind: str, step: int) -> None:
+        """The directory of ``kind`` vanished during the run: one warning; the manager is
+        dropped (with the error of a write the deletion cut) and the save about to
+        happen makes the directory again. Not a failed save: training goes on."""
+        directory = os.path.join(self.store.workdir, kind)
+        self.store.discard(kind)
+        logging.warning("Storage error (training goes on): the checkpoint directory %s "
+                        "vanished during the run (deleted?); the checkpoint of step %d makes "
+                        "it again. The last good checkpoint is %s.", directory, step,
+                        inventory.describe_last_good(self.store.workdir))
 
     def _commit_pending(self, kind: str | None = None, final: bool = False) -> None:
         """Waits for the async writes of ``kind`` (default: all); one that failed on a

@@ -32,7 +32,7 @@ import logging as pylogging
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -41,6 +41,7 @@ from absl import logging
 from trainer.checkpoint import array_files, checksums
 from trainer.errors import storage_fault
 
+Known = Callable[[str], "tuple[int, int] | None"]  # a file's (size, CRC32C) if computed
 LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
 
@@ -63,20 +64,21 @@ def orbax():
     return ocp
 
 
-def state_handler(ocp, fast_io: bool, verified: bool = False):
+def state_handler(ocp, fast_io: bool, verified: bool = False, npy: Any = None):
     """The orbax handler of the ``state`` item.
 
     ``fast_io=False``: orbax's stock tensorstore handler (uncompressed). ``True``: the
-    O_DIRECT ``.npy`` handler of :mod:`trainer.checkpoint.array_files`, which also reads stock
-    checkpoints; reading always uses it, so either format restores. ``verified``: the
-    handler also writes the item's checksums (for saving; see :func:`_verified_handlers`).
+    O_DIRECT ``.npy`` handler of :mod:`trainer.checkpoint.array_files` (``npy``, or a new
+    one), which also reads stock checkpoints; reading always uses it, so either format
+    restores. ``verified``: the handler also writes the item's checksums (for saving;
+    see :func:`_verified_handlers`).
     """
     cls = _verified_handlers(ocp)["state"] if verified else ocp.PyTreeCheckpointHandler
     if not fast_io:
         return cls(use_compression=False)
     import jax  # already imported by orbax; its handler keeps orbax's array metadata on
 
-    npy = array_files.npy_file_handler(ocp)
+    npy = npy or array_files.npy_file_handler(ocp)
     registry = ocp.type_handlers.create_type_handler_registry(
         (np.ndarray, npy), (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
     return cls(use_ocdbt=False, use_compression=False, type_handler_registry=registry,
@@ -140,12 +142,15 @@ def _without_closed_loop_noise(previous):
 
 class _QuietOrbax(pylogging.Filter):
     """Drops orbax's and JAX's INFO lines (a dozen per save), orbax's warning that a
-    save holds no OCDBT data to merge (``.npy`` leaves) and its reports of a write that
-    failed on a full, read-only or vanished disk (the checkpoint service says it in one
-    line: :class:`trainer.errors.StorageError`); other warnings and errors pass."""
+    save holds no OCDBT data to merge (``.npy`` leaves), its reports of a write that
+    failed on a full, read-only or vanished disk and its warning that the metadata of
+    an unfinished save (a temporary step directory) is missing (the checkpoint service
+    says it in one line: :class:`trainer.errors.StorageError`); other warnings and
+    errors pass."""
 
     _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
     _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
+    _UNFINISHED = ("Metadata file does not exist: ", ".orbax-checkpoint-tmp")
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         path = record.pathname or ""
@@ -153,7 +158,10 @@ class _QuietOrbax(pylogging.Filter):
             return True
         if _storage_fault_record(record):
             return False  # the checkpoint service reports it, in one line
-        return record.levelno >= pylogging.WARNING and self._EXPECTED not in record.getMessage()
+        message = record.getMessage()
+        if message.startswith(self._UNFINISHED[0]) and self._UNFINISHED[1] in message:
+            return False  # a save cut short: reported by the checkpoint service
+        return record.levelno >= pylogging.WARNING and self._EXPECTED not in message
 
 
 def _storage_fault_record(record: pylogging.LogRecord) -> bool:
@@ -215,14 +223,15 @@ def _short(error: Exception) -> str:
     return f"{type(error).__name__}: {text[:400]}"
 
 
-def verify(path: str) -> bool:
+def verify(path: str, known: Known = lambda p: None) -> bool:
     """Checks the files of the committed step directory ``path`` against the checksums
     written with them (:mod:`trainer.checkpoint.checksums`): True when they match, False
     when the step has none (written before checksums: unverified, still readable).
-    Raises :class:`Unreadable` naming the file that does not match (and its variable,
-    for an array file of ours)."""
+    ``known``: the checksums of files already read (:func:`read_state`), not read
+    again. Raises :class:`Unreadable` naming the file that does not match (and its
+    variable, for an array file of ours)."""
     try:
-        return checksums.verify(path)
+        return checksums.verify(path, known)
     except checksums.Mismatch as error:
         variable = _variable_of(path, error.file)
         raise Unreadable(f"cannot read variable '{variable}' ({error})" if variable
@@ -256,17 +265,20 @@ def read_manifest(path: str) -> dict:
         raise Unreadable(f"its manifest cannot be read ({_short(error)})") from error
 
 
-def read_state(path: str, manifest: dict) -> dict[str, list[np.ndarray]]:
-    """The arrays of ``path``, in the manifest's order; :class:`Unreadable` naming the
-    variable whose file cannot be read."""
+def read_state(path: str, manifest: dict) -> tuple[dict[str, list[np.ndarray]], Known]:
+    """The arrays of ``path``, in the manifest's order, and ``known``: the ``(size,
+    CRC32C)`` of each ``.npy`` file computed from the bytes read, for
+    :func:`verify` (so the check reads those files no second time). Raises
+    :class:`Unreadable` naming the variable whose file cannot be read."""
     ocp = orbax()
     target = {g: [np.empty(shape, dtype) for _, shape, dtype in entries]
               for g, entries in manifest["groups"].items()}
+    npy = array_files.npy_file_handler(ocp)
     try:
         restored = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
-            state=state_handler(ocp, fast_io=True))).restore(
+            state=state_handler(ocp, fast_io=True, npy=npy))).restore(
             path, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(target)))
-        return restored["state"]
+        return restored["state"], functools.partial(array_files.claim, npy)
     except (ValueError, KeyError, OSError, TypeError) as error:
         where = ""  # the variable, from the leaf name ("model.3") the error gives
         for match in re.finditer(r'\b(\w+)\.(\d+)\b', str(error)):
@@ -345,6 +357,12 @@ class CheckpointStore:
             state=ocp.args.PyTreeSave(state), manifest=ocp.args.JsonSave(manifest)))
         if wait:
             self.wait(kind)
+
+    def vanished(self, kind: str) -> bool:
+        """Whether the directory of ``kind``'s open manager is gone (deleted during the
+        run: ``rm -rf`` of the workdir by a user or a cleaner)."""
+        return kind in self._managers and not tf.io.gfile.isdir(
+            os.path.join(self.workdir, kind))
 
     def discard(self, kind: str) -> None:
         """Drops the manager of ``kind`` after a failed write (its errors are ignored);

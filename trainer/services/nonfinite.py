@@ -29,6 +29,7 @@ from typing import Callable
 
 from absl import logging
 
+from trainer.errors import UserError
 from trainer.events import RunEvents
 from trainer.precision import NonFiniteError, NonFinitePolicy
 from trainer.run_context import RunContext, Service
@@ -44,7 +45,8 @@ class NonFiniteGuard(Service):
       policy: what ``train.on_nonfinite`` means (the gradient path's).
       events: the run's events (a rollback is reported there).
       last_good: ``workdir -> str``: the newest checkpoint that verifies, for the
-        message of a stop (``"step 200 (/w/checkpoints/200)"``).
+        messages of a stop and of a rollback with nothing to restore (``"step 200
+        (/w/checkpoints/200)"``, ``"none (no complete checkpoint in /w)"``).
     """
 
     def __init__(self, config, policy: NonFinitePolicy, events: RunEvents,
@@ -99,12 +101,17 @@ class NonFiniteGuard(Service):
                 f"Step {step}: {why}, and the run already rolled back {self.rollbacks} "
                 f"time(s) (train.max_rollbacks={self.max_rollbacks}). Lower "
                 f"optimizer.learning_rate, set optimizer.clipnorm, or check the data.")
-        restored = run.restore()
+        try:
+            restored = run.restore()
+        except UserError as error:  # e.g. every checkpoint on disk is corrupt
+            raise NonFiniteError(f"Step {step}: {why}, and the rollback could not restore "
+                                 f"a checkpoint: {error}") from error
         if restored is None:
             raise NonFiniteError(
-                f"Step {step}: {why}, and there is no checkpoint to roll back to (no "
-                f"workdir, or none saved yet). Set checkpoint.every_steps so one exists "
-                f"before a blow-up, or lower optimizer.learning_rate.")
+                f"Step {step}: {why}, and there is no checkpoint to roll back to (the last "
+                f"good checkpoint is {self.last_good(run.workdir)}). Set "
+                f"checkpoint.every_steps so one exists before a blow-up, or lower "
+                f"optimizer.learning_rate.")
         self.rollbacks += 1
         run.gradients.reset_accumulators()
         run.reset_train_window()  # the window's means held the blown-up steps
