@@ -1,0 +1,82 @@
+"""TFDS data in a bucket: two hosts file-shard it, the doctor reads it, on simulated hosts.
+
+The module fixture prepares the digits TFDS dataset (:mod:`models.digits_tfds`) on a
+host's local disk and uploads its files with google-cloud-storage to
+``gs://BUCKET/PREFIX/tfds`` in the GCS emulator (tests/cluster/gcs.py). Then:
+
+* two hosts with node-local disks only (one worker each, ``launch.multiworker`` per
+  host) train the launcher tests' digits config with ``--config.data.data_dir`` in the
+  bucket and ``--config.data.sharding=file``; ``LAUNCH_TEST_RECORD_FILES=1``
+  (tests/launch_helpers/weights_trainer.py) records which TFRecord files each worker
+  read: disjoint sets whose union is the split's train files;
+* ``python -m trainer.doctor`` on a host measures the same config reading the bucket;
+  the doctor writes nothing, so it takes no ``--workdir``: given one (a bucket), it
+  answers one usage line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.parse
+
+import pytest
+
+from tests.cluster.gcs import BUCKET, GcsEmulator
+from tests.cluster.gcs_runs import RUN_S, bucket_url, one_error_line
+from tests.cluster.hosts import SimulatedCluster
+from tests.cluster.test_cross_host_training import fetch, finish_all, outputs, per_host
+
+# On a host: prepare the digits TFDS files in a local directory, upload every file to
+# gs://BUCKET/PREFIX/tfds, print the train split's file names (JSON).
+UPLOAD = """
+import json, os, sys
+from google.cloud import storage
+from models import digits_tfds
+local, bucket, prefix = sys.argv[1:]
+builder = digits_tfds.prepare(local)
+target = storage.Client().bucket(bucket)
+for root, _, names in os.walk(local):
+    for name in names:
+        if name.endswith(".lock"):
+            continue
+        path = os.path.join(root, name)
+        target.blob(f"{prefix}/tfds/{os.path.relpath(path, local)}").upload_from_filename(path)
+print(json.dumps(builder.info.splits["train"].filenames))
+"""
+FILE_SHARDED = ["--config.data.sharding=file", "--config.train.steps=20",
+                "--config.train.steps_per_loop=10", "--config.checkpoint.async_save=False"]
+
+
+@pytest.fixture(scope="module")
+def bucket_data(simulated_cluster: SimulatedCluster, gcs: GcsEmulator) -> tuple[str, list[str]]:
+    """``(prefix, train file names)`` of the digits TFDS files uploaded to the bucket."""
+    prefix = f"tfds-data-{simulated_cluster.ports()[0]}"
+    local = simulated_cluster.hosts[0].scratch / prefix
+    result = simulated_cluster.run(0, [sys.executable, "-c", UPLOAD, str(local), BUCKET, prefix],
+                                   env=gcs.client_env(), timeout=RUN_S)
+    train_files = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(train_files) >= 2, train_files
+    return prefix, train_files
+
+
+def test_two_hosts_read_disjoint_train_files_of_a_tfds_dataset_in_the_bucket(
+        cluster, gcs, bucket_data, tmp_path):
+    prefix, train_files = bucket_data
+    workdir = f"{prefix}/run"
+    runs = per_host(cluster, cluster.hosts[:2], 1, bucket_url(workdir),
+                    [f"--config.data.data_dir={bucket_url(prefix)}/tfds", *FILE_SHARDED],
+                    env={**gcs.client_env(), "LAUNCH_TEST_RECORD_FILES": "1"})
+    assert finish_all(runs) == [0, 0], outputs(runs)
+    names = fetch(cluster, gcs, workdir, tmp_path)
+    assert "checkpoints/20/commit_success.txt" in names, names
+    read = [set(json.loads((tmp_path / f"files-worker-{i}.json").read_text())) for i in (0, 1)]
+    assert read[0] and read[1] and read[0].isdisjoint(read[1]), read
+    assert read[0] | read[1] == set(train_files), (read, train_files)
+    # The emulator served each host the train files its worker recorded, and only those.
+    fetched = {host.address: set() for host in cluster.hosts[:2]}
+    for request in gcs.requests():
+        path = urllib.parse.unquote(request["path"])
+        if request["method"] == "GET" and f"{prefix}/tfds/" in path and "-train.tfrecord" in path:
+            fetched.setdefault(request["client"], set()).add(path.rsplit("/", 1)[1])
+    assert [fetched[host.address] for host in cluster.hosts[:2]] == read, fetched
