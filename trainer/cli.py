@@ -142,8 +142,12 @@ def _translate(chain: list[BaseException], argv: list[str], own: list[str], prog
                               f"--config=FILE, e.g. --config=models/configs/digits.py.")
         close = difflib.get_close_matches(name, own, n=1)
         hint = f" Did you mean --{close[0]}?" if close else ""
+        # The doctor builds its Trainer without a workdir: a local or gs:// one has no use.
+        writes_nothing = (" It writes nothing, so it takes no workdir (local or gs://): "
+                          "drop --workdir." if name == "workdir" else "")
         return UsageError(f"unknown flag --{name}.{hint} {program}'s flags: "
-                          f"{', '.join('--' + f for f in own)} (--helpfull lists all).")
+                          f"{', '.join('--' + f for f in own)} (--helpfull lists all)."
+                          f"{writes_nothing}")
     if "must have a value other than None" in text:
         name = text.split("--", 1)[1].split("=", 1)[0]
         example = (", e.g. --config=models/configs/digits.py" if name == "config" else "")

@@ -9,9 +9,9 @@ host's local disk and uploads its files with google-cloud-storage to
   bucket and ``--config.data.sharding=file``; ``LAUNCH_TEST_RECORD_FILES=1``
   (tests/launch_helpers/weights_trainer.py) records which TFRecord files each worker
   read: disjoint sets whose union is the split's train files;
-* ``python -m trainer.doctor`` on a host measures the same config reading the bucket;
-  the doctor writes nothing, so it takes no ``--workdir``: given one (a bucket), it
-  answers one usage line.
+* ``python -m trainer.doctor`` on a host measures the demo's input reading the bucket
+  (the emulator's log shows the host fetching train files); the doctor writes nothing,
+  so it takes no ``--workdir``: given one (a bucket), it answers one usage line (exit 2).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import urllib.parse
 import pytest
 
 from tests.cluster.gcs import BUCKET, GcsEmulator
-from tests.cluster.gcs_runs import RUN_S, bucket_url, one_error_line
+from tests.cluster.gcs_runs import DIGITS, RUN_S, bucket_url, one_error_line, start
 from tests.cluster.hosts import SimulatedCluster
 from tests.cluster.test_cross_host_training import fetch, finish_all, outputs, per_host
 
@@ -60,10 +60,20 @@ def bucket_data(simulated_cluster: SimulatedCluster, gcs: GcsEmulator) -> tuple[
     return prefix, train_files
 
 
+def train_files_fetched(prefix: str, requests: list[dict]) -> dict[str, set]:
+    """Client address -> names of the train TFRecord files under ``prefix``/tfds it GOT."""
+    fetched: dict[str, set] = {}
+    for request in requests:
+        path = urllib.parse.unquote(request["path"])
+        if request["method"] == "GET" and f"{prefix}/tfds/" in path and "-train.tfrecord" in path:
+            fetched.setdefault(request["client"], set()).add(path.rsplit("/", 1)[1])
+    return fetched
+
+
 def test_two_hosts_read_disjoint_train_files_of_a_tfds_dataset_in_the_bucket(
         cluster, gcs, bucket_data, tmp_path):
     prefix, train_files = bucket_data
-    workdir = f"{prefix}/run"
+    workdir, seen = f"{prefix}/run", len(gcs.requests())
     runs = per_host(cluster, cluster.hosts[:2], 1, bucket_url(workdir),
                     [f"--config.data.data_dir={bucket_url(prefix)}/tfds", *FILE_SHARDED],
                     env={**gcs.client_env(), "LAUNCH_TEST_RECORD_FILES": "1"})
@@ -74,9 +84,30 @@ def test_two_hosts_read_disjoint_train_files_of_a_tfds_dataset_in_the_bucket(
     assert read[0] and read[1] and read[0].isdisjoint(read[1]), read
     assert read[0] | read[1] == set(train_files), (read, train_files)
     # The emulator served each host the train files its worker recorded, and only those.
-    fetched = {host.address: set() for host in cluster.hosts[:2]}
-    for request in gcs.requests():
-        path = urllib.parse.unquote(request["path"])
-        if request["method"] == "GET" and f"{prefix}/tfds/" in path and "-train.tfrecord" in path:
-            fetched.setdefault(request["client"], set()).add(path.rsplit("/", 1)[1])
-    assert [fetched[host.address] for host in cluster.hosts[:2]] == read, fetched
+    fetched = train_files_fetched(prefix, gcs.requests()[seen:])
+    assert [fetched.get(host.address) for host in cluster.hosts[:2]] == read, fetched
+
+
+def test_the_doctor_measures_the_input_read_from_the_bucket(cluster, gcs, bucket_data):
+    prefix, train_files = bucket_data
+    seen = len(gcs.requests())
+    doctor = start(cluster, gcs, 0, [
+        "python", "-m", "trainer.doctor", f"--config={DIGITS}",
+        f"--config.data.data_dir={bucket_url(prefix)}/tfds", "--sections=baseline,input",
+        "--steps", "10", "--time_budget_s", "60", "--json"])
+    assert doctor.finish(RUN_S) == 0, doctor.output[-6000:]
+    report = json.loads([line for line in doctor.lines if line.startswith("{")][-1])
+    assert report["input"]["reads_files"] is True, report
+    assert report["input"]["read_examples_per_s"] > 0, report
+    assert report["baseline"]["steps"] == 10, report
+    fetched = train_files_fetched(prefix, gcs.requests()[seen:])
+    assert set(fetched) == {cluster.hosts[0].address}, fetched
+    assert fetched[cluster.hosts[0].address] <= set(train_files), fetched
+
+
+def test_the_doctor_given_a_bucket_workdir_says_in_one_line_it_takes_none(cluster, gcs):
+    doctor = start(cluster, gcs, 0, ["python", "-m", "trainer.doctor", f"--config={DIGITS}",
+                                     f"--workdir={bucket_url('doctor-workdir')}"])
+    assert doctor.finish(RUN_S) == 2, doctor.output[-3000:]
+    line = one_error_line(doctor.output, "Usage error: ")
+    assert "unknown flag --workdir." in line and "takes no workdir (local or gs://)" in line, line
