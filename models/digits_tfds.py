@@ -7,7 +7,8 @@
 over workers can be used and tested). :func:`prepare` builds it once into a TFDS data
 directory (``""``: TFDS's default, ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``) and
 afterwards only reads it: a second call rewrites nothing. Concurrent first calls (the
-workers of one machine) serialise on a lock file; the first prepares, the others reuse.
+workers of one machine) serialise on a lock file (:func:`lock_path`: local also for a
+``gs://`` data directory); the first prepares, the others reuse.
 
 Features: ``image`` uint8 ``[64]`` (pixel intensities 0..16, as scikit-learn gives
 them) and ``label`` (``ClassLabel``, 10 classes); supervised keys ``(image, label)``.
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import os
+import tempfile
 
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
 NUM_SHARDS = 4
 TEST_FRACTION = 0.2
@@ -92,8 +96,8 @@ def prepare(data_dir: str = "", split_seed: int = 0) -> SklearnDigits:
     probe = builder_for(data_dir, split_seed)
     if not probe.is_prepared():
         root = os.fspath(probe.data_dir_root)
-        os.makedirs(root, exist_ok=True)
-        with open(os.path.join(root, ".sklearn_digits.lock"), "w") as lock:
+        epath.Path(root).mkdir(parents=True, exist_ok=True)  # local or gs://
+        with open(lock_path(root), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 builder = builder_for(data_dir, split_seed)
@@ -107,6 +111,16 @@ def prepare(data_dir: str = "", split_seed: int = 0) -> SklearnDigits:
     # A builder reads its dataset_info when it is made: ``probe`` may have been made just
     # before another process finished preparing (it then says prepared, with no splits).
     return builder_for(data_dir, split_seed)
+
+
+def lock_path(root: str) -> str:
+    """The lock file that serialises this machine's first :func:`prepare` calls of
+    ``root``: in ``root`` when it is a local directory; for a bucket (``gs://...``,
+    where ``flock`` cannot reach) a local file in the temp directory named by its hash."""
+    if "://" not in root:
+        return os.path.join(root, ".sklearn_digits.lock")
+    digest = hashlib.sha256(root.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"sklearn_digits-{digest}.lock")
 
 
 def builder_for(data_dir: str, split_seed: int) -> SklearnDigits:

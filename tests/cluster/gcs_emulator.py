@@ -45,6 +45,9 @@ the former's faults are mended here in test code (each seen with a real client):
   compose request (``GCS_APPEND_MODE=compose``) is a Python literal in single quotes,
   which GCS takes and the emulator's JSON parser does not: it is read as a literal (and
   its optional ``destination`` defaulted);
+* it has no ``storageLayout`` (GCS's bucket layout, which TensorFlow asks for before
+  renaming a directory, e.g. TFDS's ``incomplete.*`` directory when it prepares a
+  dataset in a bucket): :func:`_storage_layout` answers a flat bucket;
 * its disk store maps the object ``a/`` and the objects ``a/b`` onto one path, a file
   and a directory at once, and fails: objects are kept in memory;
 * it dumps all its metadata as indented JSON after every write (:class:`_Storage` does
@@ -92,6 +95,7 @@ _LOG_LOCK = threading.Lock()
 SOCKET_TIMEOUT_S = 60  # a silent client (cut off) frees its connection's thread after this
 _BUCKET_IN_PATH = re.compile(r"^(?:/upload|/download)?(?:/storage/v1)?/b/([-.\w]+)|^/([-.\w]+)/")
 _DOWNLOAD_ROUTES = ("objects.download", "objects.get")
+_STORAGE_LAYOUT = re.compile(r"/storage/v1/b/([-.\w]+)/storageLayout")
 
 
 class _Storage(Storage):
@@ -257,6 +261,9 @@ class _Handler(emulator.RequestHandler):
                           f"storage.objects.get access to the Google Cloud Storage bucket "
                           f"{bucket}. Permission 'storage.objects.get' denied on resource "
                           f"(or it may not exist).")
+        layout = _STORAGE_LAYOUT.fullmatch(self.path.split("?", 1)[0])
+        if layout and method == emulator.GET:
+            return _storage_layout(response, layout.group(1), self.storage)
         response.status = HTTPStatus.NOT_IMPLEMENTED
         for regex, handlers in emulator.HANDLERS:
             match = re.fullmatch(regex, request.path)
@@ -331,6 +338,17 @@ def _error(response, status: HTTPStatus, message: str) -> None:
     if status != HTTPStatus.NOT_MODIFIED:
         response.json({"error": {"code": status.value, "message": message,
                                  "errors": [{"message": message, "reason": status.phrase}]}})
+    response.close()
+
+
+def _storage_layout(response, bucket: str, storage: Storage) -> None:
+    """GCS's ``storageLayout`` of ``bucket`` (flat: no hierarchical namespace), which
+    TensorFlow's GCS filesystem asks for before it renames a directory."""
+    if bucket not in storage.buckets:
+        return _error(response, HTTPStatus.NOT_FOUND, f"The specified bucket does not exist: {bucket}")
+    response.status = HTTPStatus.OK
+    response.json({"kind": "storage#storageLayout", "bucket": bucket, "location": "US",
+                   "locationType": "multi-region", "hierarchicalNamespace": {"enabled": False}})
     response.close()
 
 

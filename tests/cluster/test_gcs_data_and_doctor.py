@@ -22,10 +22,13 @@ import urllib.parse
 
 import pytest
 
+from models.digits_tfds import NUM_SHARDS
 from tests.cluster.gcs import BUCKET, GcsEmulator
-from tests.cluster.gcs_runs import DIGITS, RUN_S, bucket_url, one_error_line, start
+from tests.cluster.gcs_runs import (DIGITS, RUN_S, bucket_url, one_error_line, start,
+                                    trainer_argv)
 from tests.cluster.hosts import SimulatedCluster
 from tests.cluster.test_cross_host_training import fetch, finish_all, outputs, per_host
+from tests.helpers import REPO
 
 # On a host: prepare the digits TFDS files in a local directory, upload every file to
 # gs://BUCKET/PREFIX/tfds, print the train split's file names (JSON).
@@ -58,6 +61,21 @@ def bucket_data(simulated_cluster: SimulatedCluster, gcs: GcsEmulator) -> tuple[
     train_files = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(train_files) >= 2, train_files
     return prefix, train_files
+
+
+def test_a_first_run_prepares_the_tfds_data_in_the_bucket_and_writes_nothing_local(
+        cluster, gcs, tmp_path):
+    """An empty bucket data_dir: the digits demo prepares its TFRecord files there (the
+    lock of the machine's first workers stays local, in the temp directory)."""
+    prefix = f"tfds-fresh-{cluster.ports()[0]}"
+    run = start(cluster, gcs, 1, trainer_argv(bucket_url(f"{prefix}/run"), *FILE_SHARDED,
+                                              f"--config.data.data_dir={bucket_url(prefix)}/tfds"))
+    assert run.finish(RUN_S) == 0, run.output[-6000:]
+    names = fetch(cluster, gcs, f"{prefix}/tfds", tmp_path)
+    assert sum("-train.tfrecord-" in n for n in names) == NUM_SHARDS, names
+    assert "run/checkpoints/20/commit_success.txt" in fetch(cluster, gcs, prefix, tmp_path / "all")
+    for root in (REPO, cluster.hosts[1].home, cluster.hosts[1].scratch):
+        assert not (root / "gs:").exists(), root
 
 
 def train_files_fetched(prefix: str, requests: list[dict]) -> dict[str, set]:
