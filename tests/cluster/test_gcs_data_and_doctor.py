@@ -11,19 +11,22 @@ host's local disk and uploads its files with google-cloud-storage to
   read: disjoint sets whose union is the split's train files;
 * ``python -m trainer.doctor`` on a host measures the demo's input reading the bucket
   (the emulator's log shows the host fetching train files); the doctor writes nothing,
-  so it takes no ``--workdir``: given one (a bucket), it answers one usage line (exit 2).
+  so it takes no ``--workdir``: given one (a bucket), it answers one usage line (exit 2);
+  a data_dir in a bucket it may not use is one line too (the start check,
+  :func:`trainer.cli.check_data_dir`), not minutes of TensorFlow's retries.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.parse
 
 import pytest
 
 from models.digits_tfds import NUM_SHARDS
-from tests.cluster.gcs import BUCKET, GcsEmulator
+from tests.cluster.gcs import BUCKET, FORBIDDEN_BUCKET, GcsEmulator
 from tests.cluster.gcs_runs import (DIGITS, RUN_S, bucket_url, one_error_line, start,
                                     trainer_argv)
 from tests.cluster.hosts import SimulatedCluster
@@ -129,3 +132,15 @@ def test_the_doctor_given_a_bucket_workdir_says_in_one_line_it_takes_none(cluste
     assert doctor.finish(RUN_S) == 2, doctor.output[-3000:]
     line = one_error_line(doctor.output, "Usage error: ")
     assert "unknown flag --workdir." in line and "takes no workdir (local or gs://)" in line, line
+
+
+def test_the_doctor_on_a_data_dir_in_a_forbidden_bucket_says_so_in_one_line(cluster, gcs):
+    data_dir = f"gs://{FORBIDDEN_BUCKET}/tfds"
+    started = time.monotonic()
+    doctor = start(cluster, gcs, 0, ["python", "-m", "trainer.doctor", f"--config={DIGITS}",
+                                     f"--config.data.data_dir={data_dir}"])
+    assert doctor.finish(RUN_S) == 1, doctor.output[-3000:]
+    assert time.monotonic() - started < 60, doctor.output[-3000:]
+    line = one_error_line(doctor.output, "Workdir error: ")
+    assert line.startswith(f"Workdir error: --config.data.data_dir={data_dir}: this account may "
+                           f"not use the bucket gs://{FORBIDDEN_BUCKET} (403: "), line

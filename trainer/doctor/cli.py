@@ -6,7 +6,8 @@
 
 This module is the command line, free of TensorFlow: flags, ``--sections`` and the
 config are checked first (:mod:`trainer.cli`; a mistake is one message, exit 2 for a
-usage error, 1 for a config error), then the measurements run
+usage error, 1 for a config error; a ``gs://`` data_dir that cannot be listed, one
+line within ``TRAINER_BUCKET_CHECK_S``), then the measurements run
 (:mod:`trainer.doctor.measure`, which describes each section) within ``--time_budget_s``
 (:mod:`trainer.doctor.phases`), each phase saying on stderr when it starts and ends.
 Output: a table, or with ``--json`` one JSON object.
@@ -63,6 +64,7 @@ def main(argv: list[str]) -> int:
     config = cli.loaded_config(values["config"], sys.argv, OWN_FLAGS, PROGRAM)
     config_lib.validate(config)
     cli.check_trainer_path(config.trainer)
+    cli.check_data_dir(config)  # a gs:// data_dir: one line within a bound, not minutes of retries
     logging.set_verbosity(logging.WARNING)
     overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
     report = load_measure().diagnose(
