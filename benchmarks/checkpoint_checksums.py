@@ -32,12 +32,13 @@ def _raw_write(path: str, array) -> None:
 
 
 def _raw_read(path: str, nbytes: int) -> None:
-    """The data of a ``.npy`` file read as its reader does (O_DIRECT into an aligned
-    buffer, 64 MB per call) without any CRC."""
+    """A ``.npy`` file read as its reader does (its header parsed, then the data with
+    O_DIRECT into an aligned buffer, 64 MB per call) without any CRC."""
     import numpy as np
 
     from trainer.checkpoint import array_files
 
+    array_files.read_npy_header(path)
     align = array_files.ALIGN
     out = memoryview(array_files.aligned_empty((nbytes + -nbytes % align,), np.uint8))
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)

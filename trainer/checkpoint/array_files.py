@@ -247,6 +247,16 @@ def _not(mask: Sequence[bool]) -> list[bool]:
 
 
 @functools.cache
+def _npy_path(info) -> str:
+    """The ``.npy`` file of the orbax ParamInfo ``info``."""
+    return os.path.join(os.fspath(info.parent_dir), f"{info.name}.npy")
+
+
+def _is_local(info) -> bool:
+    """Whether ``info``'s directory is on a local file system (not ``gs://`` ...)."""
+    return "://" not in str(info.parent_dir)
+
+
 def _handler_class(ocp):
     """:class:`NpyFileHandler` for the ``orbax.checkpoint`` module ``ocp`` (built once)."""
 
@@ -271,13 +281,7 @@ def _handler_class(ocp):
             super().__init__(deepcopy_host_arrays=False)
             self.checksummed: dict[str, tuple[int, int]] = {}
 
-        @staticmethod
-        def _file(info) -> str:
-            return os.path.join(os.fspath(info.parent_dir), f"{info.name}.npy")
-
-        @staticmethod
-        def _local(info) -> bool:
-            return "://" not in str(info.parent_dir)
+        _file, _local = staticmethod(_npy_path), staticmethod(_is_local)
 
         def _stored(self, info) -> bool:
             return self._local(info) and os.path.exists(self._file(info))
