@@ -170,6 +170,16 @@ def test_check_only_passes_a_good_command_without_tensorflow(tmp_path):
     assert divides.returncode == 0, divides.stderr[-3000:]
 
 
+def test_check_only_leaves_a_bucket_to_the_job(tmp_path):
+    """A launcher's --check_only runs where the job is submitted, which may neither reach
+    the job's bucket nor hold its credentials (none here): not a Workdir error."""
+    proc = run_without_tensorflow("trainer.main", f"--config={DIGITS}",
+                                  "--workdir=gs://no-such-bucket-here/run", "--check_only",
+                                  "--config.data.data_dir=gs://no-such-bucket-here/tfds")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("ok: ") and "checked when the job starts" in proc.stdout
+
+
 def test_traceback_is_shown_on_request_and_the_message_stays_last(tmp_path):
     for extra, env in ((["--traceback"], {}), ([], {errors.TRACEBACK_ENV: "1"})):
         proc = run_without_tensorflow("trainer.main", f"--config={DIGITS}",

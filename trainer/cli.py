@@ -210,19 +210,21 @@ def loaded_config(holder: flags.FlagHolder, argv: list[str], own_flags: Iterable
     return config
 
 
-def check_workdir(path: str) -> None:
+def check_workdir(path: str, contact_bucket: bool = True) -> None:
     """Raises :class:`WorkdirError` unless ``path`` is (or can be made) a directory this
     process can write: it is created if missing, and a small probe file is written,
     flushed to disk and removed (a full or read-only disk fails here, not at the first
     checkpoint). A ``gs://`` URL is checked by :func:`check_bucket`; another URL scheme
-    is one line saying what to use instead. A non-chief worker task of a TF_CONFIG
+    is one line saying what to use instead (``contact_bucket=False``: the bucket is not
+    asked, e.g. on a machine that only submits the job). A non-chief worker task of a TF_CONFIG
     cluster writes nothing (only the chief does), so it neither creates nor checks a
     local directory."""
     if "://" in path:
         problem = unreachable_scheme(path, "--workdir")
         if problem:
             raise WorkdirError(problem)
-        check_bucket(path, "--workdir")
+        if contact_bucket:
+            check_bucket(path, "--workdir")
         return
     if not _writes_files():
         return

@@ -92,8 +92,11 @@ def check(argv: list[str]) -> ml_collections.ConfigDict:
     if _CHECK_REPLICAS.value:
         config_lib.check_batches_divisible(config, _CHECK_REPLICAS.value)
     cli.check_trainer_path(config.trainer)
-    cli.check_workdir(_WORKDIR.value)
-    cli.check_data_dir(config)
+    # --check_only runs where a job is submitted, which may not reach the job's bucket
+    # nor hold its credentials: a gs:// workdir or data_dir is checked when the job starts.
+    cli.check_workdir(_WORKDIR.value, contact_bucket=not _CHECK_ONLY.value)
+    if not _CHECK_ONLY.value:
+        cli.check_data_dir(config)
     return config
 
 
@@ -102,7 +105,8 @@ def main(argv: list[str]) -> int:
     config = check(argv)
     if _CHECK_ONLY.value:
         print(f"ok: --config={config_flags.get_config_filename(flags.FLAGS['config'])} and "
-              f"--workdir={_WORKDIR.value} pass the checks.")
+              f"--workdir={_WORKDIR.value} pass the checks"
+              f"{' (a bucket is checked when the job starts)' if '://' in _WORKDIR.value else ''}.")
         return 0
     return load_fit_command().run(config, _WORKDIR.value, _MODE.value, _STEP.value,
                                   _EVAL_TIMEOUT_S.value)
