@@ -151,3 +151,10 @@ def test_orbax_round_trip_writes_npy_files_and_sends_bfloat16_through_tensorstor
         for got, want in zip(restored[group], arrays):
             assert got.dtype == want.dtype and got.shape == want.shape
             np.testing.assert_array_equal(got, want)
+
+
+def test_every_handler_is_of_the_one_class_built_per_orbax_module():
+    import orbax.checkpoint as ocp
+
+    first, second = array_files.npy_file_handler(ocp), array_files.npy_file_handler(ocp)
+    assert first is not second and type(first) is type(second)

@@ -246,7 +246,6 @@ def _not(mask: Sequence[bool]) -> list[bool]:
     return [not keep for keep in mask]
 
 
-@functools.cache
 def _npy_path(info) -> str:
     """The ``.npy`` file of the orbax ParamInfo ``info``."""
     return os.path.join(os.fspath(info.parent_dir), f"{info.name}.npy")
@@ -257,6 +256,7 @@ def _is_local(info) -> bool:
     return "://" not in str(info.parent_dir)
 
 
+@functools.cache
 def _handler_class(ocp):
     """:class:`NpyFileHandler` for the ``orbax.checkpoint`` module ``ocp`` (built once)."""
 
