@@ -216,9 +216,9 @@ def check_workdir(path: str, contact_bucket: bool = True) -> None:
     flushed to disk and removed (a full or read-only disk fails here, not at the first
     checkpoint). A ``gs://`` URL is checked by :func:`check_bucket`; another URL scheme
     is one line saying what to use instead (``contact_bucket=False``: the bucket is not
-    asked, e.g. on a machine that only submits the job). A non-chief worker task of a TF_CONFIG
-    cluster writes nothing (only the chief does), so it neither creates nor checks a
-    local directory."""
+    asked, e.g. on a machine that only submits the job). A non-chief worker task of a
+    TF_CONFIG cluster writes nothing (only the chief does), so it neither creates nor
+    checks a local directory."""
     if "://" in path:
         problem = unreachable_scheme(path, "--workdir")
         if problem:
