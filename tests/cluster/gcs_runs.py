@@ -5,7 +5,7 @@ workdir in the emulator's bucket, the objects a run left there, and the one-line
   demo, ``models/configs/digits.py``) with ``--workdir=gs://BUCKET/PREFIX``.
 * :func:`start` runs it on a host with :meth:`tests.cluster.gcs.GcsEmulator.client_env`
   and extra environment, read line by line (:class:`tests.cluster.hosts.Watched`).
-* ``fetch`` (of test_cross_host_training) lists and downloads what is under a prefix.
+* :func:`fetch` lists and downloads what is under a prefix (through a host).
 * :func:`one_error_line` asserts an output ends in exactly one ``Workdir error:`` line
   and holds no traceback, and returns that line.
 """
@@ -45,3 +45,21 @@ def one_error_line(output: str, prefix: str = "Workdir error: ") -> str:
     assert sum(line.startswith(prefix) for line in lines) == 1, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     return lines[-1]
+
+def fetch(cluster: SimulatedCluster, gcs: GcsEmulator, prefix: str, dest: Path,
+          host: int | str = 0) -> list[str]:
+    """Downloads every object under ``gs://BUCKET/prefix/`` into ``dest`` (through
+    google-cloud-storage on ``host``: only the hosts reach the emulator); returns the
+    object names relative to ``prefix``."""
+    script = ("import sys, pathlib\n"
+              "from google.cloud import storage\n"
+              "bucket, prefix, dest = sys.argv[1:]\n"
+              "for blob in storage.Client().list_blobs(bucket, prefix=prefix + '/'):\n"
+              "    name = blob.name[len(prefix) + 1:]\n"
+              "    print(name)\n"
+              "    if name and not name.endswith('/'):\n"
+              "        (pathlib.Path(dest) / name).parent.mkdir(parents=True, exist_ok=True)\n"
+              "        blob.download_to_filename(str(pathlib.Path(dest) / name))\n")
+    result = cluster.run(host, ["python", "-c", script, BUCKET, prefix, dest],
+                         env=gcs.client_env(), timeout=120)
+    return result.stdout.split()

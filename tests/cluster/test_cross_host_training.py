@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 from launch import multiworker
-from tests.cluster.gcs import BUCKET, GcsEmulator
+from tests.cluster.gcs import BUCKET
+from tests.cluster.gcs_runs import fetch
 from tests.cluster.hosts import Host, SimulatedCluster, Watched
 from tests.helpers import REPO, assert_same_weights, load_weights, max_abs_diff
 
@@ -110,24 +111,6 @@ def assert_reference_weights(reference: Reference, workdir: Path, workers: int) 
     return max(max_abs_diff(reference.weights, load_weights(workdir / f"weights-worker-{i}.npz"))
                for i in range(workers))
 
-
-def fetch(cluster: SimulatedCluster, gcs: GcsEmulator, prefix: str, dest: Path,
-          host: int | str = 0) -> list[str]:
-    """Downloads every object under ``gs://BUCKET/prefix/`` into ``dest`` (through
-    google-cloud-storage on ``host``: only the hosts reach the emulator); returns the
-    object names relative to ``prefix``."""
-    script = ("import sys, pathlib\n"
-              "from google.cloud import storage\n"
-              "bucket, prefix, dest = sys.argv[1:]\n"
-              "for blob in storage.Client().list_blobs(bucket, prefix=prefix + '/'):\n"
-              "    name = blob.name[len(prefix) + 1:]\n"
-              "    print(name)\n"
-              "    if name and not name.endswith('/'):\n"
-              "        (pathlib.Path(dest) / name).parent.mkdir(parents=True, exist_ok=True)\n"
-              "        blob.download_to_filename(str(pathlib.Path(dest) / name))\n")
-    result = cluster.run(host, ["python", "-c", script, BUCKET, prefix, dest],
-                         env=gcs.client_env(), timeout=120)
-    return result.stdout.split()
 
 
 def resumed_step(output: str) -> int:

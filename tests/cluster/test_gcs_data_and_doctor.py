@@ -30,7 +30,8 @@ from tests.cluster.gcs import BUCKET, FORBIDDEN_BUCKET, GcsEmulator
 from tests.cluster.gcs_runs import (DIGITS, RUN_S, bucket_url, one_error_line, start,
                                     trainer_argv)
 from tests.cluster.hosts import SimulatedCluster
-from tests.cluster.test_cross_host_training import fetch, finish_all, outputs, per_host
+from tests.cluster.gcs_runs import fetch
+from tests.cluster.test_cross_host_training import finish_all, outputs, per_host
 from tests.helpers import REPO
 
 # On a host: prepare the digits TFDS files in a local directory, upload every file to

@@ -18,7 +18,7 @@ import time
 
 from tests.cluster.gcs import BUCKET, FORBIDDEN_BUCKET
 from tests.cluster.gcs_runs import RUN_S, bucket_url, one_error_line, start, trainer_argv
-from tests.cluster.test_cross_host_training import fetch
+from tests.cluster.gcs_runs import fetch
 
 UNREACHABLE_BOUND_S = 90  # the "within ~1 minute": 30 s check + start, generously
 SHORT = ["--config.train.steps=20", "--config.train.steps_per_loop=10",

@@ -22,7 +22,7 @@ import pytest
 from tests.cluster.gcs import GcsEmulator
 from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import SimulatedCluster
-from tests.cluster.test_cross_host_training import fetch
+from tests.cluster.gcs_runs import fetch
 from tests.helpers import REPO
 
 STEPS, EVERY = 60, 20
