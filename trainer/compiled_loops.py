@@ -22,7 +22,7 @@ from typing import Callable
 import tensorflow as tf
 
 from trainer.data import zeros_for_spec
-from trainer.tracing import no_autograph
+from trainer.tracing import no_autograph, per_object_function
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
@@ -87,20 +87,20 @@ class CompiledLoops:
                  jit_step: bool = False):
         self.slots: StepOutputSlots | None = None  # created by prepare()
         if jit_step:
-            train_step = tf.function(train_step, jit_compile=True, autograph=False)
+            train_step = per_object_function(train_step, jit_compile=True, autograph=False)
         self._train_step = train_step
 
         @no_autograph
         def replica_eval(batch):
             eval_loss.update_state(eval_step(batch)["loss"])
 
-        @tf.function(autograph=False)
+        @per_object_function(autograph=False)
         def one_step(iterator):
             outputs = strategy.run(train_step, args=(next(iterator),))
             step_counter.assign_add(1, read_value=False)
             return outputs
 
-        @tf.function(autograph=False)
+        @per_object_function(autograph=False)
         def step_and_write(iterator):
             strategy.run(self.slots.write, args=(one_step(iterator),))
 
@@ -111,7 +111,7 @@ class CompiledLoops:
             train_loss.update_state(self.slots.take_loss_sum() / count, sample_weight=count)
             return {name: slot.read_value() for name, slot in self.slots.last.items()}
 
-        @tf.function
+        @per_object_function
         def train(iterator, num_steps):
             if self.slots is None:
                 raise RuntimeError("CompiledLoops.prepare(iterator) must run before train().")
@@ -121,7 +121,7 @@ class CompiledLoops:
             return {k: tf.reduce_mean(strategy.reduce(_MEAN, v, axis=None))
                     for k, v in outputs.items()}
 
-        @tf.function
+        @per_object_function
         def evaluate(iterator, num_steps):
             done = tf.constant(0, tf.int64)
             while num_steps < 0 or done < num_steps:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer.tracing import no_autograph
+from trainer.tracing import no_autograph, per_object_function
 
 
 class GradientNormStats:
@@ -30,7 +30,7 @@ class GradientNormStats:
                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self.total = tf.Variable(0.0, name="grad_norm_sum", **on_read)
         self.count = tf.Variable(0.0, name="grad_norm_count", **on_read)
-        self._take = tf.function(self._read_and_reset, autograph=False)
+        self._take = per_object_function(self._read_and_reset, autograph=False)
 
     @no_autograph
     def record(self, norm: tf.Tensor) -> None:

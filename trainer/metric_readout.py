@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from trainer.tracing import per_object_function
+
 
 class MetricReadout:
     """A loss metric and named metrics (``{"loss": ..., NAME: ...}``), read as Python
@@ -23,7 +25,7 @@ class MetricReadout:
     def __init__(self, loss_metric, metrics: dict, compiled: bool):
         self._metrics = {"loss": loss_metric, **metrics}
         self._compiled = compiled
-        self._read_and_reset = (tf.function(self._read_and_reset_fn, autograph=False)
+        self._read_and_reset = (per_object_function(self._read_and_reset_fn, autograph=False)
                                 if compiled else self._read_and_reset_fn)
 
     def _read_and_reset_fn(self) -> dict[str, tf.Tensor]:

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import UserError
+from trainer.tracing import per_object_function
 
 _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
@@ -107,7 +108,7 @@ class PrecisionState:
         self.worst_streak = tf.Variable(0, dtype=tf.int64, trainable=False,
                                         name="worst_nonfinite_streak", aggregation=_ONLY_FIRST)
         self._step_counter = step_counter
-        self._read_counters = tf.function(
+        self._read_counters = per_object_function(
             lambda: (self.skipped_steps.read_value(), self.scale.read_value()), autograph=False)
 
     def counters(self) -> tuple[int, float]:

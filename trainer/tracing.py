@@ -6,11 +6,18 @@ conversion of every framework function at its first step. A hook the user overri
 (``train_step``, ``eval_step``, ``compute_loss``, ``update_metrics``) is still converted
 (:func:`user_hook`): Python ``if``/``for`` on tensors works there as in any
 ``tf.function``.
+
+A ``tf.function`` made per object (a bound method, a closure over one object's
+variables) is made with :func:`per_object_function`: TensorFlow's frequent-retracing
+warning otherwise counts the first traces of every object's function as retraces of
+one function, and the fifth Trainer in a process (a notebook) is warned of retracing it
+does not do.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -30,3 +37,16 @@ def user_hook(method: Callable, default: Callable) -> Callable:
         return method
     converted = tf.autograph.to_graph(func)
     return lambda *args, **kwargs: converted(method.__self__, *args, **kwargs)
+
+
+def per_object_function(fn: Callable | None = None, **options: Any) -> Any:
+    """``tf.function(fn, **options)`` for a function made per object, whose traces
+    TensorFlow's frequent-retracing warning counts apart from other objects' (it keys
+    its counts by the Python code object; a ``functools.partial`` has none, so the
+    function itself is the key). Usable as a decorator, with or without ``options``.
+    Tracing and calling are unchanged."""
+    if fn is None:
+        return functools.partial(per_object_function, **options)
+    keyed = functools.partial(fn)
+    keyed.__name__ = fn.__name__  # the graph functions' names (e.g. __inference_train_N)
+    return tf.function(keyed, **options)

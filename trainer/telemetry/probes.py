@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from trainer import data, iterator_release, precision
 from trainer.run_context import RunContext
-from trainer.tracing import no_autograph
+from trainer.tracing import no_autograph, per_object_function
 
 
 @no_autograph
@@ -54,7 +54,7 @@ class InputProbe:
             deterministic=run.config.train.deterministic)
         self._iterator = iter(self._dataset)
 
-        @tf.function
+        @per_object_function
         def drain(iterator, num_batches):
             count = tf.constant(0, tf.int64)
             for _ in tf.range(num_batches):
@@ -143,7 +143,7 @@ class ComputeProbe:
                                           tf.float32)) for g in grads if g is not None]
             return tf.add_n(sums) if sums else loss
 
-        @tf.function
+        @per_object_function
         def run(b, num_steps):
             total = tf.constant(0.0)
             for _ in tf.range(num_steps):
