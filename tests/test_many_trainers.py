@@ -1,8 +1,9 @@
 """The notebook pattern: many Trainers in one process. A fit() releases what it holds
-(iterators, summary writers, probes, threads) when it ends, returned or raised (its
-iterators are destroyed on a background thread: the counts wait for it);
-``close()`` and ``with Trainer(...)`` release the rest; no TensorFlow retracing
-warning for a second Trainer."""
+(summary writers, probes, threads) when it ends, returned or raised; it keeps its train
+iterator for the Trainer's next fit() only when it returned (released when it raised);
+``close()``, ``with Trainer(...)`` and a Trainer that is garbage collected release the
+rest (iterators are destroyed on a background thread: the counts wait for it), so no
+iterator outlives its Trainer; no TensorFlow retracing warning for a second Trainer."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def live_iterators() -> int:
 
 @pytest.fixture(scope="module")
 def four_trainers(tmp_path_factory) -> tuple[list[dict], str]:
-    """tests/run_many_trainers.py: four 2-replica ToyEvalTrainers in one process, the
-    garbage collector off; (its JSON lines, its stderr)."""
+    """tests/run_many_trainers.py: four 2-replica ToyEvalTrainers in one process, closed,
+    and a fifth dropped without close, the garbage collector off; (its JSON lines, its
+    stderr)."""
     workdir = tmp_path_factory.mktemp("many")
     done = subprocess.run(
         [sys.executable, "-m", "tests.run_many_trainers", "--trainers", "4",
@@ -42,11 +44,19 @@ def four_trainers(tmp_path_factory) -> tuple[list[dict], str]:
     return [json.loads(line) for line in lines[:-1]], done.stderr
 
 
-def test_each_fit_frees_its_iterators_by_reference_counting(four_trainers):
+def test_after_a_fit_only_its_own_kept_iterator_is_alive(four_trainers):
+    # The same count after every Trainer's fit(): its own kept train iterator (the
+    # distributed one and its per-device parts), nothing left by an earlier Trainer.
     reports, _ = four_trainers
-    fits = [r for r in reports if r["when"] == "fit"]
-    assert len(fits) == 4
-    assert [r["iterators"] for r in fits] == [0, 0, 0, 0]
+    fits = [r["iterators"] for r in reports if r["when"] == "fit"]
+    assert len(fits) == 5
+    assert fits[0] > 0 and fits == [fits[0]] * 5
+
+
+def test_a_trainer_dropped_without_close_leaves_no_iterator(four_trainers):
+    reports, _ = four_trainers
+    dropped = [r for r in reports if r["when"] == "dropped"]
+    assert [(r["iterators"], r["datasets"]) for r in dropped] == [(0, 0)]
 
 
 def test_close_and_with_free_the_datasets_and_leave_no_thread(four_trainers):
@@ -97,3 +107,53 @@ def test_a_closed_trainer_fits_on_from_its_step(tmp_path):
     assert split.step == 20
     for ref, got in zip(whole.model.get_weights(), split.model.get_weights()):
         assert abs(ref - got).max() <= 1e-6
+
+
+def _assert_same_weights(trainer, steps: int) -> None:
+    """``trainer``'s weights are those of one ToyTrainer fit() of ``steps`` steps."""
+    whole = toy.ToyTrainer(toy.toy_config(**{"train.steps": steps}))
+    whole.fit()
+    whole.close()
+    assert trainer.step == steps
+    for ref, got in zip(whole.model.get_weights(), trainer.model.get_weights()):
+        assert abs(ref - got).max() <= 1e-6
+
+
+def test_a_second_fit_continues_the_iterator_the_first_kept():
+    # The notebook cell run again with more steps: no new dataset, no skip; the batches
+    # go on where the first fit() stopped, as one fit() to the same step would.
+    t = toy.CountingToyTrainer(toy.toy_config(**{"train.steps": 10}))
+    t.fit()
+    built = t.train_datasets_built
+    t.config.train.steps = 20
+    t.fit()
+    assert t.train_datasets_built == built
+    _assert_same_weights(t, 20)
+    t.close()
+
+
+def test_a_fit_with_a_changed_config_builds_the_input_again():
+    # Any config change but train.steps may change the input: the kept iterator is
+    # released and the dataset built again, skipping the consumed batches.
+    t = toy.CountingToyTrainer(toy.toy_config(**{"train.steps": 10}))
+    t.fit()
+    built = t.train_datasets_built
+    t.config.train.steps = 20
+    t.config.train.log_every_steps = 5
+    t.fit()
+    assert t.train_datasets_built > built
+    _assert_same_weights(t, 20)
+    t.close()
+
+
+def test_a_fit_from_a_restored_step_builds_the_input_again(tmp_path):
+    # restore() moves the step back: the kept iterator (at step 20) cannot continue.
+    config = toy.toy_config(**{"checkpoint.every_steps": 10, "checkpoint.max_to_keep": 5})
+    t = toy.CountingToyTrainer(config, str(tmp_path))
+    t.fit()
+    assert t.restore(step=10) == 10
+    built = t.train_datasets_built
+    t.fit()
+    assert t.train_datasets_built > built
+    _assert_same_weights(t, 20)
+    t.close()

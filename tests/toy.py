@@ -64,6 +64,16 @@ class ToyTrainer(trainer.Trainer):
         return keras.losses.sparse_categorical_crossentropy(batch[1], outputs, from_logits=True)
 
 
+class CountingToyTrainer(ToyTrainer):
+    """ToyTrainer that counts the calls of its ``build_train_dataset``."""
+
+    train_datasets_built = 0
+
+    def build_train_dataset(self, ctx):
+        self.train_datasets_built += 1
+        return super().build_train_dataset(ctx)
+
+
 class ToyEvalTrainer(ToyTrainer):
     """ToyTrainer with an accuracy metric and an eval split with a short last batch."""
 

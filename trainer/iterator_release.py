@@ -1,4 +1,5 @@
-"""Dropping input iterators and their datasets off the training thread.
+"""Dropping input iterators and their datasets off the training thread, and keeping
+them for an owner between uses without ever destroying them on the owner's thread.
 
 On a multi-device strategy, destroying a distributed input iterator waits for the
 tf.data autotune thread of every per-device iterator to notice the cancellation
@@ -23,14 +24,25 @@ Contract:
 * :func:`wait` blocks until every release handed over so far is done (a test or a
   notebook that counts live iterators or threads calls it first); :func:`pending`
   counts the releases still running.
+* At interpreter exit (the main thread has ended), ``release`` drops the items on the
+  calling thread: a thread started then would outlive the interpreter's wait for its
+  threads.
+
+:class:`KeptObjects` keeps objects for an owner between two uses (a Trainer's train
+iterator from one ``fit()`` to the next) and releases them this way when it is
+released, garbage collected (its finalizer runs before the collection would destroy
+them on the collecting thread) or still holds them at interpreter exit.
 
 Host only (cross-replica context); no TensorFlow import: any object can be released.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
+from typing import Any
 
 _lock = threading.Lock()
 _running: set[threading.Thread] = set()
@@ -40,11 +52,16 @@ def _empty(held: list) -> None:
     """The releasing thread: drops ``held``'s items one by one (each destroyed here
     when the list held its last reference)."""
     try:
-        while held:
-            held.pop()
+        _empty_now(held)
     finally:
         with _lock:
             _running.discard(threading.current_thread())
+
+
+def _empty_now(held: list) -> None:
+    """Drops ``held``'s items one by one on the calling thread."""
+    while held:
+        held.pop()
 
 
 def release(held: list) -> None:
@@ -55,6 +72,9 @@ def release(held: list) -> None:
     off its thread. Host only.
     """
     if not held:
+        return
+    if not threading.main_thread().is_alive():  # interpreter exit: nobody would wait
+        _empty_now(held)
         return
     thread = threading.Thread(target=_empty, args=(held,), name="tf-trainer-release",
                               daemon=False)
@@ -79,3 +99,59 @@ def wait(timeout: float | None = None) -> bool:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         thread.join(left)
     return pending() == 0
+
+
+
+# The KeptObjects holding items now (weakly: the set keeps none alive), for the exit.
+_holding: "weakref.WeakSet[KeptObjects]" = weakref.WeakSet()
+
+
+@atexit.register
+def _drop_kept_at_exit() -> None:
+    """Interpreter exit: what is still kept is dropped now, while the interpreter is
+    whole (``release`` drops it on this thread: the main thread has ended)."""
+    for kept in list(_holding):
+        kept.release()
+
+
+class KeptObjects:
+    """Objects kept for one owner from one use to the next (a Trainer's train iterator
+    from one ``fit()`` to the next), with a tag saying what they are good for (e.g. the
+    step the iterator is positioned at).
+
+    The owner holds this object; the items may hold the owner (a dataset function's
+    closure): one reference cycle, collected as a whole. Its collection must not
+    destroy the items on the collecting thread, so this object's finalizer hands them to
+    :func:`release` first (they live on for that thread; the rest of the cycle goes at
+    a later collection). Host only.
+    """
+
+    def __init__(self) -> None:
+        self._tag: Any = None
+        self._items: list = []
+
+    def keep(self, items: list, tag: Any) -> None:
+        """Keeps ``items`` (taking over the list; the caller drops its own references)
+        with ``tag``; what was kept before is released."""
+        self.release()
+        self._tag, self._items = tag, items
+        _holding.add(self)
+
+    def take(self, tag: Any) -> list | None:
+        """The kept items when they were kept with a tag equal to ``tag`` (they are no
+        longer kept: the caller holds them); otherwise releases them and returns None."""
+        if self._items and self._tag == tag:
+            items, self._tag, self._items = self._items, None, []
+            _holding.discard(self)
+            return items
+        self.release()
+        return None
+
+    def release(self) -> None:
+        """Releases what is kept (:func:`release`); nothing kept: nothing happens."""
+        items, self._tag, self._items = self._items, None, []
+        _holding.discard(self)
+        release(items)
+
+    def __del__(self) -> None:
+        self.release()

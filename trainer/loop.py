@@ -40,6 +40,7 @@ from trainer.callbacks import CallbackList
 from trainer.compiled_loops import CompiledLoops
 from trainer.metric_readout import MetricReadout
 from trainer.trainable_watch import TrainableWatch
+from trainer.train_input import TrainInput, continuation_context
 from trainer.errors import Preempted
 from trainer.run_context import next_multiple
 
@@ -54,11 +55,9 @@ class LoopDriver:
     """Runs ``fit()`` and ``evaluate()`` for one Trainer (``trainer.driver``).
 
     Keeps the compiled loops and the eval dataset across ``fit()`` calls (until
-    :meth:`close`). The train iterator lives for one ``fit()``, released at its end
-    (returned or raised), not at a later garbage collection of the Trainer's cycles;
-    destroying it waits for its tf.data autotune thread (seconds to a minute), so it is
-    destroyed on a background thread (:mod:`trainer.iterator_release`); a second
-    ``fit()`` builds the dataset again and skips the batches consumed, as a resume.
+    :meth:`close`), and the train iterator from one ``fit()`` to the next that starts
+    where it stopped with the same config (``train.steps`` aside) and resumed run
+    (:mod:`trainer.train_input`).
 
     Args:
       trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
@@ -82,11 +81,11 @@ class LoopDriver:
         self.resumed: data_resume.Resumed | None = None
         self.input_report: dict = {}  # {"input_layout": ...} of the train dataset (checkpointed)
         self._stop_reason, self._preempt = None, False  # a stop's reason; preemption noticed
-        self._dataset = None  # the distributed train dataset of the current iterator
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
-        self._fit_iterator = None  # the train iterator of the current fit()
+        self.input = TrainInput(  # the train iterator of fit() calls
+            self._train_dataset, lambda: continuation_context(trainer.config, self.resumed))
         self._last_fit: tuple = (None, None)  # (train graph, batch spec) after a fit()
         # Train windows are frequent: compiled. Evaluation reads as Keras does (eagerly).
         self.train_readout = MetricReadout(trainer.train_loss, trainer.train_metrics, True)
@@ -181,17 +180,15 @@ class LoopDriver:
                                report=self.input_report if train else None,
                                must_end=not train and config.eval.steps < 0)
 
-    def _train_iterator(self):
-        """A distributed train iterator positioned at ``trainer.step``: the dataset is
-        built and skips the batches already consumed, which is exact for deterministic
-        pipelines and costs time linear in the steps skipped.
-        """
+    def _train_dataset(self, step: int):
+        """The distributed train dataset from ``step`` on (it skips the batches already
+        consumed: exact for deterministic pipelines, time linear in the steps skipped);
+        the model and optimizer built from its spec when they are not yet."""
         t = self.trainer
         dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch,
-                                   skip_batches=t.step)
+                                   skip_batches=step)
         self.ensure_built(dataset)
-        self._dataset = dataset
-        return iter(dataset)
+        return dataset
 
     # ------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
@@ -237,26 +234,25 @@ class LoopDriver:
         call's plan (no retrace); None before the first ``fit()``. Its loop body calls the
         step function once: ``strategy.run`` of the train step on this worker's replicas."""
         loops = self._loops.get(self._last_setting)
-        if self._fit_iterator is None or loops is None:
+        if self.input.iterator is None or loops is None:
             return self._last_fit[0]
         return loops.train.get_concrete_function(
-            self._fit_iterator, tf.constant(1, tf.int64)).graph
+            self.input.iterator, tf.constant(1, tf.int64)).graph
 
     def train_batch_spec(self) -> Any:
         """The ``tf.TypeSpec`` structure of ONE replica's train batch in the current (or
         last) ``fit()`` (first replica's spec; all are alike); None before any ``fit()``."""
-        if self._fit_iterator is None:
+        if self.input.iterator is None:
             return self._last_fit[1]
-        return _replica_spec(self._fit_iterator.element_spec)
+        return _replica_spec(self.input.iterator.element_spec)
 
-    def release_iterator(self) -> None:
-        """Drops the train iterator and its dataset (destroyed on a background thread);
-        keeps its graph and batch spec."""
-        if self._fit_iterator is not None:
+    def release_iterator(self, keep: bool = False) -> None:
+        """Ends the current train iterator, keeping its graph and batch spec: ``keep``
+        keeps it for the next ``fit()``, otherwise it (and a kept one) is destroyed on
+        a background thread (:mod:`trainer.train_input`)."""
+        if self.input.iterator is not None:
             self._last_fit = (self.train_graph(), self.train_batch_spec())
-        held = [x for x in (self._fit_iterator, self._dataset) if x is not None]
-        self._fit_iterator = self._dataset = None
-        release(held)
+        self.input.end(keep)
 
     def close(self) -> None:
         """Drops everything a ``fit()`` or ``evaluate()`` built: the train iterator, the
@@ -290,16 +286,19 @@ class LoopDriver:
     def fit(self, callbacks: CallbackList) -> dict[str, float]:
         """Trains until ``train.steps`` or an agreed stop; see the module docstring."""
         try:
-            return self._fit(callbacks)
-        finally:
+            results = self._fit(callbacks)
+        except BaseException:  # the iterator's position is unknown
             self.release_iterator()
+            raise
+        self.release_iterator(keep=True)
+        return results
 
     def _fit(self, callbacks: CallbackList) -> dict[str, float]:
         t = self.trainer
         cfg = t.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
-        # No frame holds it (a traceback a notebook keeps would keep it alive).
-        self._fit_iterator, self._last_setting = self._train_iterator(), ""
+        self.input.start(t.step)
+        self._last_setting = ""
         if t.has_eval_dataset():  # its mistakes (e.g. no end) surface before training
             self._eval_input()
         planner = self.planner
@@ -318,6 +317,7 @@ class LoopDriver:
                 num_steps = int(min(plan.steps_per_loop, total - t.step,
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
                 outputs, seconds = self._train_loop(plan.xla, num_steps)
+                self.input.advance(num_steps)
                 self.last_loop = (num_steps, seconds)
                 self.last_outputs = outputs
                 t.step += num_steps
@@ -362,10 +362,10 @@ class LoopDriver:
         loops = self._loops_for(xla)
         start = time.perf_counter()
         try:
-            loops.prepare(self._fit_iterator)  # the first call of these loops traces the step
-            outputs = loops.train(self._fit_iterator, tf.constant(num_steps, tf.int64))
+            loops.prepare(self.input.iterator)  # the first call of these loops traces the step
+            outputs = loops.train(self.input.iterator, tf.constant(num_steps, tf.int64))
         except Exception as error:
-            found = checks.train_loop_error(error, self.trainer, self._dataset, num_steps)
+            found = checks.train_loop_error(error, self.trainer, self.input.dataset, num_steps)
             if found is None:
                 raise
             raise found from error

@@ -278,18 +278,22 @@ class Trainer:
         trained yet. Returns the last values: ``train/loss``, ``train/NAME``, and
         ``eval/loss``, ``eval/NAME`` when there is an eval dataset (Python floats); the
         same keys on every call, also on a finished run that trains nothing (its last
-        train values: :mod:`trainer.services.history`). Releases its input iterators,
-        summary writers and threads when it ends, returned or raised. SIGTERM/SIGINT
-        with a workdir: a checkpoint at the next loop boundary, then ``Preempted``.
+        train values: :mod:`trainer.services.history`). Releases its summary writers and
+        threads when it ends; its train iterator is kept for this Trainer's next
+        ``fit()`` when it returned (the next one continues it if it starts at the step
+        this one ended and only ``train.steps`` changed in the config) and released
+        when it raised. SIGTERM/SIGINT with a workdir: a checkpoint at the next loop
+        boundary, then ``Preempted``.
         """
         if self.step == 0:
             self.restore()  # sets self.step before the input is built
         return self.driver.fit(self.callbacks)
 
     def close(self) -> None:
-        """Releases what this Trainer's runs built: input iterators and datasets, traced
-        loops (the summary writers, checkpoint managers and threads of a ``fit()`` are
-        released at its end already). Idempotent; the Trainer stays usable (a later
+        """Releases what this Trainer's runs built: the train iterator a ``fit()`` kept,
+        the datasets, the traced loops (the summary writers, checkpoint managers and
+        threads of a ``fit()`` are released at its end already; a Trainer collected
+        without ``close()`` releases its iterator too, on a background thread). Idempotent; the Trainer stays usable (a later
         ``fit()`` or ``evaluate()`` builds them again). ``with Trainer(...) as t:``
         calls it on leaving the block."""
         self.driver.close()
