@@ -14,12 +14,13 @@ framework (``a``: one short ``fit()`` per round) and the hand-written K-step in-
 loop (``c``, and ``c+xla`` where XLA compiles; the per-round faster is the reference,
 ``best``). Per row it prints the median [min..max] of the per-round ratios a / best:
 
-* ``per fit``: a's whole ``fit()``, its start (the dataset and iterator, the services'
-  ``on_fit_start``) and end (final callbacks, the iterator handed over) included;
+* ``per fit``: a's whole ``fit()``, its start (the iterator: the one the last fit kept,
+  or a new one; the services' ``on_fit_start``) and end (final callbacks, the iterator
+  kept) included;
 * ``in fit``: a's loop calls and the host work between them, after the first call
-  (:func:`benchmarks.throughput_impls.fit_clock`): a fit's first call includes the skip
-  of the batches consumed before it (its new iterator resumes there), which grows with
-  the step the fit starts from;
+  (:func:`benchmarks.throughput_impls.fit_clock`): a fit that builds a new iterator
+  skips the batches consumed before it in its first call, which grows with the step the
+  fit starts from (a's fits continue the kept iterator: no skip);
 
 then a per-call cost table of one more ``fit()`` of a (4 rounds long): the compiled
 call (median seconds per step, next to best's), the host work between two calls
@@ -89,14 +90,14 @@ def host_parts(trainer, repeats: int) -> dict[str, float]:
 
 def call_costs(framework, steps: int, best_step_s: float, repeats: int) -> dict:
     """The per-call cost table of ``framework`` (a built, warmed-up ``a``): one fit of
-    ``steps`` steps timed per loop call by its clock (its first call apart: the fit's new
-    iterator skips the batches consumed before it), the parts of the host work timed
+    ``steps`` steps timed per loop call by its clock (its first call apart: a new
+    iterator would skip the batches consumed before it there), the parts of the host work timed
     alone, and the reference's (best: c or c+xla) median seconds per step."""
     start_step, clock = framework.trainer.step, framework.clock
     begin = time.perf_counter()
     framework.run(steps)
     returned = time.perf_counter()
-    first, *calls = clock.calls  # the first: the skip of the consumed batches
+    first, *calls = clock.calls  # the first: where a new iterator skips
     host_s = statistics.median(h for _, _, h in calls)
     return {"calls": len(calls), "steps_per_call": statistics.median(n for n, _, _ in calls),
             "start_step": start_step, "first_call_s": first[1],
@@ -151,13 +152,14 @@ def format_row(result: dict) -> list[str]:
     lines += [f"      {name:<36}{us:8.1f} us" for name, us in parts.items()]
     lines.append(f"      {'the rest (services on_loop_end, ...)':<36}{rest:8.1f} us")
     lines.append(f"    first call of the fit {1e3 * costs['first_call_s']:9.2f} ms (from step "
-                 f"{costs['start_step']}: the new iterator skips that many batches first)")
+                 f"{costs['start_step']}: a new iterator would skip that many batches "
+                 f"first; the kept one does not)")
     lines.append(f"    this fit's start {1e3 * costs['start_s']:.1f} ms (fit() to the end of "
                  f"on_fit_start), end {1e3 * costs['end_s']:.1f} ms (the last on_loop_end "
                  f"to fit()'s return)")
     lines.append(f"  per fit of a: start + end {_spread(result['start_end_s'])} s (the "
-                 f"dataset built and the {result['first_step']}+ batches consumed skipped, "
-                 f"services' start and end, the iterator handed over)")
+                 f"iterator continued from step {result['first_step']}+, the services' "
+                 f"start and end, the iterator kept)")
     return lines
 
 

@@ -76,8 +76,9 @@ def fit_clock():
         ``on_loop_end`` (the first counts from the end of ``on_fit_start``: user
         callbacks run after the framework's services). ``in_fit_s``: the seconds the
         fit's steps take at the rate of its calls after the first, host work included:
-        the fit without its start and end. The first call is part of the start: the
-        fit's new iterator skips the batches consumed before it there (a resume)."""
+        the fit without its start and end. The first call is part of the start: a
+        fit that builds a new iterator skips the batches consumed before it there (a
+        resume); one that continues the kept iterator does not."""
 
         def __init__(self):
             self.start = self.end = 0.0  # the end of on_fit_start, the last on_loop_end
