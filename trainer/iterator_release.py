@@ -5,10 +5,10 @@ On a multi-device strategy, destroying a distributed input iterator waits for th
 tf.data autotune thread of every per-device iterator to notice the cancellation
 (:mod:`trainer.fast_exit` says more). Measured on 2 Mirrored replicas (the benchmark
 MLP): the release at the end of a ``fit()`` took a median 1.2 s and up to 28 s, paid
-by every ``fit()`` on the thread that called it. The objects are of no further use, so
-the end of a ``fit()`` (and a probe's ``close()``) hands them to :func:`release`,
-which returns at once (a thread start: about a millisecond) and drops them on a
-background thread.
+by every ``fit()`` on the thread that called it. So whatever ends an iterator (a
+``fit()`` that raised, a Trainer's or a probe's ``close()``, an evaluation's end) hands
+it to :func:`release`, which returns at once (a thread start: about a millisecond) and
+drops it on a background thread.
 
 Contract:
 
@@ -101,7 +101,6 @@ def wait(timeout: float | None = None) -> bool:
     return pending() == 0
 
 
-
 # The KeptObjects holding items now (weakly: the set keeps none alive), for the exit.
 _holding: "weakref.WeakSet[KeptObjects]" = weakref.WeakSet()
 
@@ -154,4 +153,5 @@ class KeptObjects:
         release(items)
 
     def __del__(self) -> None:
+        """Collected (with its owner's cycle): the items go to the release first."""
         self.release()

@@ -2,8 +2,8 @@
 
 A ``fit()`` starts with an iterator positioned at the Trainer's step. The iterator the
 last ``fit()`` kept is continued when it is positioned there and was kept in an equal
-context (:func:`continuation_context`: the resumed run's record and the config without
-``train.steps``); otherwise the dataset is built positioned there, which skips the
+context (:func:`continuation_context`: the input layout a restored checkpoint asked to
+continue and the config without ``train.steps``); otherwise the dataset is built positioned there, which skips the
 batches already consumed: the input pipeline runs again for every one of them (its
 decoding and augmentation too). At its end a ``fit()`` keeps the iterator (returned) or
 releases it (raised: its position is unknown). A kept iterator is never destroyed on
@@ -17,6 +17,7 @@ Host only (cross-replica context).
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from trainer.iterator_release import KeptObjects, release
@@ -24,11 +25,13 @@ from trainer.iterator_release import KeptObjects, release
 
 def continuation_context(config: Any, resumed: Any) -> tuple:
     """What a kept train iterator must have been kept with to be continued, besides its
-    position: ``resumed`` (the restored checkpoint's record, or None) and ``config``
-    (a ConfigDict) without ``train.steps`` (a notebook raises it to train on)."""
+    position: the input layout of ``resumed`` (the restored checkpoint's record
+    (:class:`trainer.data_resume.Resumed`), or None) and ``config`` (a ConfigDict) without
+    ``train.steps`` (a notebook raises it to train on), as JSON (compared as text)."""
     values = config.to_dict()
     values["train"].pop("steps", None)
-    return resumed, values
+    layout = resumed.layout if resumed is not None else None
+    return layout, json.dumps(values, sort_keys=True, default=repr)
 
 
 class TrainInput:
