@@ -22,6 +22,16 @@ from trainer import iterator_release
 from trainer.telemetry.probes import InputProbe
 
 
+def lines_of_a_clean_exit(script: str) -> list[str]:
+    """The lines ``script`` (Python source) prints in a new process, which must exit
+    with 0 and report no exception."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Exception" not in done.stderr, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
 class SlowToDestroy:
     """Stands in for a distributed iterator: its destruction blocks until ``go`` is set
     (as an iterator's waits for its tf.data autotune thread) and records its thread."""
@@ -89,11 +99,7 @@ def test_a_process_that_ends_normally_waits_for_pending_releases():
         iterator_release.release([Slow()])
         print("main done", flush=True)
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["main done", "destroyed"]
-    assert "Exception" not in done.stderr, done.stderr[-3000:]
+    assert lines_of_a_clean_exit(script) == ["main done", "destroyed"]
 
 
 def test_the_input_probe_releases_its_copy_at_close():
@@ -191,9 +197,5 @@ def test_a_process_that_exits_with_kept_objects_drops_them_before_teardown():
         kept.keep([Item()], "tag")
         print("main done", flush=True)
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
     # Dropped by the exit handler, not by the interpreter's teardown of the modules.
-    assert done.stdout.splitlines() == ["main done", "dropped, finalizing: False"]
-    assert "Exception" not in done.stderr, done.stderr[-3000:]
+    assert lines_of_a_clean_exit(script) == ["main done", "dropped, finalizing: False"]
