@@ -29,6 +29,10 @@ CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 STEPS = 30
 EVERY_10 = "--config.checkpoint.every_steps=10"
 SLOW = {"LAUNCH_TEST_SLOW_FROM": "10:1"}
+# No input-wait probe in the slowed run: its own copy of the input would read the slowed
+# batches for seconds, during which the run's prefetch gets ahead and the loop after
+# step 10 ends before the signal (seen once: the checkpoint of step 20, not 15).
+NO_PROBES = "--config.telemetry.probe_every_windows=0"
 WEIGHTS = "weights-local-0.npz"
 
 
@@ -44,7 +48,7 @@ def test_a_preempted_run_resumes_exactly_on_a_new_host_and_the_evaluator_follows
     h0, h1 = cluster.hosts[:2]
     port = cluster.ports()[0]
     run_url, reference_url = bucket_url(f"resume-{port}"), bucket_url(f"resume-ref-{port}")
-    argv = trainer_argv(run_url, EVERY_10, config=CONFIG)
+    argv = trainer_argv(run_url, EVERY_10, NO_PROBES, config=CONFIG)
     reference = start(cluster, gcs, h1, trainer_argv(reference_url, EVERY_10, config=CONFIG))
     interrupted = start(cluster, gcs, h0, argv, env=SLOW)
     interrupted.wait_for(rf"^step 10/{STEPS}", RUN_S)
