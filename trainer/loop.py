@@ -246,7 +246,7 @@ class LoopDriver:
             return self._last_fit[1]
         return _replica_spec(self.input.iterator.element_spec)
 
-    def release_iterator(self, keep: bool = False) -> None:
+    def _end_train_input(self, keep: bool = False) -> None:
         """Ends the current train iterator, keeping its graph and batch spec: ``keep``
         keeps it for the next ``fit()``, otherwise it (and a kept one) is destroyed on
         a background thread (:mod:`trainer.train_input`)."""
@@ -258,7 +258,7 @@ class LoopDriver:
         """Drops everything a ``fit()`` or ``evaluate()`` built: the train iterator, the
         eval dataset and the traced loops (the Trainer stays usable: the next call
         builds them again)."""
-        self.release_iterator()
+        self._end_train_input()
         self._eval_dataset = None
         self._loops.clear()
         self._last_fit = (None, None)
@@ -288,9 +288,9 @@ class LoopDriver:
         try:
             results = self._fit(callbacks)
         except BaseException:  # the iterator's position is unknown
-            self.release_iterator()
+            self._end_train_input()
             raise
-        self.release_iterator(keep=True)
+        self._end_train_input(keep=True)
         return results
 
     def _fit(self, callbacks: CallbackList) -> dict[str, float]:
