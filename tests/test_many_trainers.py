@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tests import toy
 from tests.conftest import REPO, subprocess_env
+from tests.helpers import max_abs_diff
 from trainer import Callback, iterator_release
 
 ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
@@ -94,7 +95,21 @@ def test_a_fit_that_raises_releases_its_iterator(tmp_path):
     del raised
 
 
-def test_a_closed_trainer_fits_on_from_its_step(tmp_path):
+@pytest.fixture(scope="module")
+def one_fit_of_20_steps() -> list:
+    """The weights of one ToyTrainer fit() of 20 steps: what split fits must reach."""
+    with toy.ToyTrainer(toy.toy_config(**{"train.steps": 20})) as whole:
+        whole.fit()
+        return whole.model.get_weights()
+
+
+def assert_trained_like_one_fit(trainer, reference: list) -> None:
+    """``trainer`` is at step 20 with the weights of one fit() to it (``reference``)."""
+    assert trainer.step == 20
+    assert max_abs_diff(reference, trainer.model.get_weights()) <= 1e-6
+
+
+def test_a_closed_trainer_fits_on_from_its_step(one_fit_of_20_steps):
     # close() releases; the Trainer stays usable: it continues where it stopped, as a
     # single fit() to the same step would.
     with toy.ToyTrainer(toy.toy_config(**{"train.steps": 10})) as split:
@@ -102,24 +117,10 @@ def test_a_closed_trainer_fits_on_from_its_step(tmp_path):
     split.config.train.steps = 20
     split.fit()
     split.close()
-    whole = toy.ToyTrainer(toy.toy_config())
-    whole.fit()
-    assert split.step == 20
-    for ref, got in zip(whole.model.get_weights(), split.model.get_weights()):
-        assert abs(ref - got).max() <= 1e-6
+    assert_trained_like_one_fit(split, one_fit_of_20_steps)
 
 
-def _assert_same_weights(trainer, steps: int) -> None:
-    """``trainer``'s weights are those of one ToyTrainer fit() of ``steps`` steps."""
-    whole = toy.ToyTrainer(toy.toy_config(**{"train.steps": steps}))
-    whole.fit()
-    whole.close()
-    assert trainer.step == steps
-    for ref, got in zip(whole.model.get_weights(), trainer.model.get_weights()):
-        assert abs(ref - got).max() <= 1e-6
-
-
-def test_a_second_fit_continues_the_iterator_the_first_kept():
+def test_a_second_fit_continues_the_iterator_the_first_kept(one_fit_of_20_steps):
     # The notebook cell run again with more steps: no new dataset, no skip; the batches
     # go on where the first fit() stopped, as one fit() to the same step would.
     t = toy.CountingToyTrainer(toy.toy_config(**{"train.steps": 10}))
@@ -128,11 +129,11 @@ def test_a_second_fit_continues_the_iterator_the_first_kept():
     t.config.train.steps = 20
     t.fit()
     assert t.train_datasets_built == built
-    _assert_same_weights(t, 20)
+    assert_trained_like_one_fit(t, one_fit_of_20_steps)
     t.close()
 
 
-def test_a_fit_with_a_changed_config_builds_the_input_again():
+def test_a_fit_with_a_changed_config_builds_the_input_again(one_fit_of_20_steps):
     # Any config change but train.steps may change the input: the kept iterator is
     # released and the dataset built again, skipping the consumed batches.
     t = toy.CountingToyTrainer(toy.toy_config(**{"train.steps": 10}))
@@ -142,11 +143,11 @@ def test_a_fit_with_a_changed_config_builds_the_input_again():
     t.config.train.log_every_steps = 5
     t.fit()
     assert t.train_datasets_built > built
-    _assert_same_weights(t, 20)
+    assert_trained_like_one_fit(t, one_fit_of_20_steps)
     t.close()
 
 
-def test_a_fit_from_a_restored_step_builds_the_input_again(tmp_path):
+def test_a_fit_from_a_restored_step_builds_the_input_again(tmp_path, one_fit_of_20_steps):
     # restore() moves the step back: the kept iterator (at step 20) cannot continue.
     config = toy.toy_config(**{"checkpoint.every_steps": 10, "checkpoint.max_to_keep": 5})
     t = toy.CountingToyTrainer(config, str(tmp_path))
@@ -155,5 +156,5 @@ def test_a_fit_from_a_restored_step_builds_the_input_again(tmp_path):
     built = t.train_datasets_built
     t.fit()
     assert t.train_datasets_built > built
-    _assert_same_weights(t, 20)
+    assert_trained_like_one_fit(t, one_fit_of_20_steps)
     t.close()

@@ -3,14 +3,15 @@
 A ``fit()`` starts with an iterator positioned at the Trainer's step. The iterator the
 last ``fit()`` kept is continued when it is positioned there and was kept in an equal
 context (:func:`continuation_context`: the input layout a restored checkpoint asked to
-continue and the config without ``train.steps``); otherwise the dataset is built positioned there, which skips the
-batches already consumed: the input pipeline runs again for every one of them (its
-decoding and augmentation too). At its end a ``fit()`` keeps the iterator (returned) or
-releases it (raised: its position is unknown). A kept iterator is never destroyed on
-the Trainer's thread (its destruction waits for tf.data's autotune thread: seconds to a
-minute): :class:`trainer.iterator_release.KeptObjects` hands it to a background thread
-when it is replaced or released, when the Trainer is collected, or drops it at exit
-before TensorFlow's teardown.
+continue and the config without ``train.steps``); otherwise the dataset is built
+positioned there, which skips the batches already consumed: the input pipeline runs
+again for every one of them (its decoding and augmentation too). At its end a
+``fit()`` keeps the iterator (returned) or releases it (raised: its position is
+unknown). A kept iterator is never destroyed on the Trainer's thread (its destruction
+waits for tf.data's autotune thread: seconds to a minute):
+:class:`trainer.iterator_release.KeptObjects` hands it to a background thread when it
+is replaced or released, when the Trainer is collected, or drops it at exit before
+TensorFlow's teardown.
 
 Host only (cross-replica context).
 """
@@ -74,7 +75,7 @@ class TrainInput:
         released with whatever was kept."""
         held = [x for x in (self.iterator, self.dataset) if x is not None]
         self.iterator = self.dataset = None
-        if keep and len(held) == 2:
+        if keep and held:  # start() sets both
             self._kept.keep(held, (self._position, self._context()))
             return
         self._kept.release()

@@ -293,9 +293,9 @@ class Trainer:
         """Releases what this Trainer's runs built: the train iterator a ``fit()`` kept,
         the datasets, the traced loops (the summary writers, checkpoint managers and
         threads of a ``fit()`` are released at its end already; a Trainer collected
-        without ``close()`` releases its iterator too, on a background thread). Idempotent; the Trainer stays usable (a later
-        ``fit()`` or ``evaluate()`` builds them again). ``with Trainer(...) as t:``
-        calls it on leaving the block."""
+        without ``close()`` releases its iterator too, on a background thread).
+        Idempotent; the Trainer stays usable (a later ``fit()`` or ``evaluate()``
+        builds them again). ``with Trainer(...) as t:`` calls it on leaving the block."""
         self.driver.close()
 
     def __enter__(self) -> "Trainer":
