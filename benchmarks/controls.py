@@ -43,7 +43,7 @@ EMA_VARIANTS = ("ema_ops", "ema_gd", "ema_every4", "ema_every10")
 def variant_ema(mode: str, trainer):
     """The EMA object of an ``--ema_variants`` mode (replaces the trainer's own)."""
     from benchmarks import ema_variants
-    from trainer.ema import ExponentialMovingAverage
+    from trainer.step.ema import ExponentialMovingAverage
 
     if mode == "ema_ops":
         return ExponentialMovingAverage(DECAY, fused=False)

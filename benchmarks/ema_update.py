@@ -31,7 +31,7 @@ def updates(n: int) -> dict:
     import tensorflow as tf
 
     from benchmarks.ema_variants import ApplyGradientDescentEMA
-    from trainer.ema import ExponentialMovingAverage
+    from trainer.step.ema import ExponentialMovingAverage
 
     weights = [tf.Variable(tf.random.normal(s)) for s in SHAPES]
     grads = [tf.random.normal(s) * 1e-3 for s in SHAPES]

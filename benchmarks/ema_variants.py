@@ -1,5 +1,5 @@
 """EMA update variants measured by ``benchmarks.controls`` next to the framework's own
-(:class:`trainer.ema.ExponentialMovingAverage`, fused or not). Benchmark-only: each is a
+(:class:`trainer.step.ema.ExponentialMovingAverage`, fused or not). Benchmark-only: each is a
 subclass whose :meth:`update` replaces the framework's, on the same variables.
 
 * :class:`ApplyGradientDescentEMA`: ``average - weight``, then one
@@ -14,7 +14,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from trainer.ema import ExponentialMovingAverage
+from trainer.step.ema import ExponentialMovingAverage
 
 
 def _pairs(ema: ExponentialMovingAverage, weights: list) -> list:

@@ -89,7 +89,7 @@ def overlap(t, rounds: int, steps: int = K) -> dict[str, float]:
     import tensorflow as tf
 
     from trainer import data
-    from trainer.data_parallel import split_sizes
+    from trainer.distribution.data_parallel import split_sizes
 
     manual = t.gradients.reducer
     dataset = data.distribute(t.strategy, t.build_train_dataset, t.batch)

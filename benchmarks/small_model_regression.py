@@ -70,8 +70,8 @@ def host_parts(trainer, repeats: int) -> dict[str, float]:
     import numpy as np
     import tensorflow as tf
 
-    from trainer import host_collectives
-    from trainer.trainable_watch import TrainableWatch
+    from trainer.distribution import host_collectives
+    from trainer.loop.compiled_loops import TrainableWatch
 
     watch, driver, flags = TrainableWatch(), trainer.driver, np.zeros(2, np.int32)
     return {

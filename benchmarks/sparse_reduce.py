@@ -31,7 +31,7 @@ of each large-table Trainer and ``--small_steps`` of each small-table one (its s
 per round. Printed per size and policy: median examples/s over rounds, min, max, and the
 median per-round ratio to ``dense`` with its [min..max]. ``resolved`` is what the
 gradient path decided when it traced the step (read from
-:func:`trainer.sparse_gradients.chooses_dense`, wrapped to record its answer): ``auto``
+:func:`trainer.step.sparse_gradients.chooses_dense`, wrapped to record its answer): ``auto``
 must resolve to ``gather`` here, the row count being dynamic.
 """
 
@@ -96,9 +96,9 @@ def _trainer(vocab: int, dim: int, policy: str):
 
 
 def _record_decisions() -> list[tuple[str, bool, bool]]:
-    """Wraps ``trainer.sparse_gradients.chooses_dense`` (looked up at trace time by
+    """Wraps ``trainer.step.sparse_gradients.chooses_dense`` (looked up at trace time by
     ``all_reduce_sum``): every call appends ``(policy, dense?, row count static?)``."""
-    from trainer import sparse_gradients
+    from trainer.step import sparse_gradients
 
     decisions: list[tuple[str, bool, bool]] = []
     original = sparse_gradients.chooses_dense
@@ -227,7 +227,7 @@ def main() -> None:
 if __name__ == "__main__":
     main()
     # Without TensorFlow's object-by-object teardown: destroying the six Trainers'
-    # distributed iterators stalled the exit by 2-3 minutes (trainer.fast_exit).
-    from trainer.fast_exit import exit_now
+    # distributed iterators stalled the exit by 2-3 minutes (trainer.runtime.fast_exit).
+    from trainer.runtime.fast_exit import exit_now
 
     exit_now(0)

@@ -4,7 +4,7 @@ What a user writes for text: an ``Embedding(vocab, dim, mask_zero=True)`` over p
 batches of token ids (0 = padding), averaged over the real tokens, a custom metric and
 a custom ``train_step``. The embedding's gradient is sparse (``tf.IndexedSlices``: only
 the rows of the tokens in the batch); the framework reduces it across replicas and
-workers by ``perf.sparse_reduce`` (:mod:`trainer.sparse_gradients`).
+workers by ``perf.sparse_reduce`` (:mod:`trainer.step.sparse_gradients`).
 
 Data (no download): ``config.data.examples`` sequences of ``config.data.min_len`` to
 ``config.data.max_len`` token ids drawn with a fixed seed; the label says whether most

@@ -132,7 +132,7 @@ def collect_garbage_after_each_test():
     own train iterators when it ends (tests/test_many_trainers.py), but an iterator a
     test or the doctor makes itself would otherwise die at some later garbage
     collection, many at once; each then waits for its tf.data autotune thread, whose
-    period grows to 60 s while the iterator lives (trainer/fast_exit.py): a suite-wide
+    period grows to 60 s while the iterator lives (trainer/runtime/fast_exit.py): a suite-wide
     stall of minutes inside whichever test triggers that collection. Collected young,
     an iterator is freed in milliseconds.
 

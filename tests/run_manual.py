@@ -39,7 +39,7 @@ def _classes():
     import tensorflow as tf
 
     from tests import toy
-    from trainer.data_parallel import ManualDataParallel
+    from trainer.distribution.data_parallel import ManualDataParallel
 
     class CustomStepTrainer(toy.ToyTrainer):
         """A user's own train_step: tape + apply_gradients + an extra output."""
@@ -242,7 +242,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from trainer.fast_exit import exit_now
+    from trainer.runtime.fast_exit import exit_now
 
     main()
     exit_now(0)  # no teardown of distributed iterators (up to 60 s each)

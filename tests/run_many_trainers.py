@@ -9,7 +9,7 @@ built and fitted; odd ones through ``with Trainer(...) as t:``, the others by
 (``del`` and the collection a notebook's next cell would run). After each ``fit()``,
 each close and the drop, with NO garbage collection in between (the process runs with
 the collector off), one JSON line counts what is still alive once the pending releases
-are done (``trainer.iterator_release`` destroys iterators on a background thread):
+are done (``trainer.data.iterator_release`` destroys iterators on a background thread):
 tf.data iterators and distributed iterators, distributed datasets, and threads;
 ``pending`` is the number of releases a ``fit()``, close or drop left running when it
 returned. Ends with the line ``done``.
@@ -42,7 +42,7 @@ def main() -> None:
     import tensorflow as tf
 
     from tests import toy
-    from trainer import iterator_release
+    from trainer.data import iterator_release
 
     iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)
     datasets = (tf.distribute.DistributedDataset,)

@@ -165,7 +165,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from trainer.fast_exit import exit_now
+    from trainer.runtime.fast_exit import exit_now
 
     main()
     exit_now(0)  # no teardown of distributed iterators (up to 60 s each)

@@ -19,7 +19,7 @@ PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # Optional or heavy third-party modules that may be imported inside a function, to keep
 # start-up fast or the dependency optional (orbax/JAX and tfds take a noticeable time to import;
 # IPython exists only where a notebook kernel runs; google-cloud-storage, with google.auth,
-# google.api_core and requests under it, only with the [gcs] extra: trainer.bucket_check).
+# google.api_core and requests under it, only with the [gcs] extra: trainer.checks.bucket).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
                 "sklearn", "mlflow", "tensorboard_plugin_profile", "IPython", "google",
                 "requests")
@@ -125,11 +125,36 @@ def test_the_command_lines_check_flags_without_tensorflow():
     assert out.stdout.strip() == "[]"
 
 
-# The loop driver is the Trainer's (trainer.py builds it, loop.py is it, loop_context.py is
-# its face towards the services). The doctor times the driver's compiled train loop itself.
-DRIVER_OWNERS = ("trainer/trainer.py", "trainer/loop.py", "trainer/loop_context.py",
+# The loop driver is the Trainer's (trainer.py builds it, loop/driver.py is it,
+# loop/context.py is its face towards the services). The doctor times the driver's
+# compiled train loop itself.
+DRIVER_MODULE = "trainer.loop.driver"
+DRIVER_OWNERS = ("trainer/trainer.py", "trainer/loop/driver.py", "trainer/loop/context.py",
                  "trainer/doctor/measure.py")
 SERVICE_PACKAGES = ("trainer/checkpoint", "trainer/telemetry", "trainer/services")
+
+
+def imports_of(tree: ast.AST) -> set[str]:
+    """Every module a source imports, by its full name (``from P import M`` counts as
+    ``P.M`` as well as ``P``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_driver_check_names_the_modules_that_exist():
+    """A move of the driver (or of its owners) must move this check with it: else it
+    would pass for every module."""
+    for owner in DRIVER_OWNERS:
+        assert (REPO / owner).is_file(), f"DRIVER_OWNERS names {owner}, which does not exist"
+    driver = REPO / (DRIVER_MODULE.replace(".", "/") + ".py")
+    assert "LoopDriver" in _members_of_module(driver), f"{DRIVER_MODULE} defines no LoopDriver"
+    assert DRIVER_MODULE in imports_of(ast.parse((REPO / "trainer/trainer.py").read_text()))
 
 
 @pytest.mark.parametrize("path", sources("trainer"), ids=lambda p: str(p.relative_to(REPO)))
@@ -137,13 +162,13 @@ def test_only_the_trainer_and_the_loop_touch_the_loop_driver(path):
     relative = str(path.relative_to(REPO))
     if relative in DRIVER_OWNERS:
         return
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
         assert not (isinstance(node, ast.Attribute) and node.attr == "driver"), (
             f"{relative}:{node.lineno} reads .driver; services see the run context "
             f"(trainer.run_context.RunContext) instead")
-        if isinstance(node, ast.ImportFrom) and node.module == "trainer.loop":
-            assert relative == "trainer/trainer.py", (
-                f"{relative}:{node.lineno} imports the loop driver's module")
+    assert DRIVER_MODULE not in imports_of(tree), (
+        f"{relative} imports the loop driver's module {DRIVER_MODULE}")
 
 
 @pytest.mark.parametrize("path", [p for p in sources("trainer")
@@ -180,6 +205,11 @@ def test_no_function_is_longer_than_80_lines(path):
                 f"{relative}:{node.lineno} {node.name}() has {lines} lines; split it by job")
 
 
+def _members_of_module(path: Path) -> set[str]:
+    return {node.name for node in ast.parse(path.read_text()).body
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+
+
 def _members(path: Path, cls: str) -> set[str]:
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
@@ -197,7 +227,54 @@ def _members(path: Path, cls: str) -> set[str]:
 
 def test_the_loop_context_implements_every_member_the_run_context_documents():
     documented = _members(REPO / "trainer" / "run_context.py", "RunContext")
-    implemented = _members(REPO / "trainer" / "loop_context.py", "LoopContext")
+    implemented = _members(REPO / "trainer" / "loop" / "context.py", "LoopContext")
     assert documented - implemented == set()
     # Beyond the protocol only the constructor and the dispatcher's side.
     assert implemented - documented == {"__init__", "take_announcements"}
+
+
+# The root of trainer/ is the public API and the entries (docs/architecture.md); every
+# other module lives in the package of its part.
+ROOT_MODULES = {"__init__", "trainer", "callbacks", "config", "errors", "run_context",
+                "service_order", "cli", "main", "manual", "precision", "optimizers"}
+
+
+def test_the_root_of_trainer_holds_only_the_public_api_and_the_entries():
+    root = {p.stem for p in (REPO / "trainer").glob("*.py")}
+    assert root == ROOT_MODULES, (
+        f"trainer/ holds {sorted(root - ROOT_MODULES)} beside the public API: put each "
+        f"in the package of its part (docs/architecture.md)")
+
+
+def packages_of(*roots: str) -> list[Path]:
+    return sorted({p.parent for root in roots for p in (REPO / root).rglob("*.py")
+                   if "__pycache__" not in p.parts})
+
+
+@pytest.mark.parametrize("package", packages_of(*PROJECT), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_package_has_an_init_so_the_wheel_holds_it(package):
+    """``packages = find:`` drops a folder without ``__init__.py`` from the wheel silently."""
+    assert (package / "__init__.py").is_file(), f"{package.relative_to(REPO)} has no __init__.py"
+
+
+@pytest.mark.parametrize("package", packages_of("trainer"), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_trainer_package_says_what_it_is_and_lists_its_public_names(package):
+    init = package / "__init__.py"
+    tree = ast.parse(init.read_text())
+    doc = ast.get_docstring(tree)
+    assert doc and doc.splitlines()[0].strip(), f"{init.relative_to(REPO)} has no docstring"
+    exported = [node for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+    assert exported, f"{init.relative_to(REPO)} has no __all__"
+    names = ast.literal_eval(exported[0].value)
+    defined = {p.stem for p in package.glob("*.py")} | {p.name for p in package.iterdir()
+                                                        if (p / "__init__.py").exists()}
+    for node in tree.body:
+        if isinstance(node, (ast.ImportFrom, ast.Import)):
+            defined.update(a.asname or a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+    if package.name == "trainer":
+        defined |= {"Trainer", "Callback"}  # loaded on first use (PEP 562)
+    missing = sorted(set(names) - defined)
+    assert not missing, f"{init.relative_to(REPO)} lists {missing} in __all__ but has none"

@@ -10,7 +10,7 @@ import sys
 from google.auth.exceptions import DefaultCredentialsError
 
 from tests.helpers import REPO
-from trainer.bucket_check import bucket_problem, split_gs_url
+from trainer.checks.bucket import bucket_problem, split_gs_url
 
 
 def no_package():
@@ -37,7 +37,7 @@ def test_missing_credentials_are_one_line_saying_how_to_give_them():
 
 def test_the_package_check_imports_no_tensorflow():
     code = ("import sys\n"
-            "from trainer.bucket_check import bucket_problem\n"
+            "from trainer.checks.bucket import bucket_problem\n"
             "def factory():\n"
             "    raise ImportError('no google-cloud-storage')\n"
             "print(bucket_problem('gs://b/run', '--workdir', client_factory=factory))\n"

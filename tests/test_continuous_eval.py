@@ -1,4 +1,4 @@
-"""``--mode=eval`` / ``--mode=continuous_eval`` (trainer.continuous_eval).
+"""``--mode=eval`` / ``--mode=continuous_eval`` (trainer.commands.continuous_eval).
 
 In one process: a ToyEvalTrainer run's checkpoints, hidden and committed by hand the way
 orbax writes them (``<step>.orbax-checkpoint-tmp-*``, renamed when complete), watched by a
@@ -19,8 +19,8 @@ import tensorflow as tf
 from tests import toy
 from tests.conftest import run_main
 from tests.launch_helpers.running import Launch, wait_until_dead
-from trainer import continuous_eval
 from trainer.checkpoint.store import LATEST_DIR
+from trainer.commands import continuous_eval
 from trainer.config import ConfigError
 
 STEPS = [5, 10, 15, 20]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import data, data_resume
+from trainer import data
+from trainer.data import resume
 from trainer.errors import InputError
 
 FILES, PER_FILE, GLOBAL = 4, 48, 24
@@ -47,7 +48,7 @@ def global_batches(pipelines: int, replicas: int, steps: int, skip: int = 0) -> 
 
 def continued(layout, pipelines: int, replicas: int, steps: int, skip: int) -> np.ndarray:
     per_pipeline = replicas // pipelines
-    iterators = [iter(data_resume.continue_streams(
+    iterators = [iter(resume.continue_streams(
         stream, layout, tf.distribute.InputContext(pipelines, p, replicas), GLOBAL, skip))
         for p in range(pipelines)]
     rows = []
@@ -65,7 +66,7 @@ def continued(layout, pipelines: int, replicas: int, steps: int, skip: int) -> n
 ], ids=lambda c: f"{c[0]}p{c[1]}r")
 def test_new_pipelines_yield_the_old_runs_global_batches_from_the_resumed_step(old, new):
     skip, steps = 5, 12  # step 5 is mid-epoch (an epoch is 192 / 24 = 8 steps)
-    layout = data_resume.InputLayout(old[0], old[1], True)
+    layout = resume.InputLayout(old[0], old[1], True)
     want = global_batches(*old, steps, skip)
     got = continued(layout, *new, steps, skip)
     np.testing.assert_array_equal(got, want)
@@ -85,20 +86,20 @@ def test_file_sharding_differs_between_counts_so_the_continuation_is_needed():
 
 def test_only_a_pipeline_sharded_layout_on_another_count_is_continued():
     ctx = tf.distribute.InputContext(2, 0, 2)
-    sharded = data_resume.InputLayout(4, 4, True)
-    assert data_resume.layout_to_continue(sharded, ctx, True) == sharded
-    assert data_resume.layout_to_continue(sharded, ctx, False) == sharded
-    assert data_resume.layout_to_continue(data_resume.InputLayout(4, 4, False), ctx, True) \
-        == data_resume.InputLayout(4, 4, False)
-    assert data_resume.layout_to_continue(data_resume.InputLayout(4, 4, False), ctx, False) \
+    sharded = resume.InputLayout(4, 4, True)
+    assert resume.layout_to_continue(sharded, ctx, True) == sharded
+    assert resume.layout_to_continue(sharded, ctx, False) == sharded
+    assert resume.layout_to_continue(resume.InputLayout(4, 4, False), ctx, True) \
+        == resume.InputLayout(4, 4, False)
+    assert resume.layout_to_continue(resume.InputLayout(4, 4, False), ctx, False) \
         is None  # batch sharding: the same global batches on any count
-    assert data_resume.layout_to_continue(data_resume.InputLayout(2, 2, True), ctx, True) is None
-    assert data_resume.layout_to_continue(None, ctx, True) is None
+    assert resume.layout_to_continue(resume.InputLayout(2, 2, True), ctx, True) is None
+    assert resume.layout_to_continue(None, ctx, True) is None
 
 
 def test_distribute_continues_a_two_pipeline_checkpoint_on_one_pipeline_and_reports_it():
     report: dict = {}
-    layout = data_resume.InputLayout(2, 2, True)
+    layout = resume.InputLayout(2, 2, True)
     dist = data.distribute(tf.distribute.get_strategy(), ids_dataset, data.BatchSizes(GLOBAL, 1),
                            skip_batches=3, resume_layout=layout, report=report)
     got = np.stack([b[1]["id"].numpy() for _, b in zip(range(6), dist)])
@@ -106,13 +107,13 @@ def test_distribute_continues_a_two_pipeline_checkpoint_on_one_pipeline_and_repo
     assert report["input_layout"] == layout  # the next checkpoint keeps the old layout
     fresh: dict = {}
     data.distribute(tf.distribute.get_strategy(), ids_dataset, data.BatchSizes(GLOBAL, 1), report=fresh)
-    assert fresh["input_layout"] == data_resume.InputLayout(1, 1, False)
+    assert fresh["input_layout"] == resume.InputLayout(1, 1, False)
 
 
 def test_a_global_batch_the_old_replicas_do_not_divide_is_refused_naming_both():
     with pytest.raises(InputError, match=r"global_batch_size=24 is not divisible by 5 "
                                          r"\(the checkpoint's replicas\)"):
-        data_resume.continue_streams(stream, data_resume.InputLayout(5, 5, True),
+        resume.continue_streams(stream, resume.InputLayout(5, 5, True),
                                      tf.distribute.InputContext(2, 0, 2), GLOBAL, 3)
 
 
@@ -122,16 +123,16 @@ def test_a_dataset_that_no_longer_shards_itself_as_the_checkpoint_did_is_refused
 
     with pytest.raises(InputError, match=r"was sharded by input pipeline .* does not shard "
                                          r"itself, .* config\.data\.sharding"):
-        data_resume.continue_streams(by_batch, data_resume.InputLayout(2, 2, True),
+        resume.continue_streams(by_batch, resume.InputLayout(2, 2, True),
                                      tf.distribute.InputContext(1, 0, 1), GLOBAL, 3)
 
 
 def test_the_layout_round_trips_through_the_manifest_and_the_broadcast_words():
-    layout = data_resume.InputLayout(4, 8, True)
-    assert data_resume.InputLayout.from_manifest({"input_layout": layout.to_manifest()}) == layout
-    assert data_resume.InputLayout.from_words(layout.to_words()) == layout
-    assert data_resume.InputLayout.from_words(np.zeros(3, np.int32)) is None
+    layout = resume.InputLayout(4, 8, True)
+    assert resume.InputLayout.from_manifest({"input_layout": layout.to_manifest()}) == layout
+    assert resume.InputLayout.from_words(layout.to_words()) == layout
+    assert resume.InputLayout.from_words(np.zeros(3, np.int32)) is None
     # A manifest written before layouts were recorded: its workers and replicas.
-    assert data_resume.InputLayout.from_manifest(
+    assert resume.InputLayout.from_manifest(
         {"workers": 2, "replicas": 2, "input_pipeline_sharded": True}) \
-        == data_resume.InputLayout(2, 2, True)
+        == resume.InputLayout(2, 2, True)

@@ -1,4 +1,4 @@
-"""trainer.ema.ExponentialMovingAverage on its own: both forms of the update (one
+"""trainer.step.ema.ExponentialMovingAverage on its own: both forms of the update (one
 XLA-compiled function on one replica, three ops per variable) against numpy. The
 Trainer-level scenarios (evaluate, resume, export, 2 Mirrored replicas) are in
 tests/services/test_training_controls.py."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.ema import ExponentialMovingAverage
+from trainer.step.ema import ExponentialMovingAverage
 
 DECAY = 0.9
 

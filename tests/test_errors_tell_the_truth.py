@@ -12,7 +12,7 @@ from models.text_classifier import make_sequences, sequence_dataset
 from tests import families
 from tests.toy import ToyTrainer, toy_config
 import trainer
-from trainer import checks
+from trainer.checks import inputs as checks
 from trainer.errors import InputError, TensorFlowError
 
 COLLECTIVE = ("Collective ops is aborted by: Shape mismatch in the collective instance 101. "

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tests import toy
 from tests.run_signals import InfiniteEvalTrainer, UnknownLengthEvalTrainer
 from trainer.errors import InputError
-from trainer.eval_pass import EvalAbandoned, run_pass
+from trainer.loop.eval_pass import EvalAbandoned, run_pass
 
 SHORT = {"train.steps": 2, "train.steps_per_loop": 1}
 

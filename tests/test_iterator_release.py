@@ -1,4 +1,4 @@
-"""trainer.iterator_release: what a fit() hands over is dropped on a background thread;
+"""trainer.data.iterator_release: what a fit() hands over is dropped on a background thread;
 the caller does not wait for it, the drop happens, and a process that ends normally
 waits for it; the input probe's copy goes the same way at close(). KeptObjects keeps
 items between uses, gives them back for an equal tag only, and hands them to the
@@ -18,7 +18,7 @@ import weakref
 from tests import toy
 from tests.helpers import REPO, subprocess_env
 from tests.test_many_trainers import live_iterators
-from trainer import iterator_release
+from trainer.data import iterator_release
 from trainer.telemetry.probes import InputProbe
 
 
@@ -89,7 +89,7 @@ def test_a_process_that_ends_normally_waits_for_pending_releases():
     # for the (non-daemon) releasing thread, and the process still exits with 0.
     script = textwrap.dedent("""
         import threading
-        from trainer import iterator_release
+        from trainer.data import iterator_release
 
         class Slow:
             def __del__(self):
@@ -187,7 +187,7 @@ def test_a_collected_owner_hands_its_kept_objects_to_the_release():
 def test_a_process_that_exits_with_kept_objects_drops_them_before_teardown():
     script = textwrap.dedent("""
         import sys
-        from trainer import iterator_release
+        from trainer.data import iterator_release
 
         class Item:
             def __del__(self):

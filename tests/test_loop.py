@@ -198,10 +198,10 @@ def test_user_hooks_keep_autograph_while_framework_code_is_not_converted(monkeyp
     assert any(name.endswith("PythonControlFlowTrainer.update_metrics") for name in converted)
     # Framework functions traced in the step run as written: converting each costs
     # ~0.05-0.5 s of cold start. Only the in-graph loops themselves (tf.range/while) are.
-    loops = {"trainer.compiled_loops.CompiledLoops.__init__.<locals>.train",
+    loops = {"trainer.loop.compiled_loops.CompiledLoops.__init__.<locals>.train",
              "trainer.telemetry.probes.InputProbe.__init__.<locals>.drain",
              "trainer.telemetry.probes.ComputeProbe.__init__.<locals>.run"}
-    assert "trainer.compiled_loops.CompiledLoops.__init__.<locals>.train" in converted
+    assert "trainer.loop.compiled_loops.CompiledLoops.__init__.<locals>.train" in converted
     assert {n for n in converted if n.startswith("trainer.")} <= loops
 
 

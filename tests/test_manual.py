@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import REPO, subprocess_env
 from tests.helpers import max_abs_diff, saved_run
 from trainer import config as config_lib
-from trainer.data_parallel import split_sizes
+from trainer.distribution.data_parallel import split_sizes
 
 TOL = 1e-5
 MIXED_TOL = 1e-3  # float16 sums over 8/16/8 examples round differently from one sum of 32

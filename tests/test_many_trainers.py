@@ -19,7 +19,8 @@ import tensorflow as tf
 from tests import toy
 from tests.conftest import REPO, subprocess_env
 from tests.helpers import max_abs_diff
-from trainer import Callback, iterator_release
+from trainer import Callback
+from trainer.data import iterator_release
 
 ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
 

@@ -1,4 +1,4 @@
-"""The execution planner's decisions (trainer.plan), driven through its public calls with
+"""The execution planner's decisions (trainer.loop.plan), driven through its public calls with
 synthetic loop timings: which plan each call runs, what it chooses, when it does not
 measure, what it adopts, and that every worker follows the chief."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from trainer import config as config_lib
-from trainer.plan import Plan, Planner, candidates
+from trainer.loop.plan import Plan, Planner, candidates
 
 SIGNATURE = {"strategy": "OneDeviceStrategy", "replicas": 1, "workers": 1,
              "devices": ["CPU"], "gpus": [], "cpus": 2, "tensorflow": "2.21.0"}

@@ -177,7 +177,7 @@ def test_each_delivery_is_handled_once_whatever_order_the_channels_see_them():
     """SIGTERM then SIGINT: the watcher's pipe sees them in that order, Python's handler
     runs pending ones by signal number (SIGINT first). Whatever the interleaving, the
     first delivery of each is handled once and the other channel's copy is not."""
-    from trainer.signals import Deliveries
+    from trainer.runtime.signals import Deliveries
 
     orders = [
         [("pipe", TERM), ("handler", INT), ("handler", TERM), ("pipe", INT)],

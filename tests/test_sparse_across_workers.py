@@ -3,7 +3,7 @@ padded variable-length batches, custom metric, custom train_step) trained by
 ``python -m launch.multiworker --workers 2`` reaches the weights of one process.
 
 Two workers all-gather their rows at a capacity of the ladder
-(``trainer.sparse_gradients``), or all-reduce densely; both are compared. A 600 x 16
+(``trainer.step.sparse_gradients``), or all-reduce densely; both are compared. A 600 x 16
 table on 2 workers has the capacities 64, 128 and 256 rows below its dense branch; a
 replica's batch of 16 sequences of 2-40 tokens touches about 100 to 400 rows, so steps
 take the larger capacities and the dense branch."""

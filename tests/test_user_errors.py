@@ -31,8 +31,9 @@ from tf_cluster.tf_config import build_tf_config
 from tests import toy
 from tests.conftest import REPO, early_main, subprocess_env
 from tests.helpers import NO_TENSORFLOW_PRELUDE, last_lines
+from trainer import Callback, Trainer, errors
 import trainer as trainer_package
-from trainer import Callback, Trainer, checks, errors
+from trainer.checks import inputs
 from trainer.config import ConfigError
 from trainer.errors import InputError
 from trainer.telemetry.progress import Progress
@@ -282,13 +283,13 @@ def test_data_and_model_mismatch_names_the_hook(trainer_cls, message):
 def test_feature_check_accepts_what_keras_accepts():
     """Negative control of the shape check: Keras adds/drops a trailing 1 itself."""
     images = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten()])
-    checks.check_features(tf.TensorSpec((None, 28, 28), tf.uint8), images, "build_train_dataset")
-    checks.check_features((tf.TensorSpec((4, 28, 28, 1), tf.float16),), images, "x")
+    inputs.check_features(tf.TensorSpec((None, 28, 28), tf.uint8), images, "build_train_dataset")
+    inputs.check_features((tf.TensorSpec((4, 28, 28, 1), tf.float16),), images, "x")
     with pytest.raises(InputError, match=r"x yields features of shape \(4, 28, 27\)"):
-        checks.check_features(tf.TensorSpec((4, 28, 27), tf.float32), images, "x")
+        inputs.check_features(tf.TensorSpec((4, 28, 27), tf.float32), images, "x")
     with pytest.raises(InputError, match=r"yields 2 feature tensor\(s\) but build_model's "
                                          r"model has 1 input"):
-        checks.check_features((tf.TensorSpec((4, 784)),) * 2, images, "x")
+        inputs.check_features((tf.TensorSpec((4, 784)),) * 2, images, "x")
 
 
 def test_best_metric_that_eval_never_produces_fails_at_fit_start(tmp_path):

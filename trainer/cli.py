@@ -28,10 +28,11 @@ import ml_collections
 from absl import flags
 
 from tf_cluster.storage_schemes import unreachable_scheme
-from trainer import bucket_check, config as config_lib
+from trainer import config as config_lib
+from trainer.checks import bucket
 from trainer.errors import UsageError, UserError, WorkdirError, report, write_error
 
-#: trainer.main's --mode values (trainer.continuous_eval runs the two eval modes).
+#: trainer.main's --mode values (trainer.commands.continuous_eval runs the two eval modes).
 MODES = ("train", "eval", "continuous_eval")
 DEFAULT_EVAL_TIMEOUT_S = 3600.0  # --eval_timeout_s: Model Garden's continuous_eval_timeout
 
@@ -250,10 +251,10 @@ def check_bucket(url: str, what: str) -> None:
     bucket and what to check when, within ``TRAINER_BUCKET_CHECK_S`` seconds (default
     30), it cannot be listed: no such bucket (404), no permission (403), no credentials,
     no answer, or google-cloud-storage / tensorstore not installed
-    (:func:`trainer.bucket_check.bucket_problem`; no TensorFlow). Other URLs pass."""
+    (:func:`trainer.checks.bucket.bucket_problem`; no TensorFlow). Other URLs pass."""
     if not url.lower().startswith("gs://"):
         return
-    problem = bucket_check.bucket_problem(url, what)
+    problem = bucket.bucket_problem(url, what)
     if problem:
         raise WorkdirError(problem)
 

@@ -18,8 +18,8 @@ import importlib.util
 
 import ml_collections
 
-from trainer.config_rules import check_choice, check_positive, require, suggest
 from trainer.errors import ConfigError  # raised here; importers take it from trainer.config
+from trainer.errors import check_choice, check_positive, require, suggest
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -75,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
             momentum=0.9,  # sgd / rmsprop only
             weight_decay=0.0,
             clipnorm=0.0,  # > 0: clip by GLOBAL norm of the all-reduced gradients
-            # > 0: keep an exponential moving average of the weights (trainer.ema), used
+            # > 0: keep an exponential moving average of the weights (trainer.step.ema), used
             # by evaluate(), the best-checkpoint metric and export().
             ema_decay=0.0,
             ema_every_steps=1,  # N > 1: move the EMA every N updates by ema_decay**N
@@ -110,10 +110,10 @@ def get_config() -> ml_collections.ConfigDict:
             grad_accum_steps=1,
             recompute=False,
             # IndexedSlices gradients (embeddings, gathers) across replicas: "auto" | "dense"
-            # | "gather" (trainer.sparse_gradients says what each costs).
+            # | "gather" (trainer.step.sparse_gradients says what each costs).
             sparse_reduce="auto",
             # "auto": time candidate plans (XLA settings, steps per loop) on the first
-            # steps and keep the fastest (trainer.plan); "fixed": exactly this config.
+            # steps and keep the fastest (trainer.loop.plan); "fixed": exactly this config.
             plan="auto",
             plan_min_run_s=30.0,  # runs estimated shorter are not measured
             plan_trial_s=0.2,  # about this long per candidate and round

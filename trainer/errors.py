@@ -19,12 +19,13 @@ layer, so every module can raise these errors.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import re
 import sys
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 # EXIT_PEER_LOST (170): a peer task of a multi-worker run was lost (killed, its host down
 # or cut off): the group must restart, which resumes from the last checkpoint. 128-255, so
@@ -65,7 +66,7 @@ class UsageError(UserError):
 class HookError(UserError, ValueError):
     """A mistake in the user's code: a hook of the Trainer subclass returned the wrong
     kind of value, or raised. The message names the class, the hook, what it returned
-    (or raised) and what it must return; :mod:`trainer.hook_checks` raises it."""
+    (or raised) and what it must return; :mod:`trainer.checks.hooks` raises it."""
 
     prefix = "Hook error"
 
@@ -104,7 +105,7 @@ class PeerLostError(UserError):
     """A peer task of the run stopped responding; the group must restart (exit 170).
 
     The message names the task and its TF_CONFIG address, the step and the last
-    checkpoint (:mod:`trainer.lost_peer` builds it from TensorFlow's error)."""
+    checkpoint (:mod:`trainer.distribution.lost_peer` builds it from TensorFlow's error)."""
 
     prefix = "Lost peer"
     exit_code = EXIT_PEER_LOST
@@ -246,3 +247,37 @@ def call(fn: Callable[..., object], *args: object) -> object:
         return fn(*args)
     except Exception as error:  # noqa: BLE001 - every failure ends in report()
         return report(error)
+
+
+# ---------------------------------------------------------------- config rules
+# The rules a config field is checked by (``trainer.config.validate`` applies them): each
+# raises one ConfigError naming the field, its value and what it must be.
+def suggest(name: str, choices) -> str:
+    """" Did you mean 'X'?" for the closest of ``choices``, or ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def check_choice(field: str, value: Any, choices) -> None:
+    """Raises ``config.FIELD=VALUE is not one of ...`` (with a suggestion) unless in ``choices``."""
+    if value not in choices:
+        raise ConfigError(
+            f"config.{field}={value!r} is not one of {', '.join(map(repr, choices))}."
+            f"{suggest(str(value), choices)}"
+        )
+
+
+def check_positive(field: str, value: Any, allow_zero: bool = False) -> None:
+    """Raises unless ``value`` is an int > 0 (``>= 0`` with ``allow_zero``)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and (
+        value >= 0 if allow_zero else value > 0
+    )
+    if not ok:
+        bound = "a non-negative" if allow_zero else "a positive"
+        raise ConfigError(f"config.{field}={value!r} must be {bound} integer.")
+
+
+def require(field: str, value: Any, ok: bool, rule: str) -> None:
+    """Raises ``config.FIELD=VALUE must be RULE.`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"config.{field}={value!r} must be {rule}.")

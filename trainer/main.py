@@ -8,14 +8,14 @@ overrides are parsed, the config file is loaded and validated, ``config.trainer`
 module is found and the workdir is checked (created, and writable). A mistake there
 ends in one message (:mod:`trainer.cli`). ``--check_only`` stops after these checks
 (the launchers run it once before starting their tasks, with ``--check_replicas=N``: the
-global batch sizes must divide over the N training tasks they will start). Then :mod:`trainer.fit_command`
+global batch sizes must divide over the N training tasks they will start). Then :mod:`trainer.commands.fit`
 (TensorFlow) builds the Trainer subclass named by ``config.trainer``, writes
 ``workdir/config.json`` (chief only) and calls ``fit()``, which resumes from the latest
 checkpoint in ``workdir``; the run ends with one plain ``result:`` line on stdout.
 
 ``--mode=eval [--step=S]`` evaluates the latest (or step S's) checkpoint of ``workdir``
 once; ``--mode=continuous_eval [--eval_timeout_s=T]`` evaluates each new checkpoint as
-the trainer writes it, until the final step (see :mod:`trainer.continuous_eval`). The
+the trainer writes it, until the final step (see :mod:`trainer.commands.continuous_eval`). The
 process TF_CONFIG names the ``evaluator`` task refuses ``--mode=train``.
 
 Exit codes: 0 done (also when a callback requested the stop); 2 for a usage error (a
@@ -25,9 +25,9 @@ and, with a traceback, for an internal error; 143
 (``trainer.checkpoint.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM or SIGINT
 during training, once the current step is checkpointed: run the same command again to
 resume; 128 + the signal (143, 130) after a signal in another phase (nothing new to
-save) or a second signal (:mod:`trainer.signals`); 170
+save) or a second signal (:mod:`trainer.runtime.signals`); 170
 (``trainer.errors.EXIT_PEER_LOST``, retryable) when a peer task of a multi-worker run
-was lost (:mod:`trainer.lost_peer`). ``--traceback`` (or
+was lost (:mod:`trainer.distribution.lost_peer`). ``--traceback`` (or
 ``TF_TRAINER_TRACEBACK=1``) shows the Python traceback of a user error too.
 
 The one deferred import of this package: :func:`load_fit_command` loads the TensorFlow
@@ -45,8 +45,9 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-from trainer import cli, errors, fast_exit, signals
+from trainer import cli, errors
 from trainer import config as config_lib
+from trainer.runtime import fast_exit, signals
 
 PROGRAM = "python -m trainer.main"
 _CONFIG = config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)
@@ -77,9 +78,9 @@ OWN_FLAGS = ("config", "workdir", "mode", "step", "eval_timeout_s", "check_only"
 
 
 def load_fit_command() -> ModuleType:
-    """The TensorFlow side of this command (:mod:`trainer.fit_command`), imported only
+    """The TensorFlow side of this command (:mod:`trainer.commands.fit`), imported only
     here, after every check that does not need TensorFlow has passed."""
-    return importlib.import_module("trainer.fit_command")
+    return importlib.import_module("trainer.commands.fit")
 
 
 def check(argv: list[str]) -> ml_collections.ConfigDict:
@@ -115,8 +116,8 @@ def main(argv: list[str]) -> int:
 def run() -> None:
     """Console-script entry point (``tf-trainer``). Errors end as the module docstring
     says (:mod:`trainer.errors`); the process ends without destroying TensorFlow's
-    objects one by one (see :mod:`trainer.fast_exit`). SIGTERM/SIGINT are answered from
-    here on, in every phase (:mod:`trainer.signals`)."""
+    objects one by one (see :mod:`trainer.runtime.fast_exit`). SIGTERM/SIGINT are answered from
+    here on, in every phase (:mod:`trainer.runtime.signals`)."""
     signals.install()
     app.run(fast_exit.then_exit(lambda argv: errors.call(main, argv)),
             flags_parser=lambda argv: cli.parse_flags(argv, OWN_FLAGS, PROGRAM))

@@ -1,5 +1,5 @@
 """``python -m trainer.manual``: choose ``distribute.device_weights`` for manual data
-parallelism (:mod:`trainer.data_parallel`).
+parallelism (:mod:`trainer.distribution.data_parallel`).
 
     python -m trainer.manual --config=path/to/config.py --measure [--repeats 20]
 
@@ -22,8 +22,8 @@ from trainer import cli, errors
 from trainer import config as config_lib
 from trainer import data
 from trainer.config import ConfigError
+from trainer.distribution.data_parallel import ManualDataParallel
 from trainer.errors import UsageError
-from trainer.data_parallel import ManualDataParallel
 from trainer.trainer import Trainer, resolve_trainer_class
 
 

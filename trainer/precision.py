@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import UserError
-from trainer.tracing import per_object_function
+from trainer.runtime.tracing import per_object_function
 
 _ONLY_FIRST = tf.VariableAggregation.ONLY_FIRST_REPLICA
 
@@ -44,7 +44,7 @@ def uses_loss_scaling(policy: str) -> bool:
 
 def float16_warning(policy: str, slow_devices: Sequence[str]) -> str | None:
     """The start-up warning for ``mixed_float16`` on ``slow_devices`` (devices without
-    fast float16: :func:`trainer.distribute.slow_float16_devices`), naming the policy to
+    fast float16: :func:`trainer.distribution.strategies.slow_float16_devices`), naming the policy to
     use instead, or None. There float16 is emulated or runs on float32 units: slower
     than float32, not faster (the digits model on a 2-core Xeon: 0.03x float32's
     examples/s, benchmarks/README.md; the figure depends on the CPU, so the message

@@ -12,13 +12,14 @@ The user's :class:`trainer.Callback` keeps receiving the Trainer itself.
 
 Contexts: every member is called on the host, eagerly, in cross-replica context,
 between ``tf.function`` calls, on every worker (the loop driver implements it:
-:class:`trainer.loop.LoopContext`). Members marked *after a loop* return something
+:class:`trainer.loop.context.LoopContext`). Members marked *after a loop* return something
 meaningful only once a train loop of the current ``fit()`` has run.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, Protocol
 
 
@@ -86,12 +87,12 @@ class RunContext(Protocol):
     def input_report(self) -> dict:
         """``{"input_layout": InputLayout}`` of the current train dataset (empty before
         it is built): the input pipelines whose streams it follows
-        (:mod:`trainer.data_resume`), which the checkpoint records."""
+        (:mod:`trainer.data.resume`), which the checkpoint records."""
 
     @property
     def saved_plan(self) -> dict | None:
         """The execution plan the run measured and the hardware signature it holds on
-        (:meth:`trainer.plan.Planner.saved`), which the checkpoint records; None while
+        (:meth:`trainer.loop.plan.Planner.saved`), which the checkpoint records; None while
         undecided or when the plan is fixed or was not measured."""
 
     @property
@@ -101,7 +102,7 @@ class RunContext(Protocol):
 
     @property
     def last_resume(self) -> Any:
-        """The :class:`trainer.data_resume.Resumed` of the latest restore (None before
+        """The :class:`trainer.data.resume.Resumed` of the latest restore (None before
         one): the step, the worker counts before and now, the services' saved states.
         A new object at every restore (a resume, a rollback)."""
 
@@ -147,7 +148,7 @@ class RunContext(Protocol):
 
     def resumed(self, resumed: Any) -> None:
         """The checkpoint service restored a state: ``resumed`` (a
-        :class:`trainer.data_resume.Resumed`: the step, the worker counts before and
+        :class:`trainer.data.resume.Resumed`: the step, the worker counts before and
         now, the input layout the checkpoint recorded) sets the step and where the next
         train dataset resumes."""
 
@@ -210,3 +211,75 @@ def next_multiple(step: int, every: int) -> float:
     The one cadence of the loop: logging windows, evaluations and checkpoints all end
     their loops at multiples of their ``every_steps``."""
     return (step // every + 1) * every if every > 0 else math.inf
+
+
+# ---------------------------------------------------------------- run events
+# The framework's own events of a run, on one path: a service reports, listeners act.
+#
+# A run's notable moments that are not a logging window or an evaluation — restored from
+# a checkpoint, rolled back, stopped early (by a callback, early stopping, or because the
+# workdir is already at ``train.steps``), preempted — are reported once to the run's
+# :class:`RunEvents` (``trainer.run_context``, owned by the Trainer and handed to the services
+# that report). Every listener receives the same record: telemetry writes it to
+# ``metrics.jsonl`` and prints it through the progress service (console of a plain script,
+# a notebook and ``trainer.main`` alike).
+#
+# Records (``time`` is added to each)::
+#
+#     {"kind": "restore", "step": S, "workdir": DIR}
+#     {"kind": "stop", "step": S, "reason": TEXT}
+#     {"kind": "rollback", "step": RESTORED, "from_step": S, "reason": TEXT,
+#      "rollbacks": N, "max_rollbacks": M}
+#     {"kind": "preemption", "step": S}
+#     {"kind": "plan", "step": S, "source": "measured" | "checkpoint" | "skipped",
+#      "chosen": {"xla": B, "steps_per_loop": N}, "baseline": {...}, "ratio": R,
+#      "measure_s": T, "plans": [{"xla", "steps_per_loop", "steps_per_s", "vs_baseline"}],
+#      ...}  (the execution plan: trainer.loop.plan)
+#
+# Host only; no TensorFlow.
+Record = dict[str, Any]
+
+
+class RunEvents:
+    """The events of one Trainer: ``subscribe(listener)``, then the reporting methods.
+
+    ``records`` keeps every event reported so far (in order), e.g. for a notebook.
+    """
+
+    def __init__(self):
+        self._listeners: list[Callable[[Record], None]] = []
+        self.records: list[Record] = []
+
+    def subscribe(self, listener: Callable[[Record], None]) -> None:
+        """``listener(record)`` is called for every later event."""
+        self._listeners.append(listener)
+
+    def emit(self, kind: str, step: int, **fields: Any) -> Record:
+        """Reports an event of ``kind`` at ``step`` to every listener; returns the record."""
+        record = {"kind": kind, "step": int(step), **fields, "time": time.time()}
+        self.records.append(record)
+        for listener in self._listeners:
+            listener(record)
+        return record
+
+    def restore(self, step: int, workdir: str) -> Record:
+        """The run resumed from the checkpoint of ``step`` in ``workdir``."""
+        return self.emit("restore", step, workdir=workdir)
+
+    def stop(self, step: int, reason: str) -> Record:
+        """Training stops at ``step`` before ``train.steps`` (or does not start)."""
+        return self.emit("stop", step, reason=reason)
+
+    def rollback(self, step: int, from_step: int, reason: str, rollbacks: int,
+                 max_rollbacks: int) -> Record:
+        """At ``from_step`` the run went back to the checkpoint of ``step``."""
+        return self.emit("rollback", step, from_step=int(from_step), reason=reason,
+                         rollbacks=rollbacks, max_rollbacks=max_rollbacks)
+
+    def plan(self, step: int, fields: dict[str, Any]) -> Record:
+        """The run's execution plan was decided at ``step`` (:mod:`trainer.loop.plan`)."""
+        return self.emit("plan", step, **fields)
+
+    def preemption(self, step: int) -> Record:
+        """SIGTERM: the run stops at ``step`` after its checkpoint, to be restarted."""
+        return self.emit("preemption", step)

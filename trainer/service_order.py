@@ -12,8 +12,8 @@ import ml_collections
 from trainer.checkpoint import inventory as checkpoint_inventory
 from trainer.checkpoint.preemption import PreemptionWatcher
 from trainer.checkpoint.service import Checkpointer
-from trainer.events import RunEvents
 from trainer.precision import NonFinitePolicy
+from trainer.run_context import RunEvents
 from trainer.run_context import Service
 from trainer.services.early_stopping import EarlyStopping
 from trainer.services.evaluation import PeriodicEvaluation

@@ -1,8 +1,8 @@
 """``Trainer``: the hooks a user overrides, and the wiring of the framework's objects.
 
-What a step is lives in the hooks (defaults: :mod:`trainer.steps`); the gradient path
-in :mod:`trainer.gradients`; *when* things happen in the loop driver
-(:mod:`trainer.loop`) and the services (:mod:`trainer.service_order`: which, in
+What a step is lives in the hooks (defaults: :mod:`trainer.step.default_steps`); the gradient path
+in :mod:`trainer.step.gradients`; *when* things happen in the loop driver
+(:mod:`trainer.loop.driver`) and the services (:mod:`trainer.service_order`: which, in
 what order, and why), which see the run through a narrow context (:mod:`trainer.run_context`), not
 the Trainer. Framework internals live on the objects a Trainer holds (``gradients``,
 ``steps``, ``driver``, ``context``, ``callbacks``, ``precision``), never as private
@@ -14,7 +14,7 @@ Contexts:
 * ``train_step``, ``eval_step``, ``compute_loss``, ``update_metrics`` and
   ``apply_gradients`` run in REPLICA context, traced by ``tf.function`` (no numpy, no
   Python side effects that must happen every step); overrides are AutoGraph-converted
-  (:func:`trainer.tracing.user_hook`);
+  (:func:`trainer.runtime.tracing.user_hook`);
 * ``fit``, ``evaluate``, ``restore``, ``export``, ``request_stop``, ``close`` are called
   eagerly from the host.
 """
@@ -29,22 +29,24 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import cli, distribute, keras_compat, optimizers, precision
-from trainer.checkpoint import resume as checkpointing
+from trainer import cli, optimizers, precision
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
+from trainer.checkpoint import resume as checkpointing
+from trainer.checks.hooks import Hooks
 from trainer.data import split_batch
-from trainer.data_parallel import ManualDataParallel
-from trainer.events import RunEvents
-from trainer.hook_checks import Hooks
-from trainer.services.history import History
-from trainer.ema import ExponentialMovingAverage
-from trainer.gradients import GradientPath
-from trainer.loop import LoopDriver
-from trainer.loop_context import LoopContext
+from trainer.distribution import strategies
+from trainer.distribution.data_parallel import ManualDataParallel
+from trainer.loop.context import LoopContext
+from trainer.loop.driver import LoopDriver
+from trainer.run_context import RunEvents
+from trainer.runtime import keras_compat
+from trainer.runtime.tracing import no_autograph
 from trainer.service_order import build_services
-from trainer.steps import DefaultSteps
-from trainer.tracing import no_autograph
+from trainer.services.history import History
+from trainer.step.default_steps import DefaultSteps
+from trainer.step.ema import ExponentialMovingAverage
+from trainer.step.gradients import GradientPath
 
 
 class Trainer:
@@ -70,9 +72,9 @@ class Trainer:
       gradients (the gradient path), steps (the default steps), driver (the loop),
       context (what the services see: :class:`trainer.run_context.RunContext`),
       callbacks (a :class:`trainer.callbacks.CallbackList`), ema (the weights' moving
-      average, :mod:`trainer.ema`, or None); hooks (calls this class's hooks with the
-      checks of :mod:`trainer.hook_checks`); events (the run's restore/stop/rollback/
-      preemption events, :class:`trainer.events.RunEvents`).
+      average, :mod:`trainer.step.ema`, or None); hooks (calls this class's hooks with the
+      checks of :mod:`trainer.checks.hooks`); events (the run's restore/stop/rollback/
+      preemption events, :class:`trainer.run_context.RunEvents`).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None,
@@ -81,17 +83,17 @@ class Trainer:
         config_lib.validate(config)
         self.config = config
         self.workdir = workdir
-        self.strategy = strategy or distribute.build_strategy(config.distribute)
+        self.strategy = strategy or strategies.build_strategy(config.distribute)
         reducer = (ManualDataParallel(config, self.strategy)
                    if config.distribute.strategy == "manual" else None)
-        self.batch = distribute.batch_sizes(
+        self.batch = strategies.batch_sizes(
             "train.global_batch_size", config.train.global_batch_size, self.strategy)
-        self.eval_batch = distribute.batch_sizes(
+        self.eval_batch = strategies.batch_sizes(
             "eval.global_batch_size", self.eval_global_batch_size, self.strategy)
         keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
         float16_warning = precision.float16_warning(
-            config.precision.policy, distribute.slow_float16_devices(self.strategy))
+            config.precision.policy, strategies.slow_float16_devices(self.strategy))
         if float16_warning:
             logging.warning("%s", float16_warning)
         self.step = 0
@@ -230,7 +232,7 @@ class Trainer:
         values, so every replica takes the same decision. A non-finite update is then
         skipped on every replica and counted in ``precision.skipped_steps``. With
         ``perf.grad_accum_steps=K > 1`` each call is a micro-step (see
-        :mod:`trainer.gradients`). Defaults: the model's trainable variables and
+        :mod:`trainer.step.gradients`). Defaults: the model's trainable variables and
         ``self.optimizer``. Returns this call's global-mean loss (same on every replica).
         """
         return self.gradients.apply(
@@ -263,7 +265,7 @@ class Trainer:
     @property
     def is_chief(self) -> bool:
         """True on the one process that writes files."""
-        return distribute.is_chief(self.strategy)
+        return strategies.is_chief(self.strategy)
 
     def request_stop(self, reason: str) -> None:
         """Stops training at the end of the current loop on EVERY worker (see

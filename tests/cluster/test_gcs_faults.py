@@ -2,7 +2,7 @@
 line, fast, or training that goes through; nothing lost, no traceback.
 
 The digits demo (``python -m trainer.main``) on a simulated host with the workdir in the
-GCS emulator (tests/cluster/gcs.py). The start check (``trainer.bucket_check``, before
+GCS emulator (tests/cluster/gcs.py). The start check (``trainer.checks.bucket``, before
 TensorFlow's import) gives the line for a missing bucket (404), a forbidden one
 (:data:`~tests.cluster.gcs.FORBIDDEN_BUCKET`, 403) and a host cut off the network
 (no answer within ``TRAINER_BUCKET_CHECK_S``, 30 s); error answers the emulator injects

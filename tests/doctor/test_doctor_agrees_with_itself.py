@@ -54,7 +54,7 @@ def test_the_xla_figure_is_the_plans_figure_and_no_training_progress_is_shown(ca
 
 
 def _plan_record(configured: str, step_score: float, chosen: str) -> dict:
-    """A measured plan record (the shape trainer.plan writes), steps_per_loop 5."""
+    """A measured plan record (the shape trainer.loop.plan writes), steps_per_loop 5."""
     base = 1000.0
     scores = {configured: 1.0, "step": step_score}
     scores.setdefault("off", 1.0)

@@ -13,17 +13,18 @@ from trainer.doctor import thread_pools
 
 APPLY = """
 import tensorflow as tf
-from trainer import config as config_lib, distribute
+from trainer import config as config_lib
+from trainer.distribution import strategies
 config = config_lib.get_config()
 config.distribute.strategy = "one_device"
 config.distribute.intra_op_threads = 1
-strategy = distribute.build_strategy(config.distribute)
+strategy = strategies.build_strategy(config.distribute)
 print("intra", tf.config.threading.get_intra_op_parallelism_threads())
 print("inter", tf.config.threading.get_inter_op_parallelism_threads())
-print(distribute.describe(strategy))
+print(strategies.describe(strategy))
 config.distribute.intra_op_threads = 2
 try:
-    distribute.build_strategy(config.distribute)
+    strategies.build_strategy(config.distribute)
 except config_lib.ConfigError as error:
     print("refused:", error)
 """
@@ -37,7 +38,7 @@ def test_pool_sizes_apply_before_the_runtime_and_a_later_change_is_refused():
     assert "intra 1" in out and "inter 0" in out
     assert "thread pools: inter-op TF default, intra-op 1" in out
     refused = next(line for line in out.splitlines() if line.startswith("refused:"))
-    assert "distribute.intra_op_threads=2" in refused and "fresh process" in refused
+    assert "strategies.intra_op_threads=2" in refused and "fresh process" in refused
 
 
 def test_doctor_times_the_real_run_under_each_setting_in_its_own_process():

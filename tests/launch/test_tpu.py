@@ -153,13 +153,13 @@ def test_trainer_builds_tpu_strategy_from_the_connected_resolver(tf_mocks):
     import tensorflow as tf
 
     from trainer import config as config_lib
-    from trainer import distribute
+    from trainer.distribution import strategies
 
     resolver, calls, _ = tf_mocks
     dcfg = config_lib.get_config().distribute
     dcfg.strategy, dcfg.tpu = "tpu", "grpc://10.1.2.3:8470"
     with mock.patch.object(tf.distribute, "TPUStrategy") as strategy_cls:
-        strategy = distribute.build_strategy(dcfg)
+        strategy = strategies.build_strategy(dcfg)
     strategy_cls.assert_called_once_with(resolver)
     assert strategy is strategy_cls.return_value
     assert calls[0] == ("resolver", "grpc://10.1.2.3:8470")

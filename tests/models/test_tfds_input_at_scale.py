@@ -121,7 +121,7 @@ def test_resume_under_file_sharding_is_exact_and_continues_on_another_worker_cou
     for task in ("worker-0", "worker-1"):
         assert_same_weights(load_weights(reference / f"weights-{task}.npz"),
                             tmp_path / f"weights-{task}.npz")
-    # One process continues the 2 workers' file-sharded streams (trainer.data_resume),
+    # One process continues the 2 workers' file-sharded streams (trainer.data.resume),
     # but only with the data settings that wrote them: by batch it cannot rebuild them.
     def one_process(*flags):
         return subprocess.run([sys.executable, "-m", "trainer.main", CONFIG,

@@ -49,7 +49,7 @@ def main() -> None:
 if __name__ == "__main__":
     import traceback
 
-    from trainer.fast_exit import exit_now
+    from trainer.runtime.fast_exit import exit_now
 
     try:
         main()

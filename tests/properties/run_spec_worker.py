@@ -193,7 +193,7 @@ def differences(runs: dict, replicas: int, reference: int = 1) -> dict[str, floa
 
 
 if __name__ == "__main__":
-    from trainer.fast_exit import exit_now
+    from trainer.runtime.fast_exit import exit_now
 
     main()
     exit_now(0)  # no teardown of distributed iterators (up to 60 s each)

@@ -83,7 +83,7 @@ def _regularized_before_sync_bn(adds_loss: dict) -> dict:
 # list per layer, and Mirrored replicas run in threads that take turns at the batch
 # norm's all-reduce, so replica 1 replaced replica 0's entry before replica 0 read
 # model.losses (3 Adam steps: the Dense bias 7e-3 / 1.5e-2 relative off). Fixed by
-# trainer.keras_compat.losses_per_replica.
+# trainer.runtime.keras_compat.losses_per_replica.
 @pytest.mark.parametrize("adds_loss", [
     {"layer": "dense", "activity_regularizer": {"l1": 0.001, "l2": 0.0}},
     {"layer": "add_loss", "coef": 0.01}], ids=["activity_regularizer", "add_loss"])

@@ -13,3 +13,6 @@
 A new checkpoint format is a change to ``state`` (what) and ``store`` (how it is
 written); the service only decides when.
 """
+
+__all__ = ["array_files", "checksums", "deferral", "inspect", "inventory", "preemption",
+           "resume", "save_failures", "service", "shared_workdir", "state", "store"]

@@ -1,7 +1,7 @@
 """Preemption: SIGTERM (or SIGINT) during ``fit()`` becomes a checkpoint and a retryable exit.
 
 :class:`PreemptionWatcher` (a service) registers a stop callback with
-:mod:`trainer.signals` for the duration of ``fit()``. It only sets a flag
+:mod:`trainer.runtime.signals` for the duration of ``fit()``. It only sets a flag
 (``run.request_preemption()``; an eval pass in progress is abandoned within seconds); at
 the next loop boundary
 every worker agrees on it (the driver's stop all-reduce), the final checkpoint is saved
@@ -13,7 +13,7 @@ retryable: Kubeflow's ``restartPolicy: ExitCode`` retries 128-255, Slurm requeue
 
 TF's ``PreemptionCheckpointHandler`` is not used: it is bound to ``tf.train.Checkpoint``
 and does not initialise on CPU or GCP TPU; this signal path works on every strategy.
-A second signal exits at once (:mod:`trainer.signals`).
+A second signal exits at once (:mod:`trainer.runtime.signals`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import signal
 from absl import logging
 
 from tf_cluster.exit_codes import EXIT_PREEMPTED  # trainer.main's exit code after a preemption save
-from trainer import signals
 from trainer.errors import Preempted
 from trainer.run_context import RunContext, Service
+from trainer.runtime import signals
 
 __all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionWatcher"]
 
@@ -33,7 +33,7 @@ __all__ = ["EXIT_PREEMPTED", "Preempted", "PreemptionWatcher"]
 class PreemptionWatcher(Service):
     """Turns SIGTERM/SIGINT into ``run.request_preemption()`` during ``fit()``.
 
-    Through :mod:`trainer.signals` (installed here for the duration of ``fit()`` unless
+    Through :mod:`trainer.runtime.signals` (installed here for the duration of ``fit()`` unless
     the command line already did): the signal is seen even while the main thread is
     blocked in TensorFlow. Inactive without a workdir (nothing could be saved: the
     command line's default, exiting at once, applies) and outside the main thread

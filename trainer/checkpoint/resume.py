@@ -4,7 +4,7 @@
 skips the consumed batches in every input pipeline; exact for a deterministic pipeline
 (``train.deterministic``, seeded shuffles), and a warning says when it cannot hold;
 also on another number of workers (the input follows the checkpoint's input layout,
-:mod:`trainer.data_resume`). Every restore logs the worker counts of both runs, and the
+:mod:`trainer.data.resume`). Every restore logs the worker counts of both runs, and the
 next ``fit()`` writes a ``"resume"`` record. When resuming (``step=None``) a committed
 step that cannot be read is skipped with a warning and the previous one is tried.
 
@@ -25,13 +25,14 @@ import os
 import numpy as np
 from absl import logging
 
-from trainer import data_resume, host_collectives
 from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
 from trainer.checkpoint.store import read_manifest, read_state, verify
+from trainer.data import resume as data_resume
+from trainer.distribution import host_collectives
 from trainer.run_context import RunContext
 
 _NONE, _FAILED = -1, -2

@@ -35,7 +35,6 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import host_collectives
 from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
@@ -43,6 +42,7 @@ from trainer.checkpoint.resume import load
 from trainer.checkpoint.save_failures import SaveFailures
 from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore
 from trainer.config import ConfigError
+from trainer.distribution import host_collectives
 from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
@@ -55,7 +55,7 @@ class Checkpointer(Service):
     """Saves on the ``checkpoint.*`` policy and exports the best (see the module doc).
 
     Inactive without a workdir. The orbax managers exist on the chief only. With
-    ``events`` (the run's :class:`trainer.events.RunEvents`), the first ``fit()`` after
+    ``events`` (the run's :class:`trainer.run_context.RunEvents`), the first ``fit()`` after
     a restore written by another number of workers reports ``{"kind": "resume", "step",
     "from_workers", "to_workers"}`` (metrics.jsonl and one console line).
     """

@@ -8,7 +8,7 @@ later (or silently: checkpoints nobody else can read). :func:`check` finds it at
 1. the chief writes ``workdir/.cluster-<nonce>`` (``nonce``: 8 random bytes, new each
    run, so a file left by an earlier run or another group cannot pass the check);
 2. the nonce is broadcast to every task over the strategy's collectives
-   (:func:`trainer.host_collectives.broadcast_arrays`, never through the file system);
+   (:func:`trainer.distribution.host_collectives.broadcast_arrays`, never through the file system);
 3. every other task waits up to ``checkpoint.shared_workdir_timeout_s`` for that file
    in ITS workdir (``tf.io.gfile``: ``gs://...`` is checked the same way), polling;
 4. one all-reduce tells every task which tasks did not see it; the chief removes the
@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import host_collectives
+from trainer.distribution import host_collectives
 from trainer.errors import WorkdirError
 
 MARKER_PREFIX = ".cluster-"

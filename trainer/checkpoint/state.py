@@ -14,7 +14,7 @@ The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the group
 The manifest (JSON) holds the step (the input position: global batches consumed),
 ``global_batch_size``, ``seed``, replica/worker counts, the input layout
 (``input_layout``: the pipelines whose streams the input follows, see
-:mod:`trainer.data_resume`), the execution plan (``plan``: :mod:`trainer.plan`), the
+:mod:`trainer.data.resume`), the execution plan (``plan``: :mod:`trainer.loop.plan`), the
 services' states (``services``: e.g. early stopping's best value,
 :meth:`trainer.run_context.Service.checkpoint_state`), and each group's variable NAMES,
 shapes and dtypes in the stored order.
@@ -22,7 +22,7 @@ shapes and dtypes in the stored order.
 Matching is by NAME within a group, never by position: a variable's name is its Keras
 path (``sequential/dense/kernel``, ``adam/iteration``) or, for a plain ``tf.Variable``,
 its name. A Trainer builds its model and optimizers under fresh Keras auto-numbering
-(:func:`trainer.keras_compat.fresh_names`), so the same code gives the same names in
+(:func:`trainer.runtime.keras_compat.fresh_names`), so the same code gives the same names in
 every process and for every Trainer of one process. A name seen twice in a group gets
 ``#2``, ``#3``... in creation order. A missing, extra, reshaped or retyped variable is a
 :class:`CheckpointError` naming it. Restore assigns into the variables the current
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from trainer import host_collectives
 from trainer.checkpoint import array_files
+from trainer.distribution import host_collectives
 from trainer.errors import UserError
 from trainer.run_context import RunContext
 
@@ -120,11 +120,11 @@ def manifest(run: RunContext, groups: Groups) -> dict:
         "seed": int(run.config.seed),
         "replicas": int(run.strategy.num_replicas_in_sync),
         "workers": host_collectives.num_workers(run.strategy),
-        # The input pipelines whose streams the train input follows (trainer.data_resume):
+        # The input pipelines whose streams the train input follows (trainer.data.resume):
         # a resume on another number of workers continues them.
         **({"input_layout": layout.to_manifest()}
            if (layout := run.input_report.get("input_layout")) else {}),
-        # The execution plan the run measured (trainer.plan): a resume on the same
+        # The execution plan the run measured (trainer.loop.plan): a resume on the same
         # hardware and strategy adopts it instead of measuring again.
         **({"plan": plan} if (plan := run.saved_plan) else {}),
         # What services keep across a resume (run_context.Service.checkpoint_state).

@@ -8,3 +8,6 @@
 * :mod:`trainer.doctor.report` — the verdict and the table, from the numbers (no
   TensorFlow).
 """
+
+__all__ = ["cli", "layer_profile", "measure", "phases", "plan_trials", "report",
+           "thread_pools"]

@@ -29,10 +29,11 @@ from types import ModuleType
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from trainer import cli, errors, fast_exit, signals
+from trainer import cli, errors
 from trainer import config as config_lib
 from trainer.doctor.phases import DEFAULT_BUDGET_S
 from trainer.doctor.report import SECTIONS, format_table
+from trainer.runtime import fast_exit, signals
 
 PROGRAM = "python -m trainer.doctor"
 OWN_FLAGS = ("config", "steps", "json", "memory_budget_mb", "max_batch_doublings",
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
     """Console-script entry point (``tf-trainer-doctor``). SIGTERM/SIGINT end it at once
-    with 128 + the signal, in every phase (:mod:`trainer.signals`)."""
+    with 128 + the signal, in every phase (:mod:`trainer.runtime.signals`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     signals.install()
     config_flags.DEFINE_config_file("config", None, cli.config_help(), lock_config=True)

@@ -39,7 +39,7 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    (:mod:`trainer.doctor.plan_trials`): the plans it timed, the one it keeps, the seconds
    measuring took (``perf.plan=fixed`` skips it; (5) is then measured the same way).
 9. ``threads``: (1) in one fresh process per size of TensorFlow's thread pools
-   (``distribute.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
+   (``strategies.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
    process, so no plan measures them): :mod:`trainer.doctor.thread_pools`.
 10. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
    numbers and what to do.
@@ -68,13 +68,14 @@ import psutil
 import tensorflow as tf
 
 from trainer import config as config_lib
-from trainer import data, distribute
-from trainer.telemetry import probes
-from trainer.doctor.phases import DEFAULT_BUDGET_S, Phases
-from trainer.doctor.report import SECTIONS, Report, verdict, xla_figure
+from trainer import data
+from trainer.distribution import strategies
 from trainer.doctor.layer_profile import profile_layers
+from trainer.doctor.phases import DEFAULT_BUDGET_S, Phases
 from trainer.doctor.plan_trials import measure_plan
+from trainer.doctor.report import SECTIONS, Report, verdict, xla_figure
 from trainer.doctor.thread_pools import measure_threads
+from trainer.telemetry import probes
 from trainer.trainer import resolve_trainer_class
 
 MIN_SECONDS = 1.0  # each measurement repeats its chunk of steps at least this long
@@ -144,7 +145,7 @@ def _loop_rate(trainer, dataset_fn: Callable, steps: int,
 
 def _device_type(strategy: tf.distribute.Strategy) -> str:
     """``CPU``, or the type of the first accelerator the strategy computes on."""
-    accelerators = distribute.accelerator_devices(strategy)
+    accelerators = strategies.accelerator_devices(strategy)
     return accelerators[0].split(":")[0] if accelerators else "CPU"
 
 
@@ -244,7 +245,7 @@ def search_batch(config: ml_collections.ConfigDict, steps: int, doublings: int,
         row: dict[str, Any] = {"global_batch_size": batch}
         try:
             trainer = build_trainer(candidate)
-            devices = distribute.accelerator_devices(trainer.strategy)
+            devices = strategies.accelerator_devices(trainer.strategy)
             for device in devices:
                 tf.config.experimental.reset_memory_stats(device)
             row.update(_loop_rate(trainer, _cached(trainer),

@@ -1,5 +1,5 @@
 """The doctor's section (8), and the measurement behind (5): the execution planner
-(:mod:`trainer.plan`) run on the real run until it decides.
+(:mod:`trainer.loop.plan`) run on the real run until it decides.
 
 The Trainer of the config is built with ``perf.plan="auto"`` measured whatever the
 run's length (``perf.plan_min_run_s=0``), an open-ended ``train.steps`` and no training

@@ -64,7 +64,7 @@ XLA_COMPILES = {"grads": "the forward and backward pass", "step": "the whole ste
 
 
 def xla_figure(plan: Report, global_batch_size: int) -> Report:
-    """(5) XLA on vs off, from the execution plan's measurement (section (8), :mod:`trainer.plan`):
+    """(5) XLA on vs off, from the execution plan's measurement (section (8), :mod:`trainer.loop.plan`):
     of the plans with the configured ``steps_per_loop``, the best XLA setting's score
     (median per-round rate over the configured plan's) divided by the no-XLA plan's. It
     is the plan's own figure: with XLA off configured, the XLA row's "x the configured"

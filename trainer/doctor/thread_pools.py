@@ -1,7 +1,7 @@
 """The doctor's thread-pool measurement (section ``threads``).
 
 TensorFlow sizes its inter-op and intra-op thread pools once, before its runtime
-starts, so no execution plan can change them inside a run (:mod:`trainer.plan` does not
+starts, so no execution plan can change them inside a run (:mod:`trainer.loop.plan` does not
 try). This section times the real run (section ``baseline``: real input, real step, the
 configured loop) in one fresh process per setting of ``distribute.inter_op_threads`` /
 ``distribute.intra_op_threads``, the settings alternating ``repeats`` times so that a

@@ -5,3 +5,5 @@
 * :mod:`trainer.services.nonfinite` — ``train.on_nonfinite``: stop or roll back on NaN.
 * :mod:`trainer.services.history` — what ``fit()`` returns, the same keys every time.
 """
+
+__all__ = ["early_stopping", "evaluation", "history", "nonfinite"]

@@ -7,7 +7,7 @@ the best value so far (``mode`` ``"min"`` or ``"max"``); a value better by more 
 never improves stops the run after exactly ``patience + 1`` evaluations
 (``patience=0``: at the first). The stop goes through
 ``run.request_stop``: every worker stops at the same step and the final checkpoint
-is written; the stop event (:mod:`trainer.events`) says why and which step was best. With ``checkpoint.best_metric``
+is written; the stop event (:mod:`trainer.run_context`) says why and which step was best. With ``checkpoint.best_metric``
 set to the same metric, the best checkpoint is kept in ``workdir/checkpoints_best``.
 A metric the evaluation does not produce (or a Trainer without an eval dataset) is a
 ConfigError when ``fit()`` starts, before any step, naming the ones it does produce.
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.run_context import RunContext, Service
 from trainer.config import ConfigError
+from trainer.run_context import RunContext, Service
 
 
 class EarlyStopping(Service):

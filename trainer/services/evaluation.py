@@ -9,7 +9,7 @@ Only a loop that advanced the step is evaluated: after a rollback
 (:mod:`trainer.services.nonfinite`) the restored step was evaluated when first reached,
 and evaluating it again would add a duplicate record and count for early stopping as
 an evaluation without improvement. Inactive when the Trainer has no eval dataset. A
-pass abandoned by a stop signal (:mod:`trainer.eval_pass`) reports nothing; the loop
+pass abandoned by a stop signal (:mod:`trainer.loop.eval_pass`) reports nothing; the loop
 then saves and exits.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from absl import logging
 
-from trainer.eval_pass import EvalAbandoned
+from trainer.loop.eval_pass import EvalAbandoned
 from trainer.run_context import RunContext, Service, next_multiple
 
 

@@ -1,7 +1,7 @@
 """What a run does about NaN/inf and loss blow-ups between loops: ``train.on_nonfinite``.
 
 The gradient path decides per update, on the all-reduced gradients and identically on
-every replica, whether to apply or skip (:mod:`trainer.gradients`). This service acts at
+every replica, whether to apply or skip (:mod:`trainer.step.gradients`). This service acts at
 loop boundaries:
 
 * ``"stop"``: raises :class:`NonFiniteError` at the first loop that skipped a step.
@@ -12,7 +12,7 @@ loop boundaries:
   that checkpoint's step) and training goes on. The data iterator does NOT go back: the
   window that produced the blow-up is skipped, as large-model practice does (so the
   input position no longer equals the step: a later resume from a checkpoint written
-  after a rollback repeats those batches). A rollback event (:mod:`trainer.events`)
+  after a rollback repeats those batches). A rollback event (:mod:`trainer.run_context`)
   reports it: one console line and a ``{"kind": "rollback", "step": restored,
   "from_step": ...}`` record in ``metrics.jsonl``. At most ``train.max_rollbacks``
   times; then, or with no checkpoint yet, :class:`NonFiniteError`. Every worker takes
@@ -30,9 +30,9 @@ from typing import Callable
 from absl import logging
 
 from trainer.errors import UserError
-from trainer.events import RunEvents
 from trainer.precision import NonFiniteError, NonFinitePolicy
 from trainer.run_context import RunContext, Service
+from trainer.run_context import RunEvents
 
 __all__ = ["NonFiniteError", "NonFiniteGuard"]
 

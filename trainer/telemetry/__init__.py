@@ -11,3 +11,6 @@
 * :mod:`trainer.telemetry.flops` — model FLOPs per example, TFLOPS, MFU/HFU.
 * :mod:`trainer.telemetry.profiler` — TensorFlow profiler windows.
 """
+
+__all__ = ["alerts", "flops", "loggers", "probes", "profiler", "progress", "service",
+           "summaries", "system_stats"]

@@ -26,7 +26,7 @@ analysis is not used: TensorFlow's Python API does not expose it (only the HLO t
   metrics. Inside nested functions: an XLA-compiled forward/backward
   (``perf.jit_compile``), the larger branch of a ``tf.cond`` (the update of a step that
   is not skipped), a loop body once (through
-  :func:`trainer.keras_compat.nested_function_graph`).
+  :func:`trainer.runtime.keras_compat.nested_function_graph`).
 
 Ops whose shapes are unknown at trace time (e.g. a variable sequence length) count 0
 (the profiler prints how many), as do custom ops without registered statistics.
@@ -50,8 +50,10 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import data, distribute, keras_compat
+from trainer import data
+from trainer.distribution import strategies
 from trainer.run_context import RunContext
+from trainer.runtime import keras_compat
 
 #: Dense (no sparsity) peak TFLOPS of ONE device by compute dtype, from the vendors'
 #: datasheets. Keys are matched as substrings of the GPU name TensorFlow reports (first
@@ -116,7 +118,7 @@ def _local_step_copies(strategy: tf.distribute.Strategy) -> int:
     here)."""
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return 1
-    return strategy.num_replicas_in_sync // distribute.num_workers(strategy)
+    return strategy.num_replicas_in_sync // strategies.num_workers(strategy)
 
 
 def hardware_flops_per_example(run: RunContext) -> float:

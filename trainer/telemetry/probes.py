@@ -25,9 +25,10 @@ import time
 
 import tensorflow as tf
 
-from trainer import data, iterator_release, precision
+from trainer import data, precision
+from trainer.data import iterator_release
 from trainer.run_context import RunContext
-from trainer.tracing import no_autograph, per_object_function
+from trainer.runtime.tracing import no_autograph, per_object_function
 
 
 @no_autograph
@@ -68,7 +69,7 @@ class InputProbe:
 
     def close(self) -> None:
         """Drops the copy and its iterator, destroyed on a background thread
-        (:mod:`trainer.iterator_release`: the autotune thread's wait stays off the
+        (:mod:`trainer.data.iterator_release`: the autotune thread's wait stays off the
         training thread). Host; the probe is unusable afterwards."""
         held = [self._iterator, self._dataset]
         self._iterator = self._dataset = None

@@ -8,7 +8,7 @@ mode ``notebook``); else ``bar`` when stderr is a TTY and no launcher set
 ``TF_CONFIG``, else ``lines`` (a log file, a pipe). The environment variable
 ``TF_TRAINER_PROGRESS`` overrides the config (launchers set it to ``lines``).
 
-:func:`event_line` is the console line of a run event (:mod:`trainer.events`).
+:func:`event_line` is the console line of a run event (:mod:`trainer.run_context`).
 
 The bar and log lines never share a line: while a bar is shown, every handler of the
 root logger (absl's among them) erases it before writing a record (:meth:`Progress.close`
@@ -62,7 +62,7 @@ def duration(seconds: float | None) -> str:
 
 
 def event_line(record: dict) -> str:
-    """The console line of a run event record (see :mod:`trainer.events`)."""
+    """The console line of a run event record (see :mod:`trainer.run_context`)."""
     kind, step = record["kind"], record["step"]
     if kind == "restore":
         return f"restored from checkpoint step {step} ({record.get('workdir')})"
@@ -82,7 +82,7 @@ def event_line(record: dict) -> str:
 
 
 def plan_line(record: dict) -> str:
-    """The one line of an execution-plan decision (:mod:`trainer.plan`)."""
+    """The one line of an execution-plan decision (:mod:`trainer.loop.plan`)."""
 
     def describe(plan: dict) -> str:
         return f"xla {plan['xla']}, steps_per_loop {plan['steps_per_loop']}"

@@ -23,7 +23,7 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
 
 * console: :mod:`trainer.telemetry.progress` (``telemetry.progress``). Only the chief prints
   progress; alerts print everywhere. The setup report (:func:`setup_report`) and the
-  run's events (:mod:`trainer.events`: restore, stop, rollback, preemption) are printed
+  run's events (:mod:`trainer.run_context`: restore, stop, rollback, preemption) are printed
   there too, so a plain script or a notebook calling ``fit()`` shows them; where the
   progress is off (or not the chief) they go to the log instead.
 * TensorBoard (:mod:`trainer.telemetry.summaries`): ``workdir/train`` and ``workdir/eval``;
@@ -62,13 +62,13 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import distribute
+from trainer.distribution import strategies
+from trainer.run_context import RunContext, Service
 from trainer.telemetry import probes
 from trainer.telemetry.alerts import RegressionDetector, likely_cause
 from trainer.telemetry.progress import Progress, duration, event_line, progress_mode
 from trainer.telemetry.summaries import SummaryWriters
 from trainer.telemetry.system_stats import SystemSampler
-from trainer.run_context import RunContext, Service
 
 #: Keys of every ``kind == "train"`` record of metrics.jsonl (values may be null where
 #: noted in docs/telemetry.md), plus ``train/NAME`` for each value the step/metrics report.
@@ -131,7 +131,7 @@ def setup_report(run: RunContext) -> str:
                f"{', profile/' if cfg.telemetry.profile_steps else ''})"
                if run.workdir and chief else "none (no workdir, or not the chief)")
     lines = [
-        distribute.describe(run.strategy),
+        strategies.describe(run.strategy),
         f"  precision: {policy}, {scaling}",
         f"  XLA: {', '.join(xla)}",
         f"  batch: global {run.batch.global_size}, per replica "
@@ -155,7 +155,7 @@ class Telemetry(Service):
       stream: where progress goes (default ``sys.stderr``).
       sources: objects whose ``values(run, logs)`` join every train record.
       sinks: objects whose ``write(record)`` gets every record (chief only).
-      events: the run's :class:`trainer.events.RunEvents`; each event is written to
+      events: the run's :class:`trainer.run_context.RunEvents`; each event is written to
         ``metrics.jsonl`` and printed (see the module docstring).
     """
 
@@ -196,7 +196,7 @@ class Telemetry(Service):
         # Probes run collectives; their timing-driven chunk counts would differ between
         # workers and mismatch the collectives, so multi-worker runs do not probe.
         every = cfg.telemetry.probe_every_windows
-        if every and distribute.num_workers(run.strategy) > 1:
+        if every and strategies.num_workers(run.strategy) > 1:
             every = 0
             logging.info("input-wait probes are off in multi-worker runs "
                          "(perf/input_wait_fraction is null).")
@@ -243,7 +243,7 @@ class Telemetry(Service):
             f"{k[5:]}={v:.4g}" for k, v in logs.items() if k.startswith("eval/")))
 
     def on_event(self, record: dict[str, Any]) -> None:
-        """A run event (:mod:`trainer.events`): one ``metrics.jsonl`` record (chief with
+        """A run event (:mod:`trainer.run_context`): one ``metrics.jsonl`` record (chief with
         a workdir) and one console line; kept for the next ``fit()`` outside one."""
         if not self._fitting:
             self._pending_events.append(record)

@@ -27,8 +27,8 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
 
-from trainer import keras_compat
 from trainer.errors import storage_fault
+from trainer.runtime import keras_compat
 
 
 def _plugin(name: str) -> summary_pb2.SummaryMetadata:

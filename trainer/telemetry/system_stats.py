@@ -7,7 +7,7 @@ import statistics
 import psutil
 import tensorflow as tf
 
-from trainer import distribute
+from trainer.distribution import strategies
 
 
 class SystemSampler:
@@ -24,7 +24,7 @@ class SystemSampler:
         self._process = psutil.Process()
         self._process.cpu_percent(None)
         psutil.cpu_percent(None)
-        self._devices = distribute.accelerator_devices(strategy)
+        self._devices = strategies.accelerator_devices(strategy)
         self._nvml = self._init_nvml()
 
     @staticmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer.tracing import per_object_function
+from trainer.runtime.tracing import per_object_function
 
 
 class MetricReadout:

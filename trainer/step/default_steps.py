@@ -5,7 +5,7 @@ Contexts: :meth:`DefaultSteps.train` and :meth:`DefaultSteps.eval` run in REPLIC
 context while the loop's ``tf.function`` is traced; the constructor runs on the host.
 
 XLA: when :attr:`DefaultSteps.xla` is set (``perf.jit_compile``, or the execution plan
-the run measured and chose: :mod:`trainer.plan`), the forward + backward pass of the
+the run measured and chose: :mod:`trainer.loop.plan`), the forward + backward pass of the
 default ``train_step`` is compiled with ``jit_compile=True`` (the iterator and the
 optimizer update stay outside). The attribute is read when the step is TRACED: the loop
 driver sets it before it calls the loops traced for that setting. Multi-replica
@@ -27,8 +27,8 @@ from absl import logging
 
 from trainer import precision
 from trainer.data import split_batch, zeros_for_spec
-from trainer.gradients import GradientPath, check_per_example_loss
-from trainer.tracing import no_autograph
+from trainer.runtime.tracing import no_autograph
+from trainer.step.gradients import GradientPath, check_per_example_loss
 
 
 class DefaultSteps:
@@ -135,7 +135,7 @@ class DefaultSteps:
 
     def compiled(self) -> str:
         """What the configured setting compiles with XLA, for the set-up report (before
-        an execution plan, :mod:`trainer.plan`, chooses another: its own line says so)."""
+        an execution plan, :mod:`trainer.loop.plan`, chooses another: its own line says so)."""
         if not self.config.perf.jit_compile:
             return "nothing compiled (perf.jit_compile=False)"
         if self.xla_problem is not None and self.xla_problem.startswith("not needed"):

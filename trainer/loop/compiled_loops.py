@@ -19,12 +19,20 @@ from __future__ import annotations
 
 from typing import Callable
 
+import keras
 import tensorflow as tf
+from absl import logging
 
 from trainer.data import zeros_for_spec
-from trainer.tracing import no_autograph, per_object_function
+from trainer.runtime.tracing import no_autograph, per_object_function
 
 _MEAN = tf.distribute.ReduceOp.MEAN
+
+
+def replica_spec(spec):
+    """One replica's spec of a distributed dataset/iterator ``element_spec``
+    (``PerReplicaSpec`` on several local replicas holds one spec per replica)."""
+    return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
 
 
 class StepOutputSlots:
@@ -73,7 +81,7 @@ class CompiledLoops:
     Args:
       strategy: the run's strategy.
       train_step, eval_step: replica functions ``batch -> dict`` (``"loss"`` required;
-        checked by :mod:`trainer.hook_checks`, which the Trainer wraps them in).
+        checked by :mod:`trainer.checks.hooks`, which the Trainer wraps them in).
       jit_step: compile the whole replica train step with XLA (``tf.function(
         jit_compile=True)``: forward, backward, gradient path, optimizer update and metric
         updates; the iterator and the output slots stay outside). One replica only.
@@ -161,3 +169,29 @@ class CompiledLoops:
         local = {name: self._strategy.experimental_local_results(value)[0]
                  for name, value in outputs.items()}
         self.slots = StepOutputSlots(self._strategy, local)
+
+
+# ---------------------------------------------------------------- trainable watch
+# Which variables the traced train step updates, and when that set changes.
+#
+# A traced step differentiates the model's trainable variables as they were when it was
+# traced. A layer frozen or unfrozen later (between two ``fit()`` calls, or by a callback
+# at a loop boundary) changes that set: :class:`TrainableWatch` tells the loop driver, which
+# then traces the step again, once. The optimizer already holds state for every weight of
+# a frozen layer (:func:`trainer.runtime.keras_compat.trainable_capable_variables`). Host only.
+class TrainableWatch:
+    """Remembers the trainable variables the step was last traced with."""
+
+    def __init__(self):
+        self._traced: tuple[int, ...] | None = None
+
+    def changed(self, model: keras.Model, step: int) -> bool:
+        """True (with one log line) when ``model``'s trainable variables differ from those
+        of the last call; records the current set either way."""
+        current = tuple(id(v) for v in model.trainable_variables)
+        changed = self._traced is not None and current != self._traced
+        if changed:
+            logging.info("trainable variables changed (%d -> %d) at step %d: the train "
+                         "step is traced again.", len(self._traced), len(current), step)
+        self._traced = current
+        return changed

@@ -1,6 +1,6 @@
 """One eval pass in calls of bounded length: it can be abandoned, and it shows progress.
 
-The compiled eval loop (:meth:`trainer.compiled_loops.CompiledLoops.evaluate`) runs
+The compiled eval loop (:meth:`trainer.loop.compiled_loops.CompiledLoops.evaluate`) runs
 ``n`` steps per call, or until the data ends. :func:`run_pass` calls it with a step
 count that doubles while a call takes under :data:`CALL_S` seconds and halves while it
 takes over twice that, so that on one worker

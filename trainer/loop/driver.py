@@ -7,10 +7,10 @@ iterator), the logging cadence, and the loop boundaries the callbacks ask for
 boundary and ``train.steps`` itself end a loop exactly: the number of steps per call
 is a tensor argument, so a shorter loop does not retrace.
 
-The in-graph loops are built in one place, :class:`trainer.compiled_loops.CompiledLoops`:
-one set per XLA setting the run's execution plan uses. Which plan each loop call runs
-(XLA on or off, steps per call) is the :class:`trainer.plan.Planner`'s decision; the
-driver reports every call's time to it and announces its decision as a run event.
+The in-graph loops are built in one place (:mod:`trainer.loop.compiled_loops`), one set
+per XLA setting of the run's execution plan. Which plan each call runs (XLA on or off,
+steps per call) is the :class:`trainer.loop.plan.Planner`'s decision; the driver reports
+every call's time to it and announces its decision as a run event.
 
 Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
 local flag; after the callbacks of every loop boundary the workers agree on the flags
@@ -19,7 +19,7 @@ worker stops at the same step. Inside a gradient-accumulation window the stop wa
 the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
 ``fit()`` returns, or raises :class:`trainer.errors.Preempted` after a preemption.
 
-The services see none of this object: they get its :class:`trainer.loop_context.LoopContext`.
+The services see none of this object, only its run context (:mod:`trainer.loop.context`).
 Contexts: the driver runs on the host in cross-replica context; the compiled loops call
 the steps in replica context.
 """
@@ -33,22 +33,19 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer import checks, data, data_resume, eval_pass, host_collectives, keras_compat
-from trainer.iterator_release import release
-from trainer import plan as plan_lib
+from trainer import data
 from trainer.callbacks import CallbackList
-from trainer.compiled_loops import CompiledLoops
-from trainer.metric_readout import MetricReadout
-from trainer.trainable_watch import TrainableWatch
-from trainer.train_input import TrainInput, continuation_context
+from trainer.checks import inputs
+from trainer.data import resume
+from trainer.data.iterator_release import release
+from trainer.data.train_input import TrainInput, continuation_context
+from trainer.distribution import host_collectives
 from trainer.errors import Preempted
+from trainer.loop import eval_pass, plan as plan_lib
+from trainer.loop.compiled_loops import CompiledLoops, TrainableWatch, replica_spec
+from trainer.loop.metric_readout import MetricReadout
 from trainer.run_context import next_multiple
-
-
-def _replica_spec(spec):
-    """One replica's spec of a distributed dataset/iterator ``element_spec``
-    (``PerReplicaSpec`` on several local replicas holds one spec per replica)."""
-    return tf.nest.map_structure(lambda s: getattr(s, "_value_specs", [s])[0], spec)
+from trainer.runtime import keras_compat
 
 
 class LoopDriver:
@@ -57,7 +54,7 @@ class LoopDriver:
     Keeps the compiled loops and the eval dataset across ``fit()`` calls (until
     :meth:`close`), and the train iterator from one ``fit()`` to the next that starts
     where it stopped with the same config (``train.steps`` aside) and resumed run
-    (:mod:`trainer.train_input`).
+    (:mod:`trainer.data.train_input`).
 
     Args:
       trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
@@ -71,14 +68,14 @@ class LoopDriver:
         self.trainer = trainer
         self.history = history
         self._train_step, self._eval_step = train_step, eval_step
-        self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.plan)
+        self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.loop.plan)
         self._planner: plan_lib.Planner | None = None
         self._last_setting = ""  # the XLA setting of this fit()'s last loop call
         self._trainable = TrainableWatch()  # a layer (un)frozen: the step is traced again
         self._eval_dataset = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
         # count and input layout; set through the run context's ``resumed``), or None.
-        self.resumed: data_resume.Resumed | None = None
+        self.resumed: resume.Resumed | None = None
         self.input_report: dict = {}  # {"input_layout": ...} of the train dataset (checkpointed)
         self._stop_reason, self._preempt = None, False  # a stop's reason; preemption noticed
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
@@ -124,7 +121,7 @@ class LoopDriver:
         return self._loops_for(plan.xla if plan else "grads" if self.trainer.steps.xla else "off")
 
     def _loops_for(self, setting: str) -> CompiledLoops:
-        """The loops of XLA ``setting`` (:mod:`trainer.plan`; built once); sets the
+        """The loops of XLA ``setting`` (:mod:`trainer.loop.plan`; built once); sets the
         default step's own XLA flag, which its next trace reads."""
         t = self.trainer
         t.steps.xla = setting == "grads"
@@ -147,7 +144,7 @@ class LoopDriver:
             dist_dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch)
         features = None
         if dist_dataset is not None:
-            spec = _replica_spec(dist_dataset.element_spec)
+            spec = replica_spec(dist_dataset.element_spec)
             try:
                 features, _ = data.split_batch(spec)
             except ValueError as error:
@@ -157,7 +154,7 @@ class LoopDriver:
                         "it in build_model() (e.g. start with keras.Input(shape)).") from error
             if features is not None:
                 step = "train_step" if what == "build_train_dataset" else "eval_step"
-                checks.check_features(features, model, what, t.overrides(step))
+                inputs.check_features(features, model, what, t.overrides(step))
         if unbuilt:
             dummy = data.zeros_for_spec(features)
             with t.strategy.scope():
@@ -193,7 +190,7 @@ class LoopDriver:
     # ------------------------------------------------------------ evaluate
     def evaluate(self) -> dict[str, float]:
         """One pass over the eval dataset (``eval.steps`` batches when > 0); raises
-        :class:`trainer.eval_pass.EvalAbandoned` when a preemption abandons it."""
+        :class:`trainer.loop.eval_pass.EvalAbandoned` when a preemption abandons it."""
         t = self.trainer
         if not t.has_eval_dataset():
             raise ValueError(f"{type(t).__name__} has no eval dataset: override "
@@ -207,7 +204,7 @@ class LoopDriver:
                                f"eval at step {t.step}",
                                host_collectives.num_workers(t.strategy))
         except Exception as error:  # a user's mistake becomes one InputError
-            found = checks.loop_error(error, "build_eval_dataset", f"eval at step {t.step}")
+            found = inputs.loop_error(error, "build_eval_dataset", f"eval at step {t.step}")
             if found is None:
                 raise
             raise found from error
@@ -244,12 +241,12 @@ class LoopDriver:
         last) ``fit()`` (first replica's spec; all are alike); None before any ``fit()``."""
         if self.input.iterator is None:
             return self._last_fit[1]
-        return _replica_spec(self.input.iterator.element_spec)
+        return replica_spec(self.input.iterator.element_spec)
 
     def _end_train_input(self, keep: bool = False) -> None:
         """Ends the current train iterator, keeping its graph and batch spec: ``keep``
         keeps it for the next ``fit()``, otherwise it (and a kept one) is destroyed on
-        a background thread (:mod:`trainer.train_input`)."""
+        a background thread (:mod:`trainer.data.train_input`)."""
         if self.input.iterator is not None:
             self._last_fit = (self.train_graph(), self.train_batch_spec())
         self.input.end(keep)
@@ -365,7 +362,7 @@ class LoopDriver:
             loops.prepare(self.input.iterator)  # the first call of these loops traces the step
             outputs = loops.train(self.input.iterator, tf.constant(num_steps, tf.int64))
         except Exception as error:
-            found = checks.train_loop_error(error, self.trainer, self.input.dataset, num_steps)
+            found = inputs.train_loop_error(error, self.trainer, self.input.dataset, num_steps)
             if found is None:
                 raise
             raise found from error

@@ -41,8 +41,8 @@ from __future__ import annotations
 import tensorflow as tf
 from absl import logging
 
-from trainer.tracing import no_autograph
-from trainer.update_context import in_update_context
+from trainer.runtime.tracing import no_autograph
+from trainer.step.update_context import in_update_context
 
 _SUM = tf.distribute.ReduceOp.SUM
 _MIN_CAPACITY = 64

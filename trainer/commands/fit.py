@@ -5,7 +5,7 @@ passed their checks. User errors raised here (configuration, checkpoint, input,
 workdir) end in one message through :func:`trainer.errors.call`. On a multi-worker
 run every task first checks that it sees the chief's workdir
 (:mod:`trainer.checkpoint.shared_workdir`), and a peer task lost during ``fit()`` ends
-every survivor with one ``Lost peer`` line and exit status 170 (:mod:`trainer.lost_peer`).
+every survivor with one ``Lost peer`` line and exit status 170 (:mod:`trainer.distribution.lost_peer`).
 
 The result of a run is one plain line on stdout, written by the chief, for scripts::
 
@@ -29,10 +29,12 @@ import psutil
 import tensorflow as tf
 from absl import logging
 
-from trainer import continuous_eval, distribute, errors, lost_peer
+from trainer import errors
 from trainer.checkpoint import inventory, shared_workdir
-from trainer.checkpoint.store import LATEST_DIR
 from trainer.checkpoint.preemption import EXIT_PREEMPTED, Preempted
+from trainer.checkpoint.store import LATEST_DIR
+from trainer.commands import continuous_eval
+from trainer.distribution import strategies, lost_peer
 from trainer.trainer import resolve_trainer_class
 
 
@@ -68,7 +70,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
         step: int | None = None,
         eval_timeout_s: float = continuous_eval.DEFAULT_TIMEOUT_S) -> int:
     """Builds ``config.trainer`` and fits it in ``workdir`` (``mode="train"``) or evaluates
-    its checkpoints (:mod:`trainer.continuous_eval`); returns the exit status."""
+    its checkpoints (:mod:`trainer.commands.continuous_eval`); returns the exit status."""
     continuous_eval.check_mode(mode, step)
     if mode != "train":  # never trains, never writes checkpoints
         results = continuous_eval.run(config, workdir, mode, step, eval_timeout_s)
@@ -76,7 +78,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
         return 0
     trainer = resolve_trainer_class(config.trainer)(config, workdir)
     shared_workdir.check(trainer.strategy, workdir, config.checkpoint.shared_workdir_timeout_s)
-    if distribute.is_chief(trainer.strategy):
+    if strategies.is_chief(trainer.strategy):
         _write_config(config, workdir)
     tf_logger = logging.logging.getLogger("tensorflow")
     tf_logger.setLevel(logging.logging.WARNING)  # TF's per-call INFO lines drown progress

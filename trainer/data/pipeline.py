@@ -26,7 +26,7 @@ seeded shuffles). Batch sharding: the global batch sequence is the same for any
 number of workers, each pipeline skips its share of the consumed batches. File
 sharding: a pipeline's stream depends on the pipeline count, so the new pipelines
 continue the interrupted run's streams, rebuilt with its ``InputContext`` and dealt
-out by example (:mod:`trainer.data_resume`): every example of the epoch once across the
+out by example (:mod:`trainer.data.resume`): every example of the epoch once across the
 change, the same global batches as the uninterrupted run. Limits: the old layout stays
 for the rest of the run (native file sharding on the new count needs a fresh workdir);
 scaling up reads M/N times a pipeline's share; the dataset must shard itself as it did
@@ -63,7 +63,7 @@ from typing import Any, Callable
 import tensorflow as tf
 from absl import logging
 
-from trainer import data_resume
+from trainer.data import resume as data_resume
 from trainer.errors import InputError
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -73,7 +73,7 @@ DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 class BatchSizes:
     """A global batch and its split over the replicas in sync: the one place the
     per-replica batch is computed. The Trainer builds its train and eval ones once
-    (:func:`trainer.distribute.batch_sizes`, which refuses a global batch the replicas
+    (:func:`trainer.distribution.strategies.batch_sizes`, which refuses a global batch the replicas
     do not divide) and hands them to whoever needs them (``trainer.batch``,
     ``run.batch``)."""
 
@@ -287,10 +287,10 @@ def distribute(
       resume_layout: the input layout the checkpoint of ``skip_batches`` recorded
         (None: a fresh run). When the dataset shards itself by pipeline and the
         pipeline or replica count changed, the old layout's streams are continued
-        (:func:`trainer.data_resume.continue_streams`).
+        (:func:`trainer.data.resume.continue_streams`).
       service: a tf.data service dispatcher address, or "" (see the module docstring).
       report: if given, gets ``report["input_layout"]``: the
-        :class:`trainer.data_resume.InputLayout` whose streams this input continues
+        :class:`trainer.data.resume.InputLayout` whose streams this input continues
         (the checkpoint records it).
       must_end: the dataset is read to its end (an eval pass with ``eval.steps=-1``): an
         INFINITE one (a ``.repeat()`` without a count) is refused with an InputError.
@@ -330,7 +330,7 @@ def _pipeline_stream(dataset_fn: DatasetFn, global_size: int, what: str, must_en
                      ctx: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
     """One pipeline's per-replica batches as the framework shards them, and whether
     ``dataset_fn`` sharded itself (read ``ctx.input_pipeline_id``). ``ctx`` may be an
-    earlier run's (:mod:`trainer.data_resume`): its per-replica batch then."""
+    earlier run's (:mod:`trainer.data.resume`): its per-replica batch then."""
     tracked = _TrackedInputContext(ctx)
     size = ctx.get_per_replica_batch_size(global_size)
     ds = _checked_dataset(dataset_fn(tracked), size, what)

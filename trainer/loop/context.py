@@ -4,7 +4,7 @@ implementation of :class:`trainer.run_context.RunContext`.
 It is built by the Trainer's wiring (:mod:`trainer.trainer`) over the Trainer and its
 loop driver, plus the one answer that lives in a service (how to restore after pending
 saves), so that no service holds another one. Only this
-module, :mod:`trainer.loop` and :mod:`trainer.trainer` touch the driver.
+module, :mod:`trainer.loop.driver` and :mod:`trainer.trainer` touch the driver.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import keras
 
-from trainer import distribute
+from trainer.distribution import strategies
 
 
 class LoopContext:
@@ -21,7 +21,7 @@ class LoopContext:
 
     Args:
       trainer: the Trainer (its public attributes and hooks).
-      driver: its :class:`trainer.loop.LoopDriver`.
+      driver: its :class:`trainer.loop.driver.LoopDriver`.
       restore: ``() -> step | None``: the latest checkpoint, after pending saves.
       service_states: ``() -> {checkpoint_key: state}`` of the services.
     """
@@ -54,7 +54,7 @@ class LoopContext:
 
     @property
     def is_chief(self) -> bool:
-        return distribute.is_chief(self.strategy)
+        return strategies.is_chief(self.strategy)
 
     @property
     def trainer_name(self) -> str:

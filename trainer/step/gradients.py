@@ -1,11 +1,11 @@
 """The gradient path: per-example loss -> global-mean gradients -> loss scale ->
 accumulation -> all-reduce -> clip -> finite check -> apply.
 
-One :class:`GradientPath` per Trainer owns it (``trainer.gradients``);
+One :class:`GradientPath` per Trainer owns it (``trainer.step.gradients``);
 ``Trainer.apply_gradients`` and the default ``train_step`` go through it. How the
 gradients of a step reach the update is a :class:`Reducer`: the default sums them
 across the strategy's replicas in one batched all-reduce; manual data parallelism
-(:mod:`trainer.data_parallel`) is another reducer plugged in here.
+(:mod:`trainer.distribution.data_parallel`) is another reducer plugged in here.
 
 Averaging. The objective of one optimizer update is
 
@@ -29,7 +29,7 @@ same on every replica) all-reduces the sums ONCE, then unscales, clips, checks a
 applies as for K = 1, and zeroes the accumulators. Only the loss and the example count
 (2 scalars) are all-reduced per micro-step, for the returned global-mean loss.
 
-Branching: :func:`trainer.update_context.in_update_context` is the one place that
+Branching: :func:`trainer.step.update_context.in_update_context` is the one place that
 decides where an update may branch (replica or cross-replica context); the update logic
 (:meth:`GradientPath._apply_or_skip`) is written once against its operation sets.
 
@@ -45,12 +45,14 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from trainer import data, keras_compat, precision, sparse_gradients
-from trainer.ema import ExponentialMovingAverage
-from trainer.grad_norm import GradientNormStats
+from trainer import data, precision
 from trainer.errors import InputError
-from trainer.tracing import no_autograph
-from trainer.update_context import Accumulators, in_update_context
+from trainer.runtime import keras_compat
+from trainer.runtime.tracing import no_autograph
+from trainer.step import sparse_gradients
+from trainer.step.ema import ExponentialMovingAverage
+from trainer.step.grad_norm import GradientNormStats
+from trainer.step.update_context import Accumulators, in_update_context
 
 _SUM = tf.distribute.ReduceOp.SUM
 

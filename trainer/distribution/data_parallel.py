@@ -8,7 +8,7 @@ of the batch proportional to its weight. It runs under a one-replica
 variables, receives the input and applies the update (list the device that should hold
 them first): the input pipeline yields GLOBAL batches and ``strategy.run`` calls the
 step function once. This module owns what happens inside that call
-(:class:`ManualDataParallel`, a :class:`trainer.gradients.Reducer` plugged into the
+(:class:`ManualDataParallel`, a :class:`trainer.step.gradients.Reducer` plugged into the
 Trainer's gradient path):
 
 1. The batch is cut along its leading axis into one contiguous slice per device, of
@@ -66,8 +66,8 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.config import ConfigError
-from trainer.distribute import resolve_devices
-from trainer.gradients import GradientPath, Reducer
+from trainer.distribution.strategies import resolve_devices
+from trainer.step.gradients import GradientPath, Reducer
 
 StepFn = Callable[[Any], dict]
 

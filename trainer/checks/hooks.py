@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from trainer.callbacks import Callback
 from trainer.errors import HookError, InputError, UserError
-from trainer.tracing import user_hook
+from trainer.runtime.tracing import user_hook
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras bolds parts of its messages
 _GRAPH_NODE = re.compile(r" for '\{\{node [^']*'")  # TF's graph node in shape errors
@@ -339,7 +339,7 @@ class Hooks:
 
     def traced(self, hook: str, default: Callable) -> Callable:
         """The replica-context hook ``hook`` ready to trace (AutoGraph-converted when
-        overridden, see :func:`trainer.tracing.user_hook`), with the checks.
+        overridden, see :func:`trainer.runtime.tracing.user_hook`), with the checks.
         ``default`` is the framework's own function for it (``Trainer.<hook>``)."""
         fn = user_hook(getattr(self._trainer, hook), default)
         # compute_loss(batch, outputs): the batch gives the per-replica batch size.

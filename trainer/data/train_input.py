@@ -9,7 +9,7 @@ again for every one of them (its decoding and augmentation too). At its end a
 ``fit()`` keeps the iterator (returned) or releases it (raised: its position is
 unknown). A kept iterator is never destroyed on the Trainer's thread (its destruction
 waits for tf.data's autotune thread: seconds to a minute):
-:class:`trainer.iterator_release.KeptObjects` hands it to a background thread when it
+:class:`trainer.data.iterator_release.KeptObjects` hands it to a background thread when it
 is replaced or released, when the Trainer is collected, or drops it at exit before
 TensorFlow's teardown.
 
@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from trainer.iterator_release import KeptObjects, release
+from trainer.data.iterator_release import KeptObjects, release
 
 
 def continuation_context(config: Any, resumed: Any) -> tuple:
     """What a kept train iterator must have been kept with to be continued, besides its
     position: the input layout of ``resumed`` (the restored checkpoint's record
-    (:class:`trainer.data_resume.Resumed`), or None) and ``config`` (a ConfigDict) without
+    (:class:`trainer.data.resume.Resumed`), or None) and ``config`` (a ConfigDict) without
     ``train.steps`` (a notebook raises it to train on), as JSON (compared as text)."""
     values = config.to_dict()
     values["train"].pop("steps", None)

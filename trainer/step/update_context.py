@@ -4,7 +4,7 @@ A Keras ``apply`` calls ``merge_call``, which may not sit inside a ``tf.cond`` i
 replica context. :func:`in_update_context` is the ONE place that decides where an update
 may branch: in replica context under strategies without merge_call (default,
 MultiWorker, TPU), else in cross-replica context (Mirrored, OneDevice), re-entering
-replica context for the apply. The update logic of :mod:`trainer.gradients` is written
+replica context for the apply. The update logic of :mod:`trainer.step.gradients` is written
 once against the two operation sets, :class:`ReplicaOps` and :class:`CrossReplicaOps`.
 """
 
@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from trainer import keras_compat
-from trainer.tracing import no_autograph
+from trainer.runtime import keras_compat
+from trainer.runtime.tracing import no_autograph
 
 _SUM = tf.distribute.ReduceOp.SUM
 

@@ -48,7 +48,7 @@ from typing import Callable, Iterator
 
 import tensorflow as tf
 
-from trainer.tracing import no_autograph
+from trainer.runtime.tracing import no_autograph
 
 
 class ExponentialMovingAverage:

@@ -107,7 +107,7 @@ class Resumed:
     """What a restored checkpoint says about the run that wrote it: its ``step``, its
     number of workers (``from_workers``), this run's (``to_workers``), the input
     layout its train input followed (None: not recorded), the execution plan it
-    chose (:meth:`trainer.plan.Planner.saved`; read on the chief only, None elsewhere
+    chose (:meth:`trainer.loop.plan.Planner.saved`; read on the chief only, None elsewhere
     or when not recorded), and the services' states
     (:meth:`trainer.run_context.Service.checkpoint_state`, by key; the same on every
     worker; empty when none was recorded)."""

@@ -3,7 +3,7 @@ them for an owner between uses without ever destroying them on the owner's threa
 
 On a multi-device strategy, destroying a distributed input iterator waits for the
 tf.data autotune thread of every per-device iterator to notice the cancellation
-(:mod:`trainer.fast_exit` says more). Measured on 2 Mirrored replicas (the benchmark
+(:mod:`trainer.runtime.fast_exit` says more). Measured on 2 Mirrored replicas (the benchmark
 MLP): the release at the end of a ``fit()`` took a median 1.2 s and up to 28 s, paid
 by every ``fit()`` on the thread that called it. So whatever ends an iterator (a
 ``fit()`` that raised, a Trainer's or a probe's ``close()``, an evaluation's end) hands
@@ -19,7 +19,7 @@ Contract:
 * The threads are NOT daemons: a process that ends normally (the end of a script,
   ``sys.exit``) waits for pending releases before the interpreter finalizes
   TensorFlow, so no destructor runs in a half torn-down interpreter.
-  :func:`trainer.fast_exit.exit_now` (``os._exit``) skips them, as it skips every
+  :func:`trainer.runtime.fast_exit.exit_now` (``os._exit``) skips them, as it skips every
   teardown.
 * :func:`wait` blocks until every release handed over so far is done (a test or a
   notebook that counts live iterators or threads calls it first); :func:`pending`

@@ -59,10 +59,11 @@ import ml_collections
 import tensorflow as tf
 from absl import logging
 
-from trainer import cli, distribute
+from trainer import cli
 from trainer.checkpoint import store as checkpoint_store
 from trainer.checkpoint.state import CheckpointError
 from trainer.config import ConfigError
+from trainer.distribution import strategies
 from trainer.telemetry.summaries import SummaryWriters
 from trainer.trainer import Trainer, resolve_trainer_class
 
@@ -82,7 +83,7 @@ def check_mode(mode: str, step: int | None = None) -> None:
     if step is not None and mode != "eval":
         raise ConfigError(f"--step={step} selects the checkpoint of --mode=eval; "
                           f"--mode={mode} does not take it.")
-    if mode == "train" and distribute.tf_config_task_type() == EVALUATOR_TASK:
+    if mode == "train" and strategies.tf_config_task_type() == EVALUATOR_TASK:
         raise ConfigError(
             "TF_CONFIG names this process the 'evaluator' task, which does not train (it "
             "would write checkpoints and metrics beside the chief's). Run it with "
@@ -95,8 +96,8 @@ def evaluation_config(config: ml_collections.ConfigDict) -> ml_collections.Confi
     would join a multi-worker group (``multi_worker``, or ``auto`` with TF_CONFIG set)
     and, in the process TF_CONFIG names the ``evaluator`` task, whatever it is (the
     evaluator uses one device, leaving the others to the training tasks)."""
-    name = distribute.resolve_strategy_name(config.distribute)
-    evaluator_task = distribute.tf_config_task_type() == EVALUATOR_TASK
+    name = strategies.resolve_strategy_name(config.distribute)
+    evaluator_task = strategies.tf_config_task_type() == EVALUATOR_TASK
     if name == "one_device" or (name != "multi_worker" and not evaluator_task):
         return config
     config = config.copy_and_resolve_references()

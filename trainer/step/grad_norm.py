@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainer.tracing import no_autograph, per_object_function
+from trainer.runtime.tracing import no_autograph, per_object_function
 
 
 class GradientNormStats:

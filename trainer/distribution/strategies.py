@@ -16,7 +16,7 @@ Strategy names (``config.distribute.strategy``):
 * ``multi_worker``: ``MultiWorkerMirroredStrategy``; needs ``TF_CONFIG``.
 * ``tpu``: ``TPUStrategy`` through ``tf_cluster.tpu.connect_tpu``.
 * ``manual``: ``OneDeviceStrategy`` on the first of ``devices`` (variables, input,
-  update); :mod:`trainer.data_parallel` splits every batch over ``devices`` by
+  update); :mod:`trainer.distribution.data_parallel` splits every batch over ``devices`` by
   ``device_weights`` and combines the gradients itself.
 """
 
@@ -35,7 +35,7 @@ from tf_cluster.tf_config import TFConfigError, validate_tf_config
 from tf_cluster.tpu import TPUConnectError, TPUNotFoundError, connect_tpu, tpu_attached
 from trainer.config import ConfigError, check_batch_divisible
 from trainer.data import BatchSizes
-from trainer.host_collectives import is_chief, num_workers
+from trainer.distribution.host_collectives import is_chief, num_workers
 
 __all__ = ["accelerator_devices", "build_strategy", "configure_devices", "configure_threads",
            "describe", "slow_float16_devices",
@@ -315,7 +315,7 @@ def _build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
     configure_devices(dcfg)
     if name == "default":
         return tf.distribute.get_strategy()
-    if name == "manual":  # trainer.data_parallel splits each batch over the devices itself
+    if name == "manual":  # trainer.distribution.data_parallel splits each batch over the devices itself
         return tf.distribute.OneDeviceStrategy(resolve_devices(dcfg)[0])
     return {"one_device": _one_device, "mirrored": _mirrored, "tpu": _tpu}[name](dcfg)
 

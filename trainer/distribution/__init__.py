@@ -1,0 +1,12 @@
+"""Where a run executes: strategies and devices, manual data parallelism, host collectives.
+
+* :mod:`trainer.distribution.strategies` — devices and the strategy factory
+  (``distribute.strategy``).
+* :mod:`trainer.distribution.data_parallel` — manual data parallelism
+  (``distribute.strategy="manual"``): another gradient reducer.
+* :mod:`trainer.distribution.host_collectives` — small host-side collectives between
+  workers (is this the chief, agree on a value).
+* :mod:`trainer.distribution.lost_peer` — naming the peer a multi-worker error lost.
+"""
+
+__all__ = ["data_parallel", "host_collectives", "lost_peer", "strategies"]
