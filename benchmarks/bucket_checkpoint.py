@@ -156,7 +156,7 @@ def _shape(cluster, rate_mbit: float) -> None:
 def parent(args) -> dict:
     from tests.cluster.gcs import BUCKET, GcsEmulator
     from tests.cluster.hosts import SimulatedCluster
-    from tests.helpers import subprocess_env
+    from tests.support.helpers import subprocess_env
 
     cluster = SimulatedCluster(root=CLUSTER_DIR, **CLUSTER)
     cluster.up()

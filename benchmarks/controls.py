@@ -9,7 +9,7 @@ the global norm of the reduced gradients is added up in the graph every update) 
 ``ema`` (``optimizer.ema_decay=0.999`` on top: the framework's EMA, one XLA-compiled
 update per step on one replica). ``--ema_variants`` adds the other implementations of
 the same EMA on top of ``grad_norm`` (benchmarks/ema_variants.py): ``ema_ops`` (three
-TensorFlow ops per variable, ``fused=False``: the implementation before issue 29),
+TensorFlow ops per variable, ``fused=False``: the unfused implementation),
 ``ema_gd`` (two ops: a difference and ``ResourceApplyGradientDescent``) and
 ``ema_every4`` / ``ema_every10`` (the fused update every N updates with decay d**N).
 

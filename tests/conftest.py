@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from tests.helpers import REPO, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
+from tests.support.helpers import REPO, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
 from tests.properties import profiles as hypothesis_profiles
 
 # Before pytest reads --hypothesis-profile: the profiles must exist by then.
@@ -149,6 +149,6 @@ def collect_garbage_after_each_test():
 def replica_runs(tmp_path_factory) -> dict:
     """ToyTrainer runs on 1, 2 and 4 replicas (one process each): {n: npz}."""
     out_dir = tmp_path_factory.mktemp("replicas")
-    run_in_parallel({n: [sys.executable, "-m", "tests.run_toy", "--replicas", str(n),
+    run_in_parallel({n: [sys.executable, "-m", "tests.support.run_toy", "--replicas", str(n),
                          "--out", str(out_dir / f"{n}.npz")] for n in (1, 2, 4)})
     return {n: dict(np.load(out_dir / f"{n}.npz")) for n in (1, 2, 4)}

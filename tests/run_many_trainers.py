@@ -41,7 +41,7 @@ def main() -> None:
 
     import tensorflow as tf
 
-    from tests import toy
+    from tests.support import toy
     from trainer.data import iterator_release
 
     iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from tests import toy
+from tests.support import toy
 from tests.conftest import REPO, early_main, run_main, subprocess_env
-from tests.run_callbacks import CallbackTrainer, Recorder, get_config
+from tests.support.run_callbacks import CallbackTrainer, Recorder, get_config
 from trainer import Callback
 
 # 20 steps, loops of 5, logs and evals and checkpoints every 10: the sequence every
@@ -28,7 +28,7 @@ EXPECTED = [("on_fit_start", 0), ("on_loop_end", 5),
 mirrored_main = early_main("mirrored_main", "test_two_mirrored_replicas_see_the_same_sequence",
                            "--config.distribute.strategy=mirrored",
                            "--config.distribute.virtual_devices=2",
-                           config="tests/run_callbacks.py")
+                           config="tests/support/run_callbacks.py")
 
 
 def hooks(calls) -> list[tuple[str, int]]:
@@ -125,7 +125,7 @@ def test_stop_requested_on_worker_1_stops_both_workers_at_that_step(tmp_path):
     env = dict(subprocess_env(), STOP_AT="worker:1:10")
     run = subprocess.run(
         [sys.executable, "-m", "launch.multiworker", "--workers", "2",
-         f"--config={REPO / 'tests' / 'run_callbacks.py'}", f"--workdir={tmp_path}"],
+         f"--config={REPO / 'tests' / 'support' / 'run_callbacks.py'}", f"--workdir={tmp_path}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stderr[-4000:]
     sequences = {task: json.loads((tmp_path / f"hooks-{task}.json").read_text())
@@ -136,7 +136,7 @@ def test_stop_requested_on_worker_1_stops_both_workers_at_that_step(tmp_path):
     assert sequences["worker-0"] == sequences["worker-1"]  # logs identical across workers
     assert os.listdir(tmp_path / "checkpoints") == ["10"]
     resumed = run_main(tmp_path, "--config.distribute.strategy=one_device",
-                       config="tests/run_callbacks.py")
+                       config="tests/support/run_callbacks.py")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 10" in resumed.stderr
 

@@ -12,7 +12,7 @@ from trainer.trainer import resolve_trainer_class
 
 def config_with(section: str, field: str, value):
     config = config_lib.get_config()
-    config.trainer = "tests.toy:ToyTrainer"
+    config.trainer = "tests.support.toy:ToyTrainer"
     config[section][field] = value
     return config
 
@@ -62,15 +62,15 @@ def test_free_form_sections_accept_any_key():
 
 
 @pytest.mark.parametrize("path, message", [
-    ("tests.toy.ToyTrainer", "must name a Trainer subclass as 'package.module:ClassName'"),
+    ("tests.support.toy.ToyTrainer", "must name a Trainer subclass as 'package.module:ClassName'"),
     ("tests.no_such_module:ToyTrainer", "module 'tests.no_such_module' cannot be imported"),
-    ("tests.toy:ToyTrainr", "has no attribute 'ToyTrainr'. Did you mean 'ToyTrainer'"),
+    ("tests.support.toy:ToyTrainr", "has no attribute 'ToyTrainr'. Did you mean 'ToyTrainer'"),
     ("models.digits:DigitTrainer",
      r"^config\.trainer='models\.digits:DigitTrainer': module 'models\.digits' has no "
      r"attribute 'DigitTrainer'\. Did you mean 'DigitsTrainer' or 'DigitsToTargetTrainer'\?$"),
-    ("tests.toy:Trainr",  # the classes defined there, not the base class it imports
+    ("tests.support.toy:Trainr",  # the classes defined there, not the base class it imports
      r"has no attribute 'Trainr'\. Did you mean 'ToyTrainer' or 'ToyEvalTrainer'\?$"),
-    ("tests.toy:toy_config", "is not a subclass of trainer.Trainer"),
+    ("tests.support.toy:toy_config", "is not a subclass of trainer.Trainer"),
 ])
 def test_trainer_path_that_does_not_resolve(path, message):
     config = config_lib.get_config()
@@ -80,9 +80,9 @@ def test_trainer_path_that_does_not_resolve(path, message):
 
 
 def test_trainer_path_that_resolves():
-    from tests.toy import ToyTrainer
+    from tests.support.toy import ToyTrainer
 
-    assert resolve_trainer_class("tests.toy:ToyTrainer") is ToyTrainer
+    assert resolve_trainer_class("tests.support.toy:ToyTrainer") is ToyTrainer
 
 
 def test_other_fields_are_checked():

@@ -17,8 +17,8 @@ import re
 
 import pytest
 
-from tests import toy
-from tests.helpers import REPO
+from tests.support import toy
+from tests.support.helpers import REPO
 from tests.properties.scenario import PoisonableTrainer
 from trainer import errors
 

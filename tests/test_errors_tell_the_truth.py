@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from models.text_classifier import make_sequences, sequence_dataset
-from tests import families
-from tests.toy import ToyTrainer, toy_config
+from tests.support import families
+from tests.support.toy import ToyTrainer, toy_config
 import trainer
 from trainer.checks import inputs as checks
 from trainer.errors import InputError, TensorFlowError

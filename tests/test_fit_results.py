@@ -4,7 +4,7 @@ values with the evaluation, not the evaluation alone."""
 
 from __future__ import annotations
 
-from tests import toy
+from tests.support import toy
 
 KEYS = {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy"}
 

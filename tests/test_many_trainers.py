@@ -14,21 +14,11 @@ import sys
 import threading
 
 import pytest
-import tensorflow as tf
 
-from tests import toy
-from tests.conftest import REPO, subprocess_env
-from tests.helpers import max_abs_diff
+from tests.support import toy
+from tests.support.helpers import REPO, live_iterators, max_abs_diff, subprocess_env
 from trainer import Callback
 from trainer.data import iterator_release
-
-ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
-
-
-def live_iterators() -> int:
-    """tf.data and distributed iterators alive now, unreachable cycles included."""
-    return sum(1 for o in gc.get_objects() if isinstance(o, ITERATORS))
-
 
 @pytest.fixture(scope="module")
 def four_trainers(tmp_path_factory) -> tuple[list[dict], str]:

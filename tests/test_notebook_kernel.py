@@ -19,7 +19,7 @@ from tests.conftest import REPO, subprocess_env
 SETUP = """
 import json, os, pathlib
 import trainer
-from tests import toy
+from tests.support import toy
 
 class SayTraining(trainer.Callback):
     '''Touches a file at the first loop end: the test interrupts only then.'''

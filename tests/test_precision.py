@@ -1,6 +1,6 @@
 """Precision policy, loss-scale state, schedules and perf options (one process, one replica).
 
-The multi-replica comparisons are in tests/test_replica_count_numerics.py.
+The multi-replica comparisons are in tests/distribution/test_replica_count_numerics.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import toy
+from tests.support import toy
 from trainer import config as config_lib
 from trainer import optimizers, precision
 

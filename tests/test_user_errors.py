@@ -28,9 +28,9 @@ import pytest
 import tensorflow as tf
 
 from tf_cluster.tf_config import build_tf_config
-from tests import toy
+from tests.support import toy
 from tests.conftest import REPO, early_main, subprocess_env
-from tests.helpers import NO_TENSORFLOW_PRELUDE, last_lines
+from tests.support.helpers import NO_TENSORFLOW_PRELUDE, last_lines
 from trainer import Callback, Trainer, errors
 import trainer as trainer_package
 from trainer.checks import inputs

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import subprocess_env
+from tests.support.helpers import subprocess_env
 from tests.launch_helpers.ids_trainer import NUM_IDS, PER_FILE, write_id_files
 from tests.launch_helpers.running import REPO, Launch
 

@@ -2,7 +2,7 @@
 
 All single-process scenarios run in two waves of parallel subprocesses (one module
 fixture), so the whole file costs about two process start-ups per wave on 2 cores.
-The Trainer is ``tests.run_checkpoint.CkptTrainer`` (toy data, Adam, 40 steps, loops of
+The Trainer is ``tests.support.run_checkpoint.CkptTrainer`` (toy data, Adam, 40 steps, loops of
 5, a checkpoint every 10 steps), fp32 and deterministic; its final state (weights, every
 optimizer variable, loss-scale state, step) is dumped independently of the checkpoint
 code and compared EXACTLY.
@@ -22,17 +22,17 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, subprocess_env
-from tests.helpers import free_loopback_ports
-from tests.run_checkpoint import CRASH_EXIT
+from tests.support.helpers import free_loopback_ports
+from tests.support.run_checkpoint import CRASH_EXIT
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM (schedulers retry it); documented in docs/errors.md, checked literally
 TIMEOUT_S = 600
-CONFIG = f"--config={REPO / 'tests' / 'run_checkpoint.py'}"
+CONFIG = f"--config={REPO / 'tests' / 'support' / 'run_checkpoint.py'}"
 MIRRORED_2 = ["--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"]
 
 
 class Run:
-    """One ``python -m tests.run_checkpoint`` (= trainer.main) process."""
+    """One ``python -m tests.support.run_checkpoint`` (= trainer.main) process."""
 
     def __init__(self, root, name: str, flags=(), env=None, workdir: str | None = None):
         self.out = root / "out" / name
@@ -44,7 +44,7 @@ class Run:
         full_env.update({"CKPT_TEST_OUT": str(self.out), **(env or {})})
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.run_checkpoint", CONFIG,
+                [sys.executable, "-m", "tests.support.run_checkpoint", CONFIG,
                  f"--workdir={self.workdir}", *flags],
                 cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True)
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import toy
+from tests.support import toy
 from tests.conftest import subprocess_env
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError

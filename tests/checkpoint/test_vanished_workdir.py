@@ -16,7 +16,7 @@ import time
 import pytest
 
 import trainer
-from tests import toy
+from tests.support import toy
 from trainer import errors
 from trainer.checkpoint import inventory
 

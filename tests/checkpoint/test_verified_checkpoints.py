@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from tests import toy
+from tests.support import toy
 from trainer import errors
 from trainer.checkpoint import checksums, inventory
 from trainer.checkpoint import inspect as checkpoint_inspect
@@ -212,7 +212,7 @@ def test_a_rollback_with_every_checkpoint_corrupt_is_one_line_naming_no_last_goo
         tmp_path, capsys):
     """Step 12's batch holds an inf; checkpoints 5 and 10 are damaged before the
     rollback at the end of the loop of steps 11-15 tries them."""
-    from tests.run_controls import poisoned_trainer
+    from tests.support.run_controls import poisoned_trainer
 
     workdir = str(tmp_path / "run")
     cfg = toy.toy_config(**{"train.steps": 20, "checkpoint.every_steps": 5,
@@ -228,7 +228,7 @@ def test_a_rollback_with_every_checkpoint_corrupt_is_one_line_naming_no_last_goo
 
 
 def test_a_rollback_before_any_checkpoint_names_no_last_good(tmp_path, capsys):
-    from tests.run_controls import poisoned_trainer
+    from tests.support.run_controls import poisoned_trainer
 
     workdir = str(tmp_path / "run")
     cfg = toy.toy_config(**{"train.steps": 20, "checkpoint.every_steps": 20,

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 from tests.cluster.gcs import BUCKET, GcsEmulator
 from tests.cluster.hosts import Host, SimulatedCluster, Watched
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 DIGITS = REPO / "models" / "configs" / "digits.py"
 RUN_S = 300  # bound for one short run on 2 shared cores (TensorFlow's start is most of it)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 SCRIPT = Path(__file__).resolve().with_name("netns_hosts.sh")
 DEFAULT_NAME = "tfsim"

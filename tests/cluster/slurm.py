@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from tests.cluster.hosts import ClusterError, Host, SimulatedCluster
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 START_SCRIPT = REPO / "tests" / "slurm" / "start_multinode_slurm.sh"
 # Programs that stay up for the whole session (SimulatedCluster.cleanup spares them).

@@ -37,7 +37,7 @@ from launch import multiworker
 from tests.cluster.gcs import BUCKET
 from tests.cluster.gcs_runs import fetch
 from tests.cluster.hosts import Host, SimulatedCluster, Watched
-from tests.helpers import REPO, assert_same_weights, load_weights, max_abs_diff
+from tests.support.helpers import REPO, assert_same_weights, load_weights, max_abs_diff
 
 # Absolute: a Slurm job runs in its (shared) submit directory.
 CONFIG = f"--config={REPO / 'tests' / 'launch_helpers' / 'weights_config.py'}"

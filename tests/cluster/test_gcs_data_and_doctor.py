@@ -32,7 +32,7 @@ from tests.cluster.gcs_runs import (DIGITS, RUN_S, bucket_url, one_error_line, s
 from tests.cluster.hosts import SimulatedCluster
 from tests.cluster.gcs_runs import fetch
 from tests.cluster.test_cross_host_training import finish_all, outputs, per_host
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 # On a host: prepare the digits TFDS files in a local directory, upload every file to
 # gs://BUCKET/PREFIX/tfds, print the train split's file names (JSON).

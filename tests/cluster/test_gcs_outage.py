@@ -1,4 +1,4 @@
-"""A bucket that stops answering for ~30 s mid-run, during an async save (issue 36).
+"""A bucket that stops answering for ~30 s mid-run, during an async save.
 
 The host training into ``gs://`` loses its network for :data:`OUTAGE_S` right after a
 checkpoint was issued, then gets it back. Training must go on meanwhile (telemetry
@@ -15,7 +15,7 @@ import time
 
 from tests.cluster.gcs import BUCKET
 from tests.cluster.hosts import Watched
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 CONFIG = f"--config={REPO / 'tests' / 'launch_helpers' / 'weights_config.py'}"
 

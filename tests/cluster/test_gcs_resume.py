@@ -23,7 +23,7 @@ import time
 from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import Host
 from tests.cluster.gcs_runs import fetch
-from tests.helpers import REPO, load_weights, max_abs_diff
+from tests.support.helpers import REPO, load_weights, max_abs_diff
 
 CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 STEPS = 30

@@ -23,7 +23,7 @@ from tests.cluster.gcs import GcsEmulator
 from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import SimulatedCluster
 from tests.cluster.gcs_runs import fetch
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 STEPS, EVERY = 60, 20
 FLAGS = [f"--config.train.steps={STEPS}", "--config.train.steps_per_loop=10",

@@ -13,7 +13,7 @@ import time
 
 from tests.cluster.hosts import Watched
 from tests.cluster.test_cross_host_training import CONFIG, consecutive_ports, outputs
-from tests.helpers import last_lines
+from tests.support.helpers import last_lines
 
 TIMEOUT_S = 5  # checkpoint.shared_workdir_timeout_s: how long a worker waits for the file
 BOUND_S = 180  # start-up of TensorFlow on both hosts + the wait + the group's stop

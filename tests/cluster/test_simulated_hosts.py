@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from tests.cluster.hosts import SimulatedCluster
-from tests.helpers import load_weights
+from tests.support.helpers import load_weights
 
 # Accepts connections until killed; prints "listening" once, then each peer's address.
 SERVER = """

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 DOC = REPO / "docs" / "architecture.md"
 CONTRACT = "importlinter:contract:"

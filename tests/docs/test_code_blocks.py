@@ -21,8 +21,8 @@ import pytest
 
 from tests.docs.code_blocks import (Block, Command, all_blocks, blocks, commands, matches,
                                     problems, rewrite, workdir_of)
-from tests.helpers import REPO, subprocess_env
-from tests.run_models import write_fake_tfds
+from tests.support.helpers import REPO, subprocess_env
+from tests.support.run_models import write_fake_tfds
 
 RUNNABLE = [b for b in all_blocks() if b.language in ("python", "bash", "console")]
 Failures = list[tuple[str, str]]  # (block id, what went wrong)

@@ -2,7 +2,7 @@
 
 The test injects a cell after the ``parameters`` cell (as papermill does) and trains
 MNIST with ``download=False`` from a prepared data directory of random images
-(:func:`tests.run_models.write_fake_tfds`): no network. The Colab-only and TPU-only
+(:func:`tests.support.run_models.write_fake_tfds`): no network. The Colab-only and TPU-only
 cells are guarded by ``ON_COLAB`` / ``TPU_PRESENT`` and must say what they skipped.
 """
 
@@ -15,7 +15,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from tests.conftest import REPO
-from tests.run_models import write_fake_tfds
+from tests.support.run_models import write_fake_tfds
 
 NOTEBOOK = REPO / "notebooks" / "colab_tpu.ipynb"
 TPU_ENV = ("COLAB_TPU_ADDR", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "COLAB_RELEASE_TAG")

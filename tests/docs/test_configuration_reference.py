@@ -11,7 +11,7 @@ import re
 
 import ml_collections
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 from trainer import config as config_lib
 
 REFERENCE = REPO / "docs" / "configuration.md"

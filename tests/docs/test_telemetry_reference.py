@@ -3,7 +3,7 @@ undocumented (the keys are :data:`trainer.telemetry.service.TRAIN_KEYS` / ``EVAL
 
 from __future__ import annotations
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 from trainer.telemetry import service
 
 

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from tests import toy
+from tests.support import toy
 from trainer.doctor import measure as doctor
 from trainer.doctor import report as doctor_report
 from trainer.doctor.phases import Phases

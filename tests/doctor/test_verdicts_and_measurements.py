@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tests import toy
+from tests.support import toy
 from tests.conftest import REPO, subprocess_env
-from tests.telemetry_trainers import cnn_config
+from tests.support.telemetry_trainers import cnn_config
 from trainer.doctor import measure as doctor
 from trainer.doctor import report as doctor_report
 
@@ -20,7 +20,7 @@ _CORE = ("baseline", "input", "compute")
 
 def test_slow_input_pipeline_is_diagnosed_input_bound():
     config = toy.toy_config()
-    config.trainer = "tests.telemetry_trainers:SlowInputTrainer"
+    config.trainer = "tests.support.telemetry_trainers:SlowInputTrainer"
     report = doctor.diagnose(config, steps=10, sections=_CORE)
     assert report["verdict"]["kind"] == "input-bound", report
     assert report["input"]["examples_per_s"] < report["compute"]["examples_per_s"]
@@ -29,7 +29,7 @@ def test_slow_input_pipeline_is_diagnosed_input_bound():
 
 def test_input_bound_advice_splits_reading_from_preprocessing_and_orders_the_remedies():
     config = toy.toy_config()
-    config.trainer = "tests.telemetry_trainers:SlowPreprocessingTrainer"
+    config.trainer = "tests.support.telemetry_trainers:SlowPreprocessingTrainer"
     report = doctor.diagnose(config, steps=10, sections=_CORE)
     assert report["verdict"]["kind"] == "input-bound", report
     assert report["input"]["read_examples_per_s"] > 10 * report["input"]["examples_per_s"]

@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from launch.local_group import pick_free_ports
-from tests.helpers import assert_same_weights, load_weights
+from tests.support.helpers import assert_same_weights, load_weights
 from tests.launch_helpers.running import Launch, wait_until_dead
 
 CONFIG = "--config=tests/launch_helpers/weights_config.py"

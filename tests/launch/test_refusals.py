@@ -15,7 +15,7 @@ import pytest
 
 from launch import multiworker
 from launch.gpus import gpu_device_files
-from tests.helpers import NO_TENSORFLOW_PRELUDE
+from tests.support.helpers import NO_TENSORFLOW_PRELUDE
 from tests.launch_helpers.running import REPO
 
 DIGITS = "--config=models/configs/digits.py"  # train.global_batch_size=64

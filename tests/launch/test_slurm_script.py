@@ -3,7 +3,7 @@
 time, and of its requeue on a lost peer.
 
 The script is executed with stand-ins for ``srun`` and ``scontrol`` that record what
-they were asked to run (the real multi-node job is tests/test_slurm.py's business).
+they were asked to run (the real multi-node job is tests/launch/test_slurm.py's business).
 """
 
 import os

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.launch_helpers.running import REPO, Launch, wait_until_dead
-from tests.helpers import assert_same_weights, load_weights
+from tests.support.helpers import assert_same_weights, load_weights
 
 CONFIG = "--config=tests/launch_helpers/weights_config.py"
 BOUND_S = 60  # the bound: a broken group ends the launcher within 60 s

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 import trainer
-from tests.helpers import task_name
+from tests.support.helpers import task_name
 from trainer import config as config_lib
 from trainer.data import file_shard_context
 

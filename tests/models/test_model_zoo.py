@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, subprocess_env
-from tests.run_models import MODELS, mock_tfds, tiny_config, train
-from tests.helpers import max_abs_diff, saved_run
+from tests.support.run_models import MODELS, mock_tfds, tiny_config, train
+from tests.support.helpers import max_abs_diff, saved_run
 
 SYNC_BN_TOL = 1e-5
 
@@ -26,7 +26,7 @@ def mirrored_runs(tmp_path_factory):
     """Every model on 2 virtual-device Mirrored replicas, started first, read on demand."""
     out = tmp_path_factory.mktemp("models2")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.run_models", "replicas", "--replicas", "2",
+        [sys.executable, "-m", "tests.support.run_models", "replicas", "--replicas", "2",
          "--out", str(out)],
         cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cache = {}

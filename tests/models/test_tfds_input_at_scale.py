@@ -21,7 +21,7 @@ import tensorflow as tf
 from models import digits_tfds, tfds_data
 from models.digits import load_digits_split
 from tests.conftest import run_main
-from tests.helpers import assert_same_weights, load_weights
+from tests.support.helpers import assert_same_weights, load_weights
 from tests.launch_helpers.running import REPO, Launch, wait_until_dead
 from trainer import data
 

@@ -201,7 +201,7 @@ def describe(spec: dict[str, Any]) -> str:
 def spec_config(spec: dict[str, Any], replicas: int = 1):
     """The config that trains ``spec`` with :class:`SpecTrainer` on ``replicas``
     Mirrored replicas over virtual CPU devices (one device for 1)."""
-    from tests import toy
+    from tests.support import toy
     from trainer import config as config_lib
 
     train = spec["train"]

@@ -90,7 +90,7 @@ class SpecWorker:
     """One worker process: :meth:`send` a spec, :meth:`receive` its answer."""
 
     def __init__(self, replicas: int, out_dir: str):
-        from tests.helpers import REPO, subprocess_env
+        from tests.support.helpers import REPO, subprocess_env
 
         self.replicas = replicas
         # stderr to a file, not a pipe: nobody reads it unless the worker fails.
@@ -184,7 +184,7 @@ def weights(run: dict, which: str) -> list:
 def differences(runs: dict, replicas: int, reference: int = 1) -> dict[str, float]:
     """Per weight name: the relative difference (test_model_families.relative_diff) of
     the final weights on ``replicas`` replicas from those on ``reference``."""
-    from tests.helpers import relative_diff
+    from tests.support.helpers import relative_diff
 
     one, other = runs[reference], runs[replicas]
     assert list(one["names"]) == list(other["names"])

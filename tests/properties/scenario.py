@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import trainer
-from tests import toy
+from tests.support import toy
 from tests.properties.strategies import Case
 
 
@@ -56,7 +56,7 @@ class LoopWatch(trainer.Callback):
 
 
 def build_config(case: Case):
-    """``tests.toy.toy_config()`` with the case's overrides, quiet, jsonl records only."""
+    """``tests.support.toy.toy_config()`` with the case's overrides, quiet, jsonl records only."""
     config = toy.on_replicas(toy.toy_config(), case.replicas)
     config.telemetry.progress = "off"
     config.telemetry.loggers = ("jsonl",)

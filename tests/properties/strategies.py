@@ -1,7 +1,7 @@
 """Hypothesis strategies for the property tests: one drawn run of the loop.
 
 A :class:`Case` is a config of the loop's cadences and controls on the tiny Trainer of
-``tests/toy.py``: ``train.steps``, ``train.steps_per_loop``, ``train.log_every_steps``,
+``tests/support/toy.py``: ``train.steps``, ``train.steps_per_loop``, ``train.log_every_steps``,
 ``eval.every_steps``, ``checkpoint.every_steps`` (sync or async save),
 ``perf.grad_accum_steps``, ``optimizer.ema_decay``, ``train.early_stopping``,
 ``train.on_nonfinite`` with at most one poisoned batch, and a requested stop (the
@@ -32,7 +32,7 @@ class Case:
 
     Attributes:
       overrides: config field (``"train.steps"``, ``"train.early_stopping.metric"``...)
-        to value, on top of ``tests.toy.toy_config()``.
+        to value, on top of ``tests.support.toy.toy_config()``.
       replicas: Mirrored replicas over virtual CPU devices (1: one device).
       eval_dataset: whether the Trainer has an eval dataset (and an accuracy metric).
       poison_step: 0-based global step whose batch (first replica's share) holds an

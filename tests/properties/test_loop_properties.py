@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 
 from tests.conftest import collected
-from tests.helpers import REPO, subprocess_env
+from tests.support.helpers import REPO, subprocess_env
 from tests.properties import checks, profiles, strategies
 
 #: examples per property in the ``ci`` profile (scaled by the profile)

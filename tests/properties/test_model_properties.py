@@ -19,7 +19,7 @@ from hypothesis import assume, event, example, given, note, settings
 from tests.properties import model_specs, profiles
 from tests.properties.run_spec_worker import (differences,
                                               train_on_every_replica_count, weights)
-from tests.test_model_families import TOL
+from tests.distribution.test_model_families import TOL
 
 #: examples of the property in the ``ci`` profile (scaled by the profile)
 EXAMPLES = 8

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.helpers import free_loopback_ports
+from tests.support.helpers import free_loopback_ports
 
 BUCKET = "runs"
 CREDENTIALS = ("test", "test")  # moto accepts any key pair

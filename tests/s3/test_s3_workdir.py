@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import MainProcess, run_main
-from tests.helpers import NO_TENSORFLOW_PRELUDE, REPO, last_lines, subprocess_env
+from tests.support.helpers import NO_TENSORFLOW_PRELUDE, REPO, last_lines, subprocess_env
 
 STEPS = ("--config.train.steps=200", "--config.checkpoint.every_steps=100")
 

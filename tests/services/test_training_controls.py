@@ -1,7 +1,7 @@
 """Training controls on callbacks and the gradient path: EMA of the weights, early
 stopping, rollback after a blow-up, no checkpoint with non-finite weights, and the
 learning rate / gradient norm in the logs. Multi-replica scenarios run in
-tests/run_controls.py, one process per replica count, with the same assertions."""
+tests/support/run_controls.py, one process per replica count, with the same assertions."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import toy
-from tests.helpers import REPO, run_in_parallel, subprocess_env
-from tests.run_callbacks import CallbackTrainer, get_config
+from tests.support import toy
+from tests.support.helpers import REPO, run_in_parallel, subprocess_env
+from tests.support.run_callbacks import CallbackTrainer, get_config
 from trainer import optimizers
 from trainer.checkpoint.store import read_manifest
 from trainer.config import ConfigError, validate
@@ -24,11 +24,11 @@ from trainer.config import ConfigError, validate
 
 @pytest.fixture(scope="session")
 def control_runs(tmp_path_factory) -> dict:
-    """tests.run_controls on 1 and 2 replicas (in parallel): {replicas: results}."""
+    """tests.support.run_controls on 1 and 2 replicas (in parallel): {replicas: results}."""
     root = tmp_path_factory.mktemp("controls")
     for n in (1, 2):
         (root / str(n)).mkdir()
-    run_in_parallel({n: [sys.executable, "-m", "tests.run_controls", "--replicas", str(n),
+    run_in_parallel({n: [sys.executable, "-m", "tests.support.run_controls", "--replicas", str(n),
                          "--workdir", str(root / str(n)), "--out", str(root / f"{n}.json")]
                      for n in (1, 2)})
     return {n: json.loads((root / f"{n}.json").read_text()) for n in (1, 2)}
@@ -153,7 +153,7 @@ def test_early_stopping_on_two_workers_stops_both_at_the_same_step(tmp_path):
         flags = [f"--config.{k}={v}" for k, v in {**EARLY, "train.steps": steps}.items()]
         run = subprocess.run(
             [sys.executable, "-m", "launch.multiworker", "--workers", "2",
-             f"--config={REPO / 'tests' / 'run_callbacks.py'}", f"--workdir={tmp_path}",
+             f"--config={REPO / 'tests' / 'support' / 'run_callbacks.py'}", f"--workdir={tmp_path}",
              *flags], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
             timeout=400)
         assert run.returncode == 0, run.stderr[-4000:]

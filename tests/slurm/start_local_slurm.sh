@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts a single-node Slurm cluster on this machine for the real-Slurm tests
-# (tests/test_slurm.py). Idempotent: run it as often as you like; a cluster that is
+# (tests/launch/test_slurm.py). Idempotent: run it as often as you like; a cluster that is
 # already up with this configuration is left alone.
 #
 #   sudo tests/slurm/start_local_slurm.sh        # as root; Debian/Ubuntu (apt-get)

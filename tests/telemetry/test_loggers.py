@@ -11,7 +11,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests import toy
+from tests.support import toy
 from trainer import config as config_lib
 from trainer.telemetry import loggers
 

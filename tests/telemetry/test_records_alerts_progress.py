@@ -17,9 +17,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from tests import toy
+from tests.support import toy
 from tests.conftest import run_main
-from tests.telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDropoutTrainer,
+from tests.support.telemetry_trainers import (SLEEP_S, SLOW_FROM_STEP, BatchNormDropoutTrainer,
                                            HeavyCnnTrainer, SlowInputTrainer, TurnSlow,
                                            TurnsSlowTrainer, cnn_config)
 from trainer import config as config_lib
@@ -43,12 +43,12 @@ def _events(workdir: Path, run: str) -> dict[str, dict[int, object]]:
 
 
 _RUN_CONFIG = '''
-from tests import toy
+from tests.support import toy
 
 def get_config():
     config = toy.toy_config(**{"train.steps": 40, "eval.every_steps": 20,
                                "telemetry.probe_every_windows": 1})
-    config.trainer = "tests.toy:ToyEvalTrainer"
+    config.trainer = "tests.support.toy:ToyEvalTrainer"
     return config
 '''
 

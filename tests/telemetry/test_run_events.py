@@ -11,7 +11,7 @@ import textwrap
 
 import tensorflow as tf
 
-from tests import toy
+from tests.support import toy
 from tests.conftest import REPO, subprocess_env
 from trainer import Callback
 from trainer.checkpoint.preemption import Preempted
@@ -21,7 +21,7 @@ from trainer.telemetry.service import controls
 SCRIPT = textwrap.dedent("""
     import sys
     import trainer
-    from tests import toy
+    from tests.support import toy
 
     class StopAtTwenty(trainer.Callback):
         def on_log(self, t, logs):

@@ -1,0 +1,172 @@
+"""Trainer subclasses with the mistakes a user makes in their hooks, one per class.
+
+Importable (``config.trainer = "tests.checks.hook_mistakes:ModelIsFunction"``) so that the
+same classes run in this process and under ``python -m trainer.main``. ``CASES`` maps
+each class name to the regex the LAST line of the error must match (the class, the
+hook, what it returned or raised, and what it must return).
+
+    python -m tests.checks.hook_mistakes    # a config file for trainer.main: get_config()
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import trainer
+from tests.support import toy
+
+
+class ModelIsFunction(toy.ToyTrainer):
+    def build_model(self):
+        def make():
+            return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+        return make
+
+
+class LossIsDict(toy.ToyTrainer):
+    def compute_loss(self, batch, outputs):
+        return {"loss": super().compute_loss(batch, outputs)}
+
+
+def accuracy(labels, outputs):
+    return tf.cast(tf.equal(tf.cast(labels, tf.int64), tf.argmax(outputs, -1)), tf.float32)
+
+
+class MetricIsFunction(toy.ToyTrainer):
+    def build_metrics(self):
+        return {"acc": accuracy}
+
+
+class Stopper(trainer.Callback):
+    pass
+
+
+class OneCallback(toy.ToyTrainer):
+    def build_callbacks(self):
+        return Stopper()
+
+
+class StepReturnsTensor(toy.ToyTrainer):
+    def train_step(self, batch):
+        return self.steps.train(batch)["loss"]
+
+
+class OptimizerIsName(toy.ToyTrainer):
+    def build_optimizer(self):
+        return "adam"
+
+
+class DatasetIsArrays(toy.ToyTrainer):
+    def build_train_dataset(self, ctx):
+        return toy.toy_data()
+
+
+class EvalStepWithoutLoss(toy.ToyEvalTrainer):
+    def eval_step(self, batch):
+        return {"accuracy": tf.reduce_mean(tf.cast(batch[1], tf.float32))}
+
+
+class UpdateMetricsReturns(toy.ToyEvalTrainer):
+    def update_metrics(self, metrics, batch, outputs):
+        super().update_metrics(metrics, batch, outputs)
+        return metrics
+
+
+class IntegerLoss(toy.ToyTrainer):
+    def compute_loss(self, batch, outputs):
+        return tf.argmax(outputs, axis=-1)
+
+
+class KerasShapeErrorInStep(toy.ToyTrainer):
+    """The user's own step feeds the model the wrong features (7 of its 8 columns)."""
+
+    def train_step(self, batch):
+        outputs = self.model(batch[0][:, :7], training=True)
+        return {"loss": tf.reduce_mean(outputs)}
+
+
+class SubclassedModel(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.dense(tf.reshape(x, [-1, 5]))  # the user's bug: 8 features
+
+
+class ModelCallFails(toy.ToyTrainer):
+    """Default steps; the model itself fails on the batch (a structure/shape error)."""
+
+    def build_model(self):
+        model = SubclassedModel()
+        model(np.zeros((1, 10), np.float32))  # built, on the wrong feature count
+        return model
+
+
+class TypoInBuildModel(toy.ToyTrainer):
+    def build_model(self):
+        units = self.config.model.hidden_units  # no such field
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(units)])
+
+
+class NoComputeLoss(trainer.Trainer):
+    build_model = toy.ToyTrainer.build_model
+    build_train_dataset = toy.ToyTrainer.build_train_dataset
+
+
+class EvalDatasetNone(toy.ToyTrainer):
+    def build_eval_dataset(self, ctx):
+        return None
+
+
+#: class name -> regex of the last line (after the "Hook error: " / "Input error: " prefix).
+CASES = {
+    "ModelIsFunction": r"ModelIsFunction\.build_model returned a function 'make'; it must "
+                       r"return a keras\.Model .*\(call the function that builds the model",
+    "LossIsDict": r"LossIsDict\.compute_loss returned a dict with keys \['loss'\]; it must "
+                  r"return the per-example loss: a float tensor of shape \[per-replica "
+                  r"batch\] \(return the loss tensor itself, not a dict\)",
+    "MetricIsFunction": r"MetricIsFunction\.build_metrics returned a dict with keys "
+                        r"\['acc'\]; it must return a dict of keras\.metrics\.Metric by name "
+                        r".*\('acc' is a function 'accuracy': wrap a function: "
+                        r"keras\.metrics\.MeanMetricWrapper\(accuracy, name='acc'\)\)",
+    "OneCallback": r"OneCallback\.build_callbacks returned a Callback \(Stopper\); it must "
+                   r"return a list of trainer\.Callback \(\[\] for none\) \(wrap it: "
+                   r"\[Stopper\(\)\]\)",
+    "StepReturnsTensor": r"StepReturnsTensor\.train_step returned a tensor of shape \(\) "
+                         r"float32; it must return a dict of scalar tensors with a 'loss' "
+                         r"entry .*\(return \{'loss': loss\}\)",
+    "OptimizerIsName": r"OptimizerIsName\.build_optimizer returned a str; it must return a "
+                       r"keras optimizer .*\(keras\.optimizers\.get\('adam'\) makes one\)",
+    "DatasetIsArrays": r"DatasetIsArrays\.build_train_dataset returned a tuple of 2 "
+                       r"\(ndarray\); it must return a tf\.data\.Dataset of per-replica "
+                       r"batches \(wrap the arrays: tf\.data\.Dataset\.from_tensor_slices",
+    "EvalStepWithoutLoss": r"EvalStepWithoutLoss\.eval_step returned a dict with keys "
+                           r"\['accuracy'\]; it must return a dict with a 'loss' entry.*"
+                           r"\(add the 'loss' entry\)",
+    "UpdateMetricsReturns": r"UpdateMetricsReturns\.update_metrics returned a dict with keys "
+                            r"\['accuracy'\]; it must return None",
+    "IntegerLoss": r"IntegerLoss\.compute_loss returned a tensor of shape \(32,\) int64; it "
+                   r"must return the per-example loss.*\(its dtype is int64: tf\.cast it",
+    "KerasShapeErrorInStep": r"KerasShapeErrorInStep\.train_step raised ValueError: .*"
+                             r"expected axis -1 of input shape to have value 8.*"
+                             r"\[hook_mistakes\.py:\d+\]",
+    "ModelCallFails": r"ModelCallFails\.train_step \(the default: build_model's model on a "
+                      r"batch of build_train_dataset\) raised \w+: .*",
+    "TypoInBuildModel": r"TypoInBuildModel\.build_model raised AttributeError: .*"
+                        r"hidden_units.* \[hook_mistakes\.py:\d+\]",
+    "NoComputeLoss": r"NoComputeLoss does not override compute_loss: Override "
+                     r"compute_loss\(batch, outputs\)",
+    "EvalDatasetNone": r"EvalDatasetNone\.build_eval_dataset returned None; it must return "
+                       r"a tf\.data\.Dataset .*do not override build_eval_dataset",
+}
+
+
+def get_config():
+    """The toy config (tiny, fast) for ``python -m trainer.main``; the test overrides
+    ``config.trainer`` with one of the classes above."""
+    config = toy.toy_config(**{"train.steps": 2, "train.steps_per_loop": 1})
+    config.trainer = "tests.checks.hook_mistakes:ModelIsFunction"
+    return config

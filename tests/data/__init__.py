@@ -1,0 +1,1 @@
+"""Specs of trainer.data: resuming the input exactly, and releasing its iterators."""

@@ -1,0 +1,1 @@
+"""Specs of trainer.loop: the driver's cadence, eval passes and the execution plan."""

@@ -1,0 +1,114 @@
+"""The execution plan on real training (perf.plan): measured on the run's own steps,
+reported in metrics.jsonl, saved in the checkpoint and adopted on resume; the numbers
+those steps give are the fixed plan's (bit for bit without XLA, to XLA's rounding with
+it); a model XLA cannot lower drops XLA before a step runs."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tests.support.helpers import max_abs_diff
+from tests.support.toy import ToyTrainer, toy_config
+from trainer.checkpoint.store import LATEST_DIR, read_manifest
+
+# Measure however short the run, in small trials, so the test stays short.
+MEASURE = {"perf.plan_min_run_s": 0.0, "perf.plan_trial_s": 0.01, "perf.plan_rounds": 3,
+           "train.steps": 240}
+
+
+def plan_records(workdir: pathlib.Path) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "plan"]
+
+
+def weights(t) -> list[np.ndarray]:
+    return [v.numpy() for v in t.model.trainable_variables]
+
+
+def latest_manifest(workdir: pathlib.Path) -> dict:
+    steps = sorted((workdir / LATEST_DIR).iterdir(), key=lambda p: int(p.name))
+    return read_manifest(str(steps[-1]))
+
+
+def test_auto_measures_on_the_run_records_it_and_a_resume_adopts_it(tmp_path):
+    auto = ToyTrainer(toy_config(**MEASURE), workdir=str(tmp_path / "auto"))
+    auto.fit()
+    (record,) = plan_records(tmp_path / "auto")
+    assert record["source"] == "measured"
+    assert {(row["xla"], row["steps_per_loop"]) for row in record["plans"]} == {
+        ("off", 5), ("off", 10), ("step", 5), ("step", 10)}
+    # The configured steps_per_loop is timed with and without XLA; the doubled one only
+    # when a call is shorter than a trial (timing-dependent on a tiny model).
+    for row in record["plans"]:
+        if row["steps_per_loop"] == 5:
+            assert row["steps_per_s"] > 0, row
+        else:
+            assert row["steps_per_s"] or row["dropped"].startswith("not timed"), row
+    assert record["measure_s"] > 0 and record["cost_s"] >= 0
+    assert auto.step == 240
+    # The same steps as the configured plan: up to XLA's rounding of the trial steps.
+    fixed = ToyTrainer(toy_config(**MEASURE, **{"perf.plan": "fixed"}))
+    fixed.fit()
+    assert fixed.events.records == []  # a fixed plan is no event
+    assert max_abs_diff(weights(auto), weights(fixed)) < 1e-4
+    manifest = latest_manifest(tmp_path / "auto")
+    assert manifest["plan"]["chosen"] == record["chosen"]
+    assert manifest["plan"]["signature"]["strategy"] == "OneDeviceStrategy"
+    # A resume on the same hardware and strategy adopts the plan; measures nothing.
+    resumed = ToyTrainer(toy_config(**{**MEASURE, "train.steps": 300}),
+                         workdir=str(tmp_path / "auto"))
+    resumed.fit()
+    adopted = [r for r in resumed.events.records if r["kind"] == "plan"]
+    assert [(r["source"], r["chosen"]) for r in adopted] == [("checkpoint", record["chosen"])]
+    assert resumed.driver.planner.chosen.to_dict() == record["chosen"]
+    # On another strategy the checkpoint's plan does not hold: measured again.
+    moved = ToyTrainer(toy_config(**{**MEASURE, "train.steps": 540,
+                                     "distribute.strategy": "default"}),
+                       workdir=str(tmp_path / "auto"))
+    moved.fit()
+    assert [r["source"] for r in moved.events.records if r["kind"] == "plan"] == ["measured"]
+
+
+def test_short_runs_keep_the_configured_plan_and_say_why(tmp_path):
+    t = ToyTrainer(toy_config(), workdir=str(tmp_path))  # 20 steps: far below 30 s
+    t.fit()
+    assert plan_records(tmp_path) == []  # nothing measured: no event, one log line
+    record = t.driver.planner.record
+    assert record["source"] == "skipped"
+    assert "perf.plan_min_run_s=30" in record["reason"]
+    assert record["chosen"] == {"xla": "off", "steps_per_loop": 5}
+    assert "plan" not in latest_manifest(tmp_path)  # nothing measured: nothing to adopt
+
+
+class NumpyLayer(keras.layers.Layer):
+    """A layer XLA cannot lower (a host callback in the graph)."""
+
+    def call(self, x):
+        y = tf.numpy_function(lambda a: a.astype(np.float32), [x], tf.float32)
+        return tf.ensure_shape(y, x.shape)
+
+
+class HostCallbackTrainer(ToyTrainer):
+    def build_model(self):
+        return keras.Sequential([keras.Input((8,)), NumpyLayer(), keras.layers.Dense(3)])
+
+
+def test_a_model_xla_cannot_lower_drops_xla_before_any_step(tmp_path):
+    auto = HostCallbackTrainer(toy_config(**MEASURE), workdir=str(tmp_path))
+    auto.fit()
+    (record,) = plan_records(tmp_path)
+    unlowered = [row["xla"] for row in record["plans"]
+                 if row.get("dropped", "").startswith("XLA cannot lower the step: ")]
+    assert unlowered == ["step", "step"]
+    assert "PyFunc" in record["plans"][-1]["dropped"]
+    assert record["chosen"]["xla"] == "off"
+    # Only steps_per_loop varied: the run is the fixed plan's, bit for bit (no batch
+    # was consumed by a failed XLA step).
+    fixed = HostCallbackTrainer(toy_config(**MEASURE, **{"perf.plan": "fixed"}))
+    fixed.fit()
+    assert max_abs_diff(weights(auto), weights(fixed)) == 0.0

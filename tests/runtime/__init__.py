@@ -1,0 +1,1 @@
+"""Specs of trainer.runtime: SIGTERM/SIGINT answered in every phase."""

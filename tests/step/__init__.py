@@ -1,0 +1,1 @@
+"""Specs of trainer.step: what one step computes (the weights' moving average)."""
