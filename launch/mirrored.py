@@ -31,7 +31,7 @@ import os
 import sys
 from typing import Sequence
 
-from launch.flags import sets_flag
+from launch.flags import sets_flag, with_absolute_paths
 from launch.gpus import FoundGpus, found_gpus, missing_gpus
 from launch.group import CHECKED_MODULE, check_trainer_command
 
@@ -127,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="split the first device into N >= 1 logical devices")
     parser.add_argument("--module", default="trainer.main", help="entry point run with python -m")
     args, trainer_flags = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    trainer_flags = with_absolute_paths(trainer_flags)
     try:
         command, env, devices = plan(args.gpus, args.virtual_devices, trainer_flags,
                                      dict(os.environ), args.module)

@@ -81,7 +81,7 @@ from typing import Sequence
 from launch import data_service, emit, hosts, local_group, slurm, tfjob
 from launch.cluster import ClusterError, check_private_hosts
 from launch.emit import EMIT_PORT
-from launch.flags import flag_value, sets_flag
+from launch.flags import flag_value, sets_flag, with_absolute_paths
 from launch.supervision import Bounds, StopSignals
 
 EXIT_USAGE = 2
@@ -217,6 +217,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     args, trainer_flags = parser.parse_known_args(argv)
     args.trainer_flags = trainer_flags + tail
     args.mode = "emit" if args.emit else "hosts" if args.node_rank is not None else "local"
+    if args.emit != "tfjob":  # a TFJob's paths are the containers', not this machine's
+        args.trainer_flags = with_absolute_paths(args.trainer_flags)
     try:
         _check_common(args)
         if args.mode == "emit":

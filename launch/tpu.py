@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Sequence
 
-from launch.flags import sets_flag
+from launch.flags import sets_flag, with_absolute_paths
 from launch.group import CHECKED_MODULE, check_trainer_command
 from tf_cluster.tpu import TPUNotFoundError, resolve_tpu
 
@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tpu", default="", help="'' (detect), local, a TPU name or grpc://HOST:PORT")
     parser.add_argument("--module", default="trainer.main", help="entry point run with python -m")
     args, trainer_flags = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    trainer_flags = with_absolute_paths(trainer_flags)
     for name in ("--config.distribute.strategy", "--config.distribute.tpu"):
         if sets_flag(trainer_flags, name):
             parser.error(f"{name} is set by this launcher; use --tpu instead.")

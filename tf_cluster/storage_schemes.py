@@ -1,4 +1,5 @@
-"""Which workdir URLs TensorFlow 2.21 can write, and the one line for those it cannot.
+"""Which workdir URLs TensorFlow 2.21 can write, the one line for those it cannot, and
+local paths made absolute where they are read.
 
 Shared by ``trainer.cli`` (``--workdir``, checked before TensorFlow is imported) and the
 launchers (``launch.tfjob``: a manifest whose trainers would all fail at once), so both
@@ -6,6 +7,8 @@ give the same advice. Pure Python, no TensorFlow.
 """
 
 from __future__ import annotations
+
+import os
 
 #: URL schemes TensorFlow 2.21's own file systems reach (``tf.io.gfile``, checkpoints,
 #: TensorBoard); a local path has none. Others raise "File system scheme not implemented"
@@ -29,3 +32,14 @@ def unreachable_scheme(path: str, what: str) -> str | None:
     return (f"{what}={path}: TensorFlow 2.21 has no file system for '{scheme}://' (it "
             f"reaches local paths and gs://). Mount the storage and give the mount point, "
             f"or use a gs:// bucket.")
+
+
+def absolute(path: str) -> str:
+    """``path`` made absolute against this process's working directory (``~`` expanded);
+    a URL (``gs://...``) unchanged. Orbax refuses relative checkpoint paths, and a task
+    started elsewhere (a Slurm node, another host, a notebook after ``os.chdir``) would
+    read a relative one against another directory: every path a user passes is resolved
+    where it is read."""
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))

@@ -27,7 +27,7 @@ from typing import Iterable
 import ml_collections
 from absl import flags
 
-from tf_cluster.storage_schemes import unreachable_scheme
+from tf_cluster.storage_schemes import absolute, unreachable_scheme
 from trainer import config as config_lib
 from trainer.checks import bucket
 from trainer.errors import UsageError, UserError, WorkdirError, report, write_error
@@ -265,6 +265,19 @@ def check_data_dir(config: ml_collections.ConfigDict) -> None:
     data_dir = config.get("data", {}).get("data_dir", "") or ""
     if isinstance(data_dir, str):
         check_bucket(data_dir, "--config.data.data_dir")
+
+
+def resolve_paths(config: ml_collections.ConfigDict, workdir: str | None) -> str | None:
+    """The paths a user passes, made absolute here, where they are read: returns
+    ``workdir`` absolute and sets ``config.data.data_dir`` (when the config has a local
+    one) to its absolute path. URLs (``gs://``) are unchanged. The checks' messages name
+    the paths as typed; everything after them (checkpoints, TensorBoard, the TFDS
+    reader, every task of a group) sees absolute paths (orbax refuses relative ones)."""
+    data = config.get("data")
+    data_dir = data.get("data_dir") if data is not None else None
+    if isinstance(data_dir, str) and data_dir and absolute(data_dir) != data_dir:
+        data.data_dir = absolute(data_dir)
+    return absolute(workdir) if workdir else workdir
 
 
 def _writes_files() -> bool:

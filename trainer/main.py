@@ -109,7 +109,8 @@ def main(argv: list[str]) -> int:
               f"--workdir={_WORKDIR.value} pass the checks"
               f"{' (a bucket is checked when the job starts)' if '://' in _WORKDIR.value else ''}.")
         return 0
-    return load_fit_command().run(config, _WORKDIR.value, _MODE.value, _STEP.value,
+    workdir = cli.resolve_paths(config, _WORKDIR.value)
+    return load_fit_command().run(config, workdir, _MODE.value, _STEP.value,
                                   _EVAL_TIMEOUT_S.value)
 
 

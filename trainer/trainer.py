@@ -47,6 +47,7 @@ from trainer.services.history import History
 from trainer.step.default_steps import DefaultSteps
 from trainer.step.ema import ExponentialMovingAverage
 from trainer.step.gradients import GradientPath
+from tf_cluster.storage_schemes import absolute
 
 
 class Trainer:
@@ -58,7 +59,8 @@ class Trainer:
 
     Args:
       config: the experiment config (``trainer.config.get_config()`` and overrides).
-      workdir: where the run writes (checkpoints, summaries, config); None: nowhere.
+      workdir: where the run writes (checkpoints, summaries, config); None: nowhere. A
+        relative path is made absolute here (as ``config.data.data_dir``).
       strategy: a ``tf.distribute.Strategy``; default: from ``config.distribute``.
       callbacks: :class:`trainer.Callback` objects run after the framework's services,
         in this order, then those of ``build_callbacks()``.
@@ -82,7 +84,7 @@ class Trainer:
                  callbacks: Sequence[Callback] = ()):
         config_lib.validate(config)
         self.config = config
-        self.workdir = workdir
+        self.workdir = workdir = cli.resolve_paths(config, workdir)
         self.strategy = strategy or strategies.build_strategy(config.distribute)
         reducer = (ManualDataParallel(config, self.strategy)
                    if config.distribute.strategy == "manual" else None)
@@ -343,7 +345,7 @@ class Trainer:
         """
         self.driver.ensure_built()
         with self._averaged_weights():
-            self.model.export(path, format="tf_saved_model", verbose=False)
+            self.model.export(absolute(path), format="tf_saved_model", verbose=False)
 
 
 def resolve_trainer_class(path: str) -> type[Trainer]:

@@ -15,6 +15,7 @@ import sys
 
 from trainer import errors
 from trainer.checkpoint import inventory
+from tf_cluster.storage_schemes import absolute
 
 
 def table(entries: list[inventory.Entry]) -> list[str]:
@@ -32,7 +33,7 @@ def inspect(workdir: str) -> int:
     if not tf.io.gfile.isdir(workdir):
         raise errors.WorkdirError(f"--workdir={workdir} is not a directory; name the "
                                   f"--workdir of a run.")
-    entries = inventory.survey(workdir)
+    entries = inventory.survey(absolute(workdir))
     for line in table(entries):
         print(line)
     good = next((e for e in entries if e.state == inventory.COMPLETE), None)
