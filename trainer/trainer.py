@@ -77,7 +77,16 @@ class Trainer:
       average, :mod:`trainer.step.ema`, or None); hooks (calls this class's hooks with the
       checks of :mod:`trainer.checks.hooks`); events (the run's restore/stop/rollback/
       preemption events, :class:`trainer.run_context.RunEvents`).
+
+    Class attributes a subclass may set:
+      manual_optimization: False (default): the train step updates through
+        :meth:`apply_gradients`; a traced step that calls an optimizer's ``apply`` or
+        ``apply_gradients`` itself is refused with one line (Keras would sum every
+        replica's gradients: a per-replica mean loss trains N times faster on N replicas).
+        True: the step owns its updates and their cross-replica scaling (Keras' sum).
     """
+
+    manual_optimization: bool = False
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None,
                  strategy: tf.distribute.Strategy | None = None,
@@ -111,8 +120,10 @@ class Trainer:
                 config.precision.policy, config.precision.initial_loss_scale,
                 config.precision.growth_interval, self.step_counter)
             # Before build_model: it may call build_optimizer_variables (a 2nd optimizer).
-            self.gradients = GradientPath(config, self.strategy, self.batch, self.precision,
-                                          self.step_counter, None, reducer, self.ema)
+            self.gradients = GradientPath(
+                config, self.strategy, self.batch, self.precision, self.step_counter, None,
+                reducer, self.ema,
+                direct_apply_owner=None if self.manual_optimization else type(self).__name__)
             self.model = self.hooks.call("build_model")
             keras_compat.losses_per_replica(self.model)
             self.gradients.model = self.model

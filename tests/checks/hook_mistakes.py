@@ -111,6 +111,19 @@ class TypoInBuildModel(toy.ToyTrainer):
         return keras.Sequential([keras.Input((8,)), keras.layers.Dense(units)])
 
 
+class KerasGuideStep(toy.ToyTrainer):
+    """The Keras guide's custom step: a loss averaged over the replica's batch, then the
+    optimizer applied directly (Keras sums the replicas' gradients: N times too large)."""
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            outputs = self.model(batch[0], training=True)
+            loss = tf.reduce_mean(self.compute_loss(batch, outputs))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return {"loss": loss}
+
+
 class NoComputeLoss(trainer.Trainer):
     build_model = toy.ToyTrainer.build_model
     build_train_dataset = toy.ToyTrainer.build_train_dataset
@@ -159,6 +172,10 @@ CASES = {
                         r"hidden_units.* \[hook_mistakes\.py:\d+\]",
     "NoComputeLoss": r"NoComputeLoss does not override compute_loss: Override "
                      r"compute_loss\(batch, outputs\)",
+    "KerasGuideStep": r"KerasGuideStep\.train_step calls SGD\.apply \(or apply_gradients\) "
+                      r"itself: Keras then sums every replica's gradients, .* call "
+                      r"self\.apply_gradients\(tape, per_example_loss\) .*or set "
+                      r"manual_optimization = True on KerasGuideStep",
     "EvalDatasetNone": r"EvalDatasetNone\.build_eval_dataset returned None; it must return "
                        r"a tf\.data\.Dataset .*do not override build_eval_dataset",
 }

@@ -92,13 +92,18 @@ def test_tfds_data_dir_that_cannot_be_written_is_a_user_error(tmp_path):
 
 
 # (case id, config file, extra flags, exit status, regex of the last line): the five
-# mistakes that ended in "Internal error" or in a message not naming the hook, and data
-# that is not prepared.
+# mistakes that ended in "Internal error" or in a message not naming the hook, a Keras
+# guide step on 2 replicas (refused at trace time, not trained N times too fast), and
+# data that is not prepared.
 COMMAND_CASES = [
     *[(name, CONFIG, [f"--config.trainer=tests.checks.hook_mistakes:{name}"], 1,
        r"^Hook error: " + hook_mistakes.CASES[name])
       for name in ("ModelIsFunction", "LossIsDict", "MetricIsFunction", "OneCallback",
                    "StepReturnsTensor")],
+    ("keras_guide_step_on_2_replicas", CONFIG,
+     ["--config.trainer=tests.checks.hook_mistakes:KerasGuideStep",
+      "--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"], 1,
+     r"^Hook error: " + hook_mistakes.CASES["KerasGuideStep"]),
     ("mnist_not_prepared", str(REPO / "models" / "configs" / "mnist.py"),
      ["--config.data.data_dir=DATA_DIR"], 1,
      r"^Data error: TFDS dataset 'mnist' is not prepared in .*no_data and "

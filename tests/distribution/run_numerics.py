@@ -55,6 +55,7 @@ def _trainers():
         cross-replica sum (and clipping / loss scaling) itself."""
 
         average_by_global_batch = True
+        manual_optimization = True  # this step owns its updates, as a Keras user would
 
         def train_step(self, batch):
             with tf.GradientTape() as tape:

@@ -12,7 +12,7 @@ from tests.support.helpers import max_abs_diff, saved_run
 TOL = 1e-5
 
 
-@pytest.mark.parametrize("run", ["sgd", "adam"])
+@pytest.mark.parametrize("run", ["sgd", "adam", "tape_step"])
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_same_weights_as_one_replica_after_20_steps(replica_runs, run, replicas):
     assert max_abs_diff(saved_run(replica_runs[1], run), saved_run(replica_runs[replicas], run)) <= TOL

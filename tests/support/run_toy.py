@@ -2,7 +2,8 @@
 
     python -m tests.support.run_toy --replicas N --out weights.npz
 
-Trains ToyTrainer (SGD and Adam) and the per-replica-mean negative control for 20
+Trains ToyTrainer (SGD and Adam), a custom step on the framework's path
+(``self.apply_gradients``) and the per-replica-mean negative control for 20
 steps on N virtual CPU devices and saves every final weight, plus the evaluate()
 result of ToyEvalTrainer.
 """
@@ -34,6 +35,7 @@ def main() -> None:
         "sgd": (toy.ToyTrainer, config()),
         "adam": (toy.ToyTrainer, config(**{"optimizer.name": "adam",
                                            "optimizer.learning_rate": 0.01})),
+        "tape_step": (toy.TapeStepTrainer, config()),
         "per_replica_mean": (toy.PerReplicaMeanTrainer, config()),
     }
     for name, (cls, cfg) in runs.items():

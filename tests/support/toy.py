@@ -86,12 +86,26 @@ class ToyEvalTrainer(ToyTrainer):
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 
 
+class TapeStepTrainer(ToyTrainer):
+    """A custom step on the framework's path: the per-example loss inside the tape, then
+    ``self.apply_gradients`` (what a direct optimizer call is refused in favour of)."""
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            outputs = self.model(batch[0], training=True)
+            per_example_loss = self.compute_loss(batch, outputs)
+        return {"loss": self.apply_gradients(tape, per_example_loss)}
+
+
 class PerReplicaMeanTrainer(ToyTrainer):
     """NEGATIVE CONTROL: the common mistake of averaging the loss per replica.
 
     ``tf.reduce_mean`` over the local batch, then Keras sums gradients over replicas:
-    the update is N times too large with N replicas.
+    the update is N times too large with N replicas. It declares ``manual_optimization``
+    (else the framework refuses the direct ``optimizer.apply`` at trace time).
     """
+
+    manual_optimization = True
 
     def train_step(self, batch):
         with tf.GradientTape() as tape:

@@ -12,7 +12,8 @@ private name it uses and fails with a clear message when a Keras version lacks i
   gradients across replicas inside ``apply`` (``_all_reduce_sum_gradients``). The
   gradient path all-reduces (then unscales, clips and checks) itself, so while it
   applies, that sum is skipped. A user step that calls ``optimizer.apply`` directly
-  keeps the Keras behaviour.
+  is reported to the gradient path at trace time (which refuses it unless the Trainer
+  declares ``manual_optimization``, then Keras' sum applies).
 * :func:`trainable_capable_variables`: the variables of frozen layers
   (``trainable=False``) that training updates once they are unfrozen, read from the
   private ``Layer._flatten_layers`` and ``Layer._trainable_variables`` (Keras 3 keeps a
@@ -35,7 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
@@ -64,8 +65,14 @@ def fresh_names() -> Iterator[None]:
         global_state.set_global_attribute(_NAME_UIDS, merged)
 
 
-def make_reduction_switchable(optimizer: keras.optimizers.Optimizer) -> None:
-    """Lets :func:`apply_reduced` skip ``optimizer``'s own cross-replica sum (idempotent)."""
+def make_reduction_switchable(optimizer: keras.optimizers.Optimizer,
+                              on_direct_apply: Callable[[Any], None] | None = None) -> None:
+    """Lets :func:`apply_reduced` skip ``optimizer``'s own cross-replica sum (idempotent).
+
+    ``on_direct_apply(optimizer)`` is called when a traced function applies through
+    ``optimizer`` without :func:`apply_reduced` (a user step that calls ``optimizer.apply``
+    or ``apply_gradients`` itself); it may raise to refuse the step at trace time.
+    """
     if getattr(optimizer, "_trainer_switchable", False):
         return
     if not hasattr(optimizer, "_all_reduce_sum_gradients"):
@@ -78,6 +85,8 @@ def make_reduction_switchable(optimizer: keras.optimizers.Optimizer) -> None:
     def reduce(grads_and_vars):
         if getattr(_PRE_REDUCED, "active", False):
             return list(grads_and_vars)
+        if on_direct_apply is not None and not tf.executing_eagerly():
+            on_direct_apply(optimizer)
         return keras_reduce(grads_and_vars)
 
     optimizer._all_reduce_sum_gradients = reduce

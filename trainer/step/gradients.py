@@ -46,7 +46,7 @@ import ml_collections
 import tensorflow as tf
 
 from trainer import data, precision
-from trainer.errors import InputError
+from trainer.errors import HookError, InputError
 from trainer.runtime import keras_compat
 from trainer.runtime.tracing import no_autograph
 from trainer.step import sparse_gradients
@@ -129,6 +129,11 @@ class GradientPath:
         trainable variables are the default ``variables``.
       reducer: how gradients reach the update (default: :class:`Reducer`).
       ema: the weights' moving average, updated after every applied update (or None).
+      direct_apply_owner: the Trainer class named when a traced train step applies
+        through one of this path's optimizers itself (``optimizer.apply`` or
+        ``apply_gradients``): the step is refused at trace time with a :class:`HookError`.
+        None (the Trainer declares ``manual_optimization``): allowed, with Keras' own
+        cross-replica sum.
 
     Create it in ``strategy.scope()`` (it holds :class:`GradientNormStats`).
     """
@@ -136,8 +141,10 @@ class GradientPath:
     def __init__(self, config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy,
                  batch: data.BatchSizes, precision_state: precision.PrecisionState,
                  step_counter: tf.Variable, model: keras.Model, reducer: Reducer | None = None,
-                 ema: ExponentialMovingAverage | None = None):
+                 ema: ExponentialMovingAverage | None = None,
+                 direct_apply_owner: str | None = None):
         self.config = config
+        self.direct_apply_owner = direct_apply_owner
         self.strategy = strategy
         self.batch = batch
         self.precision = precision_state
@@ -174,8 +181,22 @@ class GradientPath:
             optimizer.build(list(variables))
             if self.config.perf.grad_accum_steps > 1:
                 self._accumulators[id(optimizer)] = Accumulators(list(variables))
-        keras_compat.make_reduction_switchable(optimizer)
+        keras_compat.make_reduction_switchable(optimizer, self._direct_apply)
         self._built.add(id(optimizer))
+
+    def _direct_apply(self, optimizer: keras.optimizers.Optimizer) -> None:
+        """Trace time, replica context: a step applied through ``optimizer`` itself."""
+        owner = self.direct_apply_owner
+        if owner is None:
+            return
+        raise HookError(
+            f"{owner}.train_step calls {type(optimizer).__name__}.apply (or apply_gradients) "
+            f"itself: Keras then sums every replica's gradients, so a loss averaged per "
+            f"replica trains differently on N replicas than on one, and loss scaling, "
+            f"clipping and accumulation are skipped. Compute the per-example loss inside the "
+            f"tape and call self.apply_gradients(tape, per_example_loss) (variables=, "
+            f"optimizer= for another optimizer), or set manual_optimization = True on "
+            f"{owner} to own the cross-replica scaling yourself.")
 
     def reset_accumulators(self) -> None:
         """Host: drops partial accumulation sums (after a rollback restored a checkpoint)."""
