@@ -45,6 +45,7 @@ from trainer.runtime.tracing import no_autograph
 from trainer.service_order import build_services
 from trainer.services.history import History
 from trainer.step.default_steps import DefaultSteps
+from trainer.step import replica_state
 from trainer.step.ema import ExponentialMovingAverage
 from trainer.step.gradients import GradientPath
 from tf_cluster.storage_schemes import absolute
@@ -124,7 +125,8 @@ class Trainer:
                 config, self.strategy, self.batch, self.precision, self.step_counter, None,
                 reducer, self.ema,
                 direct_apply_owner=None if self.manual_optimization else type(self).__name__)
-            self.model = self.hooks.call("build_model")
+            with replica_state.averaged_state():  # forward-updated state: MEAN
+                self.model = self.hooks.call("build_model")
             keras_compat.losses_per_replica(self.model)
             self.gradients.model = self.model
             self.optimizer = self.hooks.call("build_optimizer")

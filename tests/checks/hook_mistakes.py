@@ -124,6 +124,29 @@ class KerasGuideStep(toy.ToyTrainer):
         return {"loss": loss}
 
 
+class WarmupMean(keras.layers.Layer):
+    """A running mean updated only after a warm-up: the assign sits inside a tf.cond."""
+
+    def build(self, shape):
+        self.mean = self.add_weight(shape=(shape[-1],), initializer="zeros",
+                                    trainable=False, name="mean")
+        self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                    name="seen", dtype="int64")
+
+    def call(self, x, training=False):
+        if training:
+            self.seen.assign_add(1)
+            tf.cond(self.seen > 2,
+                    lambda: self.mean.assign(0.9 * self.mean + 0.1 * tf.reduce_mean(x, 0)),
+                    lambda: self.mean)
+        return x - self.mean
+
+
+class StateUpdateInCond(toy.ToyTrainer):
+    def build_model(self):
+        return keras.Sequential([keras.Input((8,)), WarmupMean(), keras.layers.Dense(3)])
+
+
 class NoComputeLoss(trainer.Trainer):
     build_model = toy.ToyTrainer.build_model
     build_train_dataset = toy.ToyTrainer.build_train_dataset
@@ -187,3 +210,11 @@ def get_config():
     config = toy.toy_config(**{"train.steps": 2, "train.steps_per_loop": 1})
     config.trainer = "tests.checks.hook_mistakes:ModelIsFunction"
     return config
+
+# Mistakes that only show on several replicas (one replica needs no synchronisation):
+# the class and the regex of its message, run on 2 Mirrored replicas by the tests.
+MULTI_REPLICA_CASES = {
+    "StateUpdateInCond": r"StateUpdateInCond\.train_step \(the default: .*\) updates, inside "
+                         r"a tf\.cond or a loop, a variable that every replica must agree on "
+                         r".*assign it once outside",
+}

@@ -104,6 +104,10 @@ COMMAND_CASES = [
      ["--config.trainer=tests.checks.hook_mistakes:KerasGuideStep",
       "--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"], 1,
      r"^Hook error: " + hook_mistakes.CASES["KerasGuideStep"]),
+    *[(f"{name}_on_2_replicas", CONFIG,
+       [f"--config.trainer=tests.checks.hook_mistakes:{name}",
+        "--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"], 1,
+       r"^Hook error: " + regex) for name, regex in hook_mistakes.MULTI_REPLICA_CASES.items()],
     ("mnist_not_prepared", str(REPO / "models" / "configs" / "mnist.py"),
      ["--config.data.data_dir=DATA_DIR"], 1,
      r"^Data error: TFDS dataset 'mnist' is not prepared in .*no_data and "

@@ -3,7 +3,8 @@
     python -m tests.distribution.run_manual --devices 3 --out manual3.npz
     python -m tests.distribution.run_manual --devices 2 --out manual2.npz
 
-With 3 virtual CPU devices: each scenario trains the toy model for 20 steps on one
+With 3 virtual CPU devices: each scenario trains the toy model (or one whose forward
+pass updates a running mean) for 20 steps on one
 device (the whole batch) and in manual mode with device_weights (1, 2, 1) (split
 8/16/8 of 32), plus a negative control (per-device MEAN gradients averaged with equal
 weights), a checkpoint resume, a non-finite step on one device, evaluate() with a
@@ -133,6 +134,7 @@ def run_three(out: dict, workdir: str) -> None:
         "accum": (toy.ToyTrainer, {"perf.grad_accum_steps": 2}),
         "custom": (custom_cls, {}),
         "jit": (toy.ToyTrainer, {"perf.jit_compile": True}),
+        "stateful": (toy.ReadFirstStatefulTrainer, {}),
     }
     for name, (cls, overrides) in scenarios.items():
         for mode, weights in (("single", None), ("manual", WEIGHTS)):

@@ -62,11 +62,12 @@ def test_split_is_proportional_and_sums_to_the_batch():
 
 
 # ------------------------------------------------------------ equivalence
-@pytest.mark.parametrize("scenario", ["sgd", "adam", "accum", "custom", "jit"])
+@pytest.mark.parametrize("scenario", ["sgd", "adam", "accum", "custom", "jit", "stateful"])
 def test_uneven_split_trains_like_one_device_on_the_whole_batch(manual_runs, scenario):
     # 20 steps, weights (1, 2, 1): slices of 8/16/8 examples on 3 devices, one update.
     # accum: perf.grad_accum_steps=2; custom: a user train_step calling apply_gradients;
-    # jit: perf.jit_compile=True (XLA on one device, not applied on three).
+    # jit: perf.jit_compile=True (XLA on one device, not applied on three); stateful: a
+    # running mean updated (and read) in the forward pass, its state among the weights.
     run = manual_runs[3]
     assert max_abs_diff(saved_run(run, f"single_{scenario}"), saved_run(run, f"manual_{scenario}")) <= TOL
     single = json.loads(str(run[f"single_{scenario}_results"]))

@@ -12,7 +12,7 @@ from tests.support.helpers import max_abs_diff, saved_run
 TOL = 1e-5
 
 
-@pytest.mark.parametrize("run", ["sgd", "adam", "tape_step"])
+@pytest.mark.parametrize("run", ["sgd", "adam", "tape_step", "stateful"])
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_same_weights_as_one_replica_after_20_steps(replica_runs, run, replicas):
     assert max_abs_diff(saved_run(replica_runs[1], run), saved_run(replica_runs[replicas], run)) <= TOL
@@ -43,3 +43,17 @@ def test_evaluate_same_on_every_replica_count_with_short_last_batch(replica_runs
     assert one.keys() == many.keys() == {"loss", "accuracy"}
     for key in one:
         assert abs(one[key] - many[key]) <= TOL
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_state_updated_in_the_forward_pass_is_the_same_on_every_replica(replica_runs, replicas):
+    # A running mean (float, Keras' default aggregation) and a call counter (int64): every
+    # replica's copy equals the one-replica run's value.
+    one, many = replica_runs[1], replica_runs[replicas]
+    names = sorted({k.rsplit("/", 1)[0] for k in one if k.startswith("state/")})
+    assert len(names) == 2, names
+    for name in names:
+        for r in range(replicas):
+            assert np.max(np.abs(one[f"{name}/0"] - many[f"{name}/{r}"])) <= TOL, (name, r)
+    counter = next(n for n in names if n.endswith("calls"))
+    assert int(one[f"{counter}/0"]) == 20

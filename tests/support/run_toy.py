@@ -3,7 +3,7 @@
     python -m tests.support.run_toy --replicas N --out weights.npz
 
 Trains ToyTrainer (SGD and Adam), a custom step on the framework's path
-(``self.apply_gradients``) and the per-replica-mean negative control for 20
+(``self.apply_gradients``), a model whose forward pass updates a running mean and the per-replica-mean negative control for 20
 steps on N virtual CPU devices and saves every final weight, plus the evaluate()
 result of ToyEvalTrainer.
 """
@@ -36,6 +36,7 @@ def main() -> None:
         "adam": (toy.ToyTrainer, config(**{"optimizer.name": "adam",
                                            "optimizer.learning_rate": 0.01})),
         "tape_step": (toy.TapeStepTrainer, config()),
+        "stateful": (toy.StatefulTrainer, config()),
         "per_replica_mean": (toy.PerReplicaMeanTrainer, config()),
     }
     for name, (cls, cfg) in runs.items():
@@ -44,6 +45,10 @@ def main() -> None:
         t.fit()
         for i, w in enumerate(t.model.get_weights()):
             out[f"{name}/{i}"] = w
+        if name == "stateful":  # every replica's copy of the state, not only replica 0's
+            for v in t.model.non_trainable_variables:
+                for r, copy in enumerate(t.strategy.experimental_local_results(v.value)):
+                    out[f"state/{v.path}/{r}"] = copy.numpy()
     evaluator = toy.ToyEvalTrainer(config(**{"eval.global_batch_size": 16}))
     evaluation = evaluator.evaluate()
     out["eval_weights"] = np.concatenate([w.ravel() for w in evaluator.model.get_weights()])

@@ -97,6 +97,53 @@ class TapeStepTrainer(ToyTrainer):
         return {"loss": self.apply_gradients(tape, per_example_loss)}
 
 
+class RunningMean(keras.layers.Layer):
+    """Centres its input on a running mean of the batch means, updated in ``call`` with
+    ``assign`` on a weight of Keras' default aggregation (as a user writes it), and
+    counts its training calls (integer state, the same on every replica). The centring
+    reads the mean after this call's update, or before it with ``read_first``."""
+
+    def __init__(self, read_first: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.read_first = read_first
+
+    def build(self, shape):
+        self.mean = self.add_weight(shape=(shape[-1],), initializer="zeros",
+                                    trainable=False, name="mean")
+        self.calls = self.add_weight(shape=(), initializer="zeros", dtype="int64",
+                                     trainable=False, name="calls")
+
+    def call(self, x, training=False):
+        centred = x - tf.convert_to_tensor(self.mean) if self.read_first else None
+        if training:
+            self.mean.assign(0.9 * self.mean + 0.1 * tf.reduce_mean(x, axis=0))
+            self.calls.assign_add(1)
+        return centred if self.read_first else x - self.mean
+
+
+class StatefulTrainer(ToyTrainer):
+    """ToyTrainer whose forward pass reads and updates a running mean (the model's
+    first layer), so the state changes the trained weights."""
+
+    read_first = False
+
+    def build_model(self) -> keras.Model:
+        return keras.Sequential([
+            keras.Input((8,)),
+            RunningMean(read_first=self.read_first),
+            keras.layers.Dense(16, activation="tanh"),
+            keras.layers.Dense(3),
+        ])
+
+
+class ReadFirstStatefulTrainer(StatefulTrainer):
+    """StatefulTrainer whose layer centres on the mean from before the step's update
+    (manual data parallelism's device slices each update it; a read after the update
+    would see the slice's own)."""
+
+    read_first = True
+
+
 class PerReplicaMeanTrainer(ToyTrainer):
     """NEGATIVE CONTROL: the common mistake of averaging the loss per replica.
 

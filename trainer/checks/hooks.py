@@ -71,6 +71,18 @@ _DEFAULT_DOES = {
 }
 
 
+# TensorFlow's words when a replica synchronises inside a tf.cond or a loop of a replica
+# step, and what a user does about it.
+_MERGE_CALL_IN_CONTROL_FLOW = "`merge_call` called while defining a new graph"
+_SYNC_IN_CONTROL_FLOW = (
+    "updates, inside a tf.cond or a loop, a variable that every replica must agree on "
+    "(a non-trainable weight its forward pass updates, which the framework averages over "
+    "the replicas at each assign, or an optimizer): TensorFlow cannot synchronise "
+    "replicas there. Compute the new value inside the control flow (tf.where, or a "
+    "tf.cond that returns it) and assign it once outside; or create the weight with "
+    "synchronization='on_read', aggregation='mean' to keep one copy per replica.")
+
+
 def describe(value: Any) -> str:
     """A short description of ``value`` for a message: ``a function 'make'``, ``a dict
     with keys ['a']``, ``a tensor of shape (32, 3) float32``, ``None``..."""
@@ -311,6 +323,8 @@ class Hooks:
                 subject = (f"{self.owner}.{hook} (the default: "
                            f"{_DEFAULT_DOES.get(hook, 'the framework')})")
                 where = ""
+            if _MERGE_CALL_IN_CONTROL_FLOW in str(error):
+                raise HookError(f"{subject} {_SYNC_IN_CONTROL_FLOW}{where}") from error
             raise HookError(f"{subject} raised {type(error).__name__}: "
                             f"{one_line(error)}{where}") from error
 

@@ -37,8 +37,11 @@ Trainer's gradient path):
 
 Limits:
 
-* Non-trainable state updated in the forward pass (BatchNorm moving statistics) is
-  updated once per slice, in device order, from that slice's statistics.
+* Non-trainable state updated in the forward pass (BatchNorm moving statistics, running
+  means) starts every slice from its value before the step and ends as the
+  example-weighted mean of the slices' results (:mod:`trainer.step.replica_state`): one
+  device's update on the whole batch for a running mean; BatchNorm's batch statistics in
+  the forward pass are still each slice's own.
 * Random ops (dropout) draw per slice: the same distribution, not the same numbers as
   one device on the whole batch.
 * All updates of a step are applied after every slice ran. A ``train_step`` with
@@ -68,6 +71,7 @@ from absl import logging
 from trainer.config import ConfigError
 from trainer.distribution.strategies import resolve_devices
 from trainer.step.gradients import GradientPath, Reducer
+from trainer.step.replica_state import SliceState
 
 StepFn = Callable[[Any], dict]
 
@@ -248,19 +252,26 @@ class ManualDataParallel(Reducer):
     def wrap_train(self, train_step: StepFn) -> StepFn:
         """The training step function the loop calls instead of ``train_step``.
 
-        Runs ``train_step`` on each device's slice, applies each ``apply_gradients`` call
-        once on the summed gradients, and returns the example-weighted mean of the
+        Runs ``train_step`` on each device's slice (each from the same forward state, which
+        ends as the example-weighted mean of the slices': :class:`SliceState`), applies each
+        ``apply_gradients`` call once on the summed gradients, and returns the example-weighted mean of the
         slices' outputs (float32 math, original dtypes).
         """
 
         def manual_train_step(batch):
             slices, counts, total = self._split(batch, require_examples=True)
             outputs, records = [], []
-            for device, part in zip(self.devices, slices):
+            state = SliceState(self._path.model)
+            state.begin()
+            for i, (device, part) in enumerate(zip(self.devices, slices)):
+                if i:
+                    state.next_slice()
                 out, calls = self.run_slice(train_step, part, device)
+                state.end_slice(counts[i])
                 outputs.append(out)
                 records.append(calls)
             with tf.device(self._update_device()):
+                state.finish(total)
                 self._apply(records)
                 if not all(isinstance(o, dict) for o in outputs):
                     return outputs[0]  # the loop reports the broken contract

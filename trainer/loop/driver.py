@@ -46,6 +46,7 @@ from trainer.loop.compiled_loops import CompiledLoops, TrainableWatch, replica_s
 from trainer.loop.metric_readout import MetricReadout
 from trainer.run_context import next_multiple
 from trainer.runtime import keras_compat
+from trainer.step import replica_state
 
 
 class LoopDriver:
@@ -157,7 +158,7 @@ class LoopDriver:
                 inputs.check_features(features, model, what, t.overrides(step))
         if unbuilt:
             dummy = data.zeros_for_spec(features)
-            with t.strategy.scope():
+            with t.strategy.scope(), replica_state.averaged_state():
                 model(dummy, training=False)
         weights = keras_compat.trainable_capable_variables(model)  # frozen layers' too
         t.gradients.build_optimizer_variables(t.optimizer, weights)

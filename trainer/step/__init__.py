@@ -7,7 +7,9 @@
 * :mod:`trainer.step.update_context` — where an update may branch (replica context).
 * :mod:`trainer.step.grad_norm` — ``train/grad_norm``.
 * :mod:`trainer.step.ema` — the weights' exponential moving average.
+* :mod:`trainer.step.replica_state` — the state a forward pass updates, equal on every
+  replica.
 """
 
-__all__ = ["default_steps", "ema", "grad_norm", "gradients", "sparse_gradients",
-           "update_context"]
+__all__ = ["default_steps", "ema", "grad_norm", "gradients", "replica_state",
+           "sparse_gradients", "update_context"]
