@@ -19,12 +19,13 @@ import importlib.util
 import ml_collections
 
 from trainer.errors import ConfigError  # raised here; importers take it from trainer.config
-from trainer.errors import check_choice, check_positive, require, suggest
+from trainer.errors import check_choice, check_known_fields, check_positive, require, suggest
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
 SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
+CONSISTENCY_CHECKS = ("auto", "every_loop", "off")
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring")
 FREE_FORM_SECTIONS = ("model", "data")
 LOGGERS = ("jsonl", "tensorboard", "mlflow")  # telemetry.loggers (chief only)
@@ -102,6 +103,9 @@ def get_config() -> ml_collections.ConfigDict:
             all_reduce="auto",
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
             device_weights=(),  # manual: batch share per device (default: equal)
+            # Do every replica's and worker's copies of the variables agree? "auto": after
+            # the first step of each fit() and before each checkpoint; "every_loop"; "off".
+            consistency_check="auto",
         )
     )
     config.perf = ml_collections.ConfigDict(
@@ -178,20 +182,7 @@ def _check_known_keys(config: ml_collections.ConfigDict) -> None:
         section = config[key]
         if not isinstance(section, (ml_collections.ConfigDict, dict)):
             raise ConfigError(f"config.{key} must be a section (ConfigDict), got {section!r}.")
-        _check_section_keys(f"config.{key}", section, schema[key])
-
-
-def _check_section_keys(where: str, section, schema: ml_collections.ConfigDict) -> None:
-    for sub in section.keys():
-        if sub not in schema:
-            raise ConfigError(
-                f"{where}.{sub} is not a field of the schema.{suggest(sub, schema.keys())} "
-                f"Known fields of {where}: {', '.join(sorted(schema.keys()))}.")
-        if isinstance(schema[sub], ml_collections.ConfigDict):
-            if not isinstance(section[sub], (ml_collections.ConfigDict, dict)):
-                raise ConfigError(f"{where}.{sub} must be a section (ConfigDict), got "
-                                  f"{section[sub]!r}.")
-            _check_section_keys(f"{where}.{sub}", section[sub], schema[sub])
+        check_known_fields(f"config.{key}", section, schema[key])
 
 
 def _check_device_weights(dcfg: ml_collections.ConfigDict) -> None:
@@ -255,6 +246,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_positive("precision.growth_interval", config.precision.growth_interval)
     check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
     check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
+    check_choice("distribute.consistency_check", config.distribute.consistency_check,
+                 CONSISTENCY_CHECKS)
     _check_device_weights(config.distribute)
     check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
     check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)

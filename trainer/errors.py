@@ -101,6 +101,13 @@ class StorageError(UserError):
     prefix = "Storage error"
 
 
+class ReplicaDivergenceError(UserError):
+    """The copies of a variable differ between replicas or workers: names the variable,
+    the step, the likely cause and the fix (:mod:`trainer.services.consistency`)."""
+
+    prefix = "Replica divergence"
+
+
 class PeerLostError(UserError):
     """A peer task of the run stopped responding; the group must restart (exit 170).
 
@@ -281,3 +288,19 @@ def require(field: str, value: Any, ok: bool, rule: str) -> None:
     """Raises ``config.FIELD=VALUE must be RULE.`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"config.{field}={value!r} must be {rule}.")
+
+
+def check_known_fields(where: str, section: Any, schema: Any) -> None:
+    """Raises ``WHERE.FIELD is not a field of the schema`` (with a suggestion) for a key of
+    ``section`` that ``schema`` lacks, recursively through its sub-sections (both
+    ``ml_collections.ConfigDict`` or dicts)."""
+    for sub in section.keys():
+        if sub not in schema:
+            raise ConfigError(
+                f"{where}.{sub} is not a field of the schema.{suggest(sub, schema.keys())} "
+                f"Known fields of {where}: {', '.join(sorted(schema.keys()))}.")
+        if hasattr(schema[sub], "keys"):
+            if not hasattr(section[sub], "keys"):
+                raise ConfigError(f"{where}.{sub} must be a section (ConfigDict), got "
+                                  f"{section[sub]!r}.")
+            check_known_fields(f"{where}.{sub}", section[sub], schema[sub])

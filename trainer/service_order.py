@@ -15,6 +15,7 @@ from trainer.checkpoint.service import Checkpointer
 from trainer.precision import NonFinitePolicy
 from trainer.run_context import RunEvents
 from trainer.run_context import Service
+from trainer.services.consistency import ConsistencyCheck
 from trainer.services.early_stopping import EarlyStopping
 from trainer.services.evaluation import PeriodicEvaluation
 from trainer.services.history import History
@@ -61,6 +62,9 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         # Acts on the loop's outcome before anything uses the weights: a rollback
         # restores before this boundary's evaluation and save; 'stop' raises before a save.
         NonFiniteGuard(config, nonfinite, events, last_good),
+        # Compares the replicas' copies after a rollback's restore and before anything
+        # uses or saves the weights: a diverged state is never evaluated nor saved.
+        ConsistencyCheck(config),
         # Evaluates before early stopping judges its values and before the checkpoint
         # that keeps the best step needs them.
         PeriodicEvaluation(config, has_eval),

@@ -7,6 +7,8 @@
 * :mod:`trainer.distribution.host_collectives` — small host-side collectives between
   workers (is this the chief, agree on a value).
 * :mod:`trainer.distribution.lost_peer` — naming the peer a multi-worker error lost.
+* :mod:`trainer.distribution.replica_check` — do every replica's and worker's copies of
+  the variables agree.
 """
 
-__all__ = ["data_parallel", "host_collectives", "lost_peer", "strategies"]
+__all__ = ["data_parallel", "host_collectives", "lost_peer", "replica_check", "strategies"]
