@@ -147,7 +147,12 @@ class KeptObjects:
         return None
 
     def release(self) -> None:
-        """Releases what is kept (:func:`release`); nothing kept: nothing happens."""
+        """Releases what is kept (:func:`release`); nothing kept: nothing happens (not
+        even a look at this module's globals, which the interpreter's teardown may have
+        cleared before it collects this object)."""
+        if not self._items:
+            self._tag = None
+            return
         items, self._tag, self._items = self._items, None, []
         _holding.discard(self)
         release(items)
