@@ -106,6 +106,9 @@ def get_config() -> ml_collections.ConfigDict:
             # Do every replica's and worker's copies of the variables agree? "auto": after
             # the first step of each fit() and before each checkpoint; "every_loop"; "off".
             consistency_check="auto",
+            # True: every BatchNormalization layer normalises by the global batch's
+            # statistics (an all-reduce per layer per step), as on one replica.
+            sync_batch_norm=False,
         )
     )
     config.perf = ml_collections.ConfigDict(

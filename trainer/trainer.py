@@ -35,7 +35,7 @@ from trainer.callbacks import Callback, CallbackList
 from trainer.checkpoint import resume as checkpointing
 from trainer.checks.hooks import Hooks
 from trainer.data import split_batch
-from trainer.distribution import strategies
+from trainer.distribution import batch_norm, strategies
 from trainer.distribution.data_parallel import ManualDataParallel
 from trainer.loop.context import LoopContext
 from trainer.loop.driver import LoopDriver
@@ -127,6 +127,11 @@ class Trainer:
                 direct_apply_owner=None if self.manual_optimization else type(self).__name__)
             with replica_state.averaged_state():  # forward-updated state: MEAN
                 self.model = self.hooks.call("build_model")
+            if config.distribute.sync_batch_norm:
+                batch_norm.synchronize(self.model)
+            unsynchronized = batch_norm.warning(self.model, self.strategy)
+            if unsynchronized:
+                logging.warning("%s", unsynchronized)
             keras_compat.losses_per_replica(self.model)
             self.gradients.model = self.model
             self.optimizer = self.hooks.call("build_optimizer")

@@ -9,6 +9,9 @@
 * :mod:`trainer.distribution.lost_peer` — naming the peer a multi-worker error lost.
 * :mod:`trainer.distribution.replica_check` — do every replica's and worker's copies of
   the variables agree.
+* :mod:`trainer.distribution.batch_norm` — BatchNormalization across replicas: named at
+  start, synchronised on request.
 """
 
-__all__ = ["data_parallel", "host_collectives", "lost_peer", "replica_check", "strategies"]
+__all__ = ["batch_norm", "data_parallel", "host_collectives", "lost_peer", "replica_check",
+           "strategies"]

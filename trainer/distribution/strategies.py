@@ -284,6 +284,8 @@ def resolve_strategy_name(dcfg: ml_collections.ConfigDict) -> str:
 
 
 _STRATEGIES: dict[str, tf.distribute.Strategy] = {}
+#: ``distribute`` fields read by the Trainer, not by the strategy it runs on.
+NOT_STRATEGY_FIELDS = ("consistency_check", "sync_batch_norm", "device_weights")
 
 
 def build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
@@ -291,9 +293,12 @@ def build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
 
     One strategy per distinct ``distribute`` config per process: a second Trainer with
     the same settings shares it. (Two Mirrored strategies over the same devices would
-    allocate the same collective keys and clash at run time.)
+    allocate the same collective keys and clash at run time.) The fields that do not
+    shape the strategy (:data:`NOT_STRATEGY_FIELDS`) are not part of the settings: two
+    Trainers that differ only there share it.
     """
-    key = dcfg.to_json(sort_keys=True)
+    key = json.dumps({k: v for k, v in dcfg.to_dict().items()
+                      if k not in NOT_STRATEGY_FIELDS}, sort_keys=True, default=str)
     if key not in _STRATEGIES:
         _STRATEGIES[key] = _build_strategy(dcfg)
     return _STRATEGIES[key]

@@ -14,6 +14,8 @@ private name it uses and fails with a clear message when a Keras version lacks i
   applies, that sum is skipped. A user step that calls ``optimizer.apply`` directly
   is reported to the gradient path at trace time (which refuses it unless the Trainer
   declares ``manual_optimization``, then Keras' sum applies).
+* :func:`all_layers`: every layer of a model, nested ones included (the private
+  ``Layer._flatten_layers``), e.g. to find its BatchNormalization layers.
 * :func:`trainable_capable_variables`: the variables of frozen layers
   (``trainable=False``) that training updates once they are unfrozen, read from the
   private ``Layer._flatten_layers`` and ``Layer._trainable_variables`` (Keras 3 keeps a
@@ -112,6 +114,21 @@ def nested_function_graph(graph: tf.Graph, name: str) -> tf.Graph | None:
     getter = getattr(graph, "_get_function", None)
     function = getter(name) if getter else None
     return getattr(function, "graph", None)
+
+
+def all_layers(model: keras.Model) -> list:
+    """Every layer of ``model``, nested models' included, each once (``model`` first).
+    Uses the private ``Layer._flatten_layers``; without it, ``model.layers`` recursively."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=True, recursive=True))
+    found, todo = [], [model]
+    while todo:
+        layer = todo.pop(0)
+        if all(layer is not f for f in found):
+            found.append(layer)
+            todo.extend(getattr(layer, "layers", []))
+    return found
 
 
 def trainable_capable_variables(model: keras.Model) -> list:
