@@ -1,1 +1,2 @@
-"""Specs of trainer.step: what one step computes (the weights' moving average)."""
+"""Specs of trainer.step: what one step computes (the weights' moving average, XLA on
+the step)."""

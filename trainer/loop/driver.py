@@ -95,8 +95,10 @@ class LoopDriver:
         """The execution plan's planner (built once, at the first use)."""
         if self._planner is None:
             t, cfg = self.trainer, self.trainer.config
-            # perf.jit_compile compiles the DEFAULT step's forward + backward only.
-            grads = t.steps.xla and not t.overrides("train_step")
+            # perf.jit_compile compiles the DEFAULT step's forward + backward only, and
+            # not on batches of dynamic shapes (one warning says so).
+            grads = (t.steps.keeps_xla_for(self.train_batch_spec())
+                     and not t.overrides("train_step"))
             workers = host_collectives.num_workers(t.strategy)
             self._planner = plan_lib.Planner(
                 cfg, plan_lib.Plan("grads" if grads else "off", cfg.train.steps_per_loop),

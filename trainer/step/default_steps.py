@@ -26,7 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import precision
-from trainer.data import split_batch, zeros_for_spec
+from trainer.data import dynamic_shapes_problem, split_batch, zeros_for_spec
 from trainer.runtime.tracing import no_autograph
 from trainer.step.gradients import GradientPath, check_per_example_loss
 
@@ -118,6 +118,18 @@ class DefaultSteps:
         outputs = precision.outputs_to_float32(self.forward(features, training))
         loss = self.compute_loss(batch, outputs)
         return outputs, check_per_example_loss(loss, batch)
+
+    def keeps_xla_for(self, spec: Any) -> bool:
+        """Host, before a trace: whether the configured XLA (:attr:`xla`) stays on for
+        batches of ``spec`` (one replica's; None: not known yet). Batches with dynamic
+        shapes turn it off, with one warning: XLA would compile the step again for every
+        new batch shape, many times slower than no XLA."""
+        problem = dynamic_shapes_problem(spec) if spec is not None and self.xla else None
+        if problem is not None:
+            logging.warning("perf.jit_compile=True is not applied: %s; training without XLA "
+                            "(XLA would compile once per batch shape).", problem)
+            self.xla = False
+        return self.xla
 
     def _xla_problem(self) -> str | None:
         """Why the default step is not XLA-compiled under this strategy (None: it may be)."""
