@@ -7,7 +7,7 @@ of one check.
 
 Modes (each its own Trainer on the same workload, Adam, ``steps_per_loop=50``, Mirrored
 over ``--replicas`` virtual CPU devices, no workdir): ``off``; ``auto`` (the default: after
-the first step of each ``fit()``, which splits its first loop, and when training ends;
+the first loop of each ``fit()`` and when training ends;
 with a workdir also before each periodic checkpoint); ``every_loop`` (the dearest
 cadence). Every round runs one ``fit()`` of ``--steps`` more steps per mode in a rotating
 order; the table shows the median examples/s and the median of the per-round ratios to

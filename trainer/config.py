@@ -104,7 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
             device_weights=(),  # manual: batch share per device (default: equal)
             # Do every replica's and worker's copies of the variables agree? "auto": after
-            # the first step of each fit() and before each checkpoint; "every_loop"; "off".
+            # the first loop of each fit() and before each checkpoint; "every_loop"; "off".
             consistency_check="auto",
             # True: every BatchNormalization layer normalises by the global batch's
             # statistics (an all-reduce per layer per step), as on one replica.

@@ -9,17 +9,17 @@ computed on its device) and ends a run whose copies differ with one
 :class:`trainer.errors.ReplicaDivergenceError` line naming the variable, the step, the
 likely cause and the fix.
 
-When (``"auto"``): after the first step of every ``fit()`` (it asks for a loop
-boundary there), at every loop end on a ``checkpoint.every_steps`` multiple and when
-training ends, before the checkpoint is saved, so a diverged state is never saved as
-good; ``"every_loop"``: at every loop end; ``"off"``: never. On one replica of one
+When (``"auto"``): after the first train loop of every ``fit()`` (``steps_per_loop``
+steps, or fewer when a boundary comes first; no extra boundary is asked for, so the
+loops and callbacks run as without the check), at every loop end on a
+``checkpoint.every_steps`` multiple and when training ends, before the checkpoint is
+saved, so a diverged state is never saved as good; ``"every_loop"``: at every loop end; ``"off"``: never. On one replica of one
 worker there is nothing to compare. On TPU the copies live in the cores' memory and are
 not read back: the check is skipped there (one log line).
 """
 
 from __future__ import annotations
 
-import math
 import time
 
 import tensorflow as tf
@@ -56,7 +56,7 @@ class ConsistencyCheck(Service):
         self.mode = config.distribute.consistency_check
         self.every = config.checkpoint.every_steps
         self._check: ReplicaCheck | None = None
-        self._first = math.inf  # the first step of this fit(), checked once reached
+        self._first_loop = False  # the next loop end is this fit()'s first
         self._checked_step = -1
         self.seconds = 0.0  # host seconds spent checking in this process
 
@@ -72,15 +72,13 @@ class ConsistencyCheck(Service):
         if self.mode != "off" and isinstance(run.strategy, tf.distribute.TPUStrategy):
             logging.info("distribute.consistency_check: skipped on TPU (the copies live "
                          "in the cores' memory).")
-        self._first = run.step + 1 if self._applies(run) else math.inf
-
-    def next_boundary(self, step: int) -> float:
-        return self._first if step < self._first else math.inf
+        self._first_loop = True
 
     def on_loop_end(self, run: RunContext) -> None:
         step = run.step
-        due = (self.mode == "every_loop" or step == self._first
+        due = (self.mode == "every_loop" or self._first_loop
                or (self.every > 0 and step % self.every == 0))
+        self._first_loop = False
         if due and self._applies(run):
             self.check(run)
 
