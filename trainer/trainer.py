@@ -35,7 +35,7 @@ from trainer.callbacks import Callback, CallbackList
 from trainer.checkpoint import resume as checkpointing
 from trainer.checks.hooks import Hooks
 from trainer.data import split_batch
-from trainer.distribution import batch_norm, strategies
+from trainer.distribution import batch_norm, collectives, strategies
 from trainer.distribution.data_parallel import ManualDataParallel
 from trainer.loop.context import LoopContext
 from trainer.loop.driver import LoopDriver
@@ -259,6 +259,16 @@ class Trainer:
             tape, per_example_loss,
             list(self.model.trainable_variables if variables is None else variables),
             optimizer or self.optimizer)
+
+    def all_gather(self, value, axis: int = 0):
+        """Replica context: ``value`` (a tensor or nest) of every replica, concatenated
+        along ``axis`` in the global batch's order; differentiable; ``value`` on one
+        replica (:mod:`trainer.distribution.collectives`)."""
+        return collectives.all_gather(value, axis, self.gradients.reducer)
+
+    def all_reduce(self, value, op: str = "sum"):
+        """Replica context: the ``"sum"`` or ``"mean"`` of ``value`` over the replicas."""
+        return collectives.all_reduce(value, op, self.gradients.reducer)
 
     def build_optimizer_variables(self, optimizer: keras.optimizers.Optimizer,
                                   variables: list) -> None:

@@ -11,7 +11,9 @@
   the variables agree.
 * :mod:`trainer.distribution.batch_norm` — BatchNormalization across replicas: named at
   start, synchronised on request.
+* :mod:`trainer.distribution.collectives` — ``all_gather`` / ``all_reduce`` for a custom
+  step (``Trainer.all_gather``).
 """
 
-__all__ = ["batch_norm", "data_parallel", "host_collectives", "lost_peer", "replica_check",
-           "strategies"]
+__all__ = ["batch_norm", "collectives", "data_parallel", "host_collectives", "lost_peer",
+           "replica_check", "strategies"]

@@ -169,6 +169,12 @@ class ManualDataParallel(Reducer):
         """XLA only with one device (it cannot compile access to another's variables)."""
         return len(self.devices) == 1
 
+    @property
+    def supports_collectives(self) -> bool:
+        """A step's all_gather / all_reduce only with one device: the slices run one after
+        another, so none can see the others' values."""
+        return len(self.devices) == 1
+
     def attach(self, path: GradientPath) -> None:
         self._path = path
 

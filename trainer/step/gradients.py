@@ -96,6 +96,7 @@ class Reducer:
     """
 
     supports_jit = True  # the default train_step may XLA-compile forward + backward
+    supports_collectives = True  # a step's all_gather / all_reduce see every replica
 
     def attach(self, path: "GradientPath") -> None:
         """Called once by the GradientPath this reducer is plugged into."""
