@@ -26,8 +26,10 @@ A spec::
         {"layer": "dense", "units": 5, "activation": null|"tanh"|"relu", "use_bias": true,
          "trainable": true, "kernel_regularizer": null|{"l1": 0.0, "l2": 0.01},
          "activity_regularizer": null|{"l1": 0.001, "l2": 0.0}},
-        {"layer": "batch_norm", "momentum": 0.9, "center": true, "scale": true},
-            # BatchNormalization(synchronized=True)
+        {"layer": "batch_norm", "momentum": 0.9, "center": true, "scale": true,
+         "synchronized": true},  # BatchNormalization(synchronized=...)
+        {"layer": "running_mean"},  # centres on a running mean it updates in call (float
+            # state read after its update: averaged over the replicas at each assign)
         {"layer": "dropout"},             # Dropout(0.0)
         {"layer": "add_loss", "coef": 0.01},   # add_loss(coef * mean(x**2))
         {"layer": "layer_norm", "center": true}],
@@ -35,7 +37,18 @@ A spec::
         {"kind": "class", "classes": 3} | {"kind": "regress", "width": 2}],
      "dict_outputs": false,
      "train": {"global_batch": 8|16, "steps": 3, "steps_per_loop": 1,
-               "learning_rate": 0.01, "sparse_reduce": "auto"|"dense"|"gather"}}
+               "learning_rate": 0.01, "sparse_reduce": "auto"|"dense"|"gather",
+               "sync_batch_norm": false,  # distribute.sync_batch_norm
+               "step": "default"|"tape"|"gather"|"direct_apply"}}
+            # the train_step: the framework's; a tape and self.apply_gradients; the same
+            # plus a term over the whole global batch through self.all_gather; the Keras
+            # guide's (a mean loss, then optimizer.apply_gradients: refused)
+
+What the property expects of a spec (:func:`expected_outcome`): ``"refused"`` (a
+``direct_apply`` step: one Hook error line naming self.apply_gradients, on every
+replica count), ``"warned"`` (a batch norm that is not synchronized, neither by its layer
+nor by ``sync_batch_norm``, on 2 replicas: one warning naming it; the weights differ by
+design) or ``"equal"`` (the same weights on 1 and 2 replicas).
 
 The loss is the per-example sum over heads (sparse softmax cross-entropy for a class
 head, squared error averaged over the width for a regression head); the optimizer Adam.
@@ -108,7 +121,9 @@ def _trunk_layer():
             "kernel_regularizer": _REG, "activity_regularizer": _REG}),
         st.fixed_dictionaries({
             "layer": st.just("batch_norm"), "momentum": st.sampled_from([0.0, 0.5, 0.99]),
-            "center": st.booleans(), "scale": st.booleans()}),
+            "center": st.booleans(), "scale": st.booleans(),
+            "synchronized": st.sampled_from([True, True, False])}),
+        st.just({"layer": "running_mean"}),
         st.just({"layer": "dropout"}),
         st.fixed_dictionaries({"layer": st.just("add_loss"),
                                "coef": st.sampled_from([1e-3, 1e-2, 1e-1])}),
@@ -141,6 +156,9 @@ def specs(draw) -> dict[str, Any]:
             "steps_per_loop": draw(st.integers(1, steps)),
             "learning_rate": draw(st.sampled_from([3e-3, 1e-2, 3e-2])),
             "sparse_reduce": draw(st.sampled_from(["auto", "dense", "gather"])),
+            "sync_batch_norm": draw(st.booleans()),
+            "step": draw(st.sampled_from(["default", "default", "tape", "gather",
+                                          "direct_apply"])),
         },
     }
     return normalized(spec)
@@ -168,6 +186,17 @@ def normalized(spec: dict[str, Any]) -> dict[str, Any]:
         elif kind == "layer_norm":  # normalizes each example: a nonlinearity
             pending = [layer] if layer["center"] else []
     return spec
+
+
+def expected_outcome(spec: dict[str, Any]) -> str:
+    """``"refused"``, ``"warned"`` or ``"equal"`` (see the module docstring)."""
+    if spec["train"].get("step") == "direct_apply":
+        return "refused"
+    unsynchronized = any(layer["layer"] == "batch_norm" and not layer.get("synchronized", True)
+                         for layer in spec["trunk"])
+    if unsynchronized and not spec["train"].get("sync_batch_norm", False):
+        return "warned"
+    return "equal"
 
 
 def normalizes_a_centred_batch(spec: dict[str, Any]) -> bool:
@@ -217,6 +246,7 @@ def spec_config(spec: dict[str, Any], replicas: int = 1):
     config.optimizer.learning_rate = train["learning_rate"]
     config.perf.plan = "fixed"
     config.perf.sparse_reduce = train["sparse_reduce"]
+    config.distribute.sync_batch_norm = train.get("sync_batch_norm", False)
     config.telemetry.progress = "off"
     config.distribute.strategy = "one_device"
     config.model.spec = json.dumps(spec, sort_keys=True)
@@ -349,8 +379,12 @@ def _trunk_layer_of(layer: dict[str, Any], name: str):
         return dense
     if kind == "batch_norm":
         return keras.layers.BatchNormalization(
-            synchronized=True, momentum=layer["momentum"], center=layer["center"],
-            scale=layer["scale"], name=name)
+            synchronized=layer.get("synchronized", True), momentum=layer["momentum"],
+            center=layer["center"], scale=layer["scale"], name=name)
+    if kind == "running_mean":
+        from tests.support import toy
+
+        return toy.RunningMean(name=name)
     if kind == "dropout":
         return keras.layers.Dropout(0.0, name=name)
     if kind == "add_loss":
@@ -404,6 +438,8 @@ def per_example_loss(spec: dict[str, Any], labels, outputs):
 
 
 def _trainer_class():
+    import tensorflow as tf
+
     import trainer
 
     class SpecTrainer(trainer.Trainer):
@@ -423,6 +459,24 @@ def _trainer_class():
         def compute_loss(self, batch, outputs):
             return per_example_loss(self.spec, batch[1], outputs)
 
+        def train_step(self, batch):
+            step = self.spec["train"].get("step", "default")
+            if step == "default":
+                return self.steps.train(batch)
+            with tf.GradientTape() as tape:
+                outputs = self.model(batch[0], training=True)
+                loss = self.compute_loss(batch, outputs)
+                if step == "gather":  # a term over every example of the global batch
+                    first = tf.cast(tf.nest.flatten(outputs)[0], tf.float32)
+                    loss += 0.01 * tf.reduce_mean(tf.square(self.all_gather(first)))
+                if step == "direct_apply":
+                    loss = tf.reduce_mean(loss)
+            if step != "direct_apply":
+                return {"loss": self.apply_gradients(tape, loss)}
+            variables = self.model.trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return {"loss": loss}
+
     SpecTrainer.__module__ = __name__
     return SpecTrainer
 
@@ -439,16 +493,32 @@ def __getattr__(name: str):
 
 def train_spec(spec: dict[str, Any], replicas: int):
     """Trains ``spec`` on ``replicas`` replicas in this process: ``(names, initial
-    weights, final weights)`` (the model's weights in ``model.weights`` order)."""
+    weights, final weights, warnings)`` (the model's weights in ``model.weights`` order;
+    the warnings the Trainer logged while it was built)."""
+    import logging
+
     import numpy as np
 
     from tests.properties import model_specs
 
+    class Warnings(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
     config = spec_config(spec, replicas)
-    t = model_specs.SpecTrainer(config)
+    warnings = Warnings()
+    logging.getLogger("absl").addHandler(warnings)
+    try:
+        t = model_specs.SpecTrainer(config)
+    finally:
+        logging.getLogger("absl").removeHandler(warnings)
     assert t.strategy.num_replicas_in_sync == replicas, t.strategy
     names = [w.path for w in t.model.weights]
     initial = [np.asarray(w) for w in t.model.get_weights()]
     t.fit()
     final = [np.asarray(w) for w in t.model.get_weights()]
-    return names, initial, final
+    return names, initial, final, warnings.lines

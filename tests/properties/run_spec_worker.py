@@ -64,7 +64,8 @@ def main() -> None:
         request = json.loads(line)
         key, start = request["id"], time.perf_counter()
         try:
-            names, initial, final = model_specs.train_spec(request["spec"], args.replicas)
+            names, initial, final, warnings = model_specs.train_spec(request["spec"],
+                                                                     args.replicas)
         except Exception as error:  # noqa: BLE001 (answered; the property reports it)
             answer = {"id": key, "error": f"{type(error).__name__}: {error}",
                       "traceback": traceback.format_exc()[-4000:]}
@@ -73,7 +74,7 @@ def main() -> None:
             np.savez(path, names=np.array(names),
                      **{f"initial/{i}": w for i, w in enumerate(initial)},
                      **{f"final/{i}": w for i, w in enumerate(final)})
-            answer = {"id": key, "npz": path,
+            answer = {"id": key, "npz": path, "warnings": warnings,
                       "seconds": round(time.perf_counter() - start, 3)}
         finally:
             gc.collect()  # the trainer's iterators freed now, young (tests/conftest.py)
@@ -156,15 +157,20 @@ def start_workers(out_dir: str, replica_counts=(1, 2)) -> dict[int, SpecWorker]:
 _keys = iter(range(10**9))
 
 
-def train_on_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> dict:
-    """``{replicas: {"names", "initial/<i>", "final/<i>"}}``: ``spec`` trained by every
-    worker at once; fails with the workers' errors when it did not train."""
-    import numpy as np
-
+def answers_of_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> dict:
+    """``{replicas: answer}`` (the protocol's): ``spec`` sent to every worker at once."""
     key = next(_keys)
     for worker in workers.values():
         worker.send(key, spec)
-    answers = {n: worker.receive(key) for n, worker in workers.items()}
+    return {n: worker.receive(key) for n, worker in workers.items()}
+
+
+def train_on_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> dict:
+    """``{replicas: {"names", "initial/<i>", "final/<i>", "warnings"}}``: ``spec`` trained
+    by every worker at once; fails with the workers' errors when it did not train."""
+    import numpy as np
+
+    answers = answers_of_every_replica_count(workers, spec)
     errors = {n: a["error"] + "\n" + a["traceback"] for n, a in answers.items()
               if "error" in a}
     assert not errors, f"the spec failed to train: {errors}"
@@ -172,6 +178,7 @@ def train_on_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> 
     for n, answer in answers.items():
         with np.load(answer["npz"]) as f:
             runs[n] = {k: f[k] for k in f.files}
+        runs[n]["warnings"] = answer["warnings"]
         os.remove(answer["npz"])
     return runs
 
