@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.support import toy
-from tests.support.helpers import REPO, subprocess_env
+from tests.support.helpers import REPO, run_at_once
 
 CONFIG = f"--config={REPO / 'models' / 'configs' / 'contrastive.py'}"
 ONE_STEP = ["--config.train.steps=1", "--config.train.steps_per_loop=1",
@@ -37,13 +37,8 @@ CASES = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("collectives")
-    procs = {name: subprocess.Popen([sys.executable, *argv, f"--workdir={root / name}"],
-                                    cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-             for name, argv in CASES.items()}
-    return {name: subprocess.CompletedProcess(proc.args, proc.wait(timeout=600),
-                                              proc.stdout.read())
-            for name, proc in procs.items()}
+    return run_at_once({name: [sys.executable, *argv, f"--workdir={root / name}"]
+                        for name, argv in CASES.items()})
 
 
 def train_loss(run: subprocess.CompletedProcess) -> float:

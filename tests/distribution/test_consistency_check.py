@@ -6,12 +6,13 @@ turns it off. Real ``trainer.main`` processes on 2 Mirrored replicas and 2 worke
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.support.helpers import REPO, subprocess_env
+from tests.support.helpers import REPO, run_at_once
 
 CONFIG = f"--config={REPO / 'tests' / 'distribution' / 'divergent.py'}"
 MIRRORED = ["--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"]
@@ -24,19 +25,18 @@ CASES = {
     "healthy_on_2_replicas": ["-m", "trainer.main", CONFIG, *MIRRORED,
                               "--config.trainer=tests.support.toy:StatefulTrainer"],
     "int_state_on_2_workers": ["-m", "launch.multiworker", "--workers", "2", CONFIG],
+    "healthy_on_2_workers": ["-m", "launch.multiworker", "--workers", "2", CONFIG,
+                             "--config.trainer=tests.support.toy:StatefulTrainer"],
+    "healthy_on_1_replica": ["-m", "trainer.main", CONFIG,
+                             "--config.trainer=tests.support.toy:StatefulTrainer"],
 }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("consistency")
-    procs = {name: subprocess.Popen([sys.executable, *argv, f"--workdir={root / name}"],
-                                    cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-             for name, argv in CASES.items()}
-    return {name: subprocess.CompletedProcess(proc.args, proc.wait(timeout=600),
-                                              proc.stdout.read())
-            for name, proc in procs.items()}
+    return run_at_once({name: [sys.executable, *argv, f"--workdir={root / name}"]
+                        for name, argv in CASES.items()})
 
 
 def last_line(output: str) -> str:
@@ -85,3 +85,17 @@ def test_copies_that_agree_pass_after_the_first_loop_and_at_each_checkpoint(runs
     steps = [int(line.split(" at step ")[1].split()[0]) for line in checked]
     assert steps == [5, 10], checked
     assert all("agree on 2 replica(s) of 1 worker(s)" in line for line in checked), checked
+
+
+def test_state_updated_in_the_forward_pass_agrees_across_workers(runs):
+    # The running mean (read after its update) is averaged over the workers at each
+    # assign: the copies agree at every check and the run trains like one replica.
+    run = runs["healthy_on_2_workers"]
+    assert run.returncode == 0, run.stdout[-3000:]
+    checked = [line for line in run.stdout.splitlines() if "replica consistency:" in line]
+    assert checked and all("agree on 2 replica(s) of 2 worker(s)" in line
+                           for line in checked), checked
+    final = [re.search(r"train/loss=([0-9.]+)", line).group(1)
+             for line in run.stdout.splitlines() if "result: step=10 " in line]
+    one = re.search(r"train/loss=([0-9.]+)", last_line(runs["healthy_on_1_replica"].stdout))
+    assert final and float(final[0]) == pytest.approx(float(one.group(1)), abs=1e-5)

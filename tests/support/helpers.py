@@ -35,6 +35,18 @@ def run_in_parallel(commands: Mapping[object, Sequence[str]], timeout: float = 6
         assert proc.returncode == 0, f"run {key!r} failed:\n{output[-4000:]}"
 
 
+def run_at_once(commands: Mapping[str, Sequence[str]],
+                timeout: float = 600) -> dict[str, subprocess.CompletedProcess]:
+    """Starts every ``argv`` at once (from the repository, stdout and stderr as one text)
+    and returns each's completed process, whatever its exit status."""
+    procs = {key: subprocess.Popen(list(argv), cwd=REPO, env=subprocess_env(),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for key, argv in commands.items()}
+    return {key: subprocess.CompletedProcess(proc.args, proc.wait(timeout=timeout),
+                                             proc.stdout.read())
+            for key, proc in procs.items()}
+
+
 def task_name() -> str:
     """``type-index`` of this process's TF_CONFIG task, ``local-0`` without TF_CONFIG."""
     raw = os.environ.get("TF_CONFIG")

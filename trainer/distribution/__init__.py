@@ -1,4 +1,5 @@
-"""Where a run executes: strategies and devices, manual data parallelism, host collectives.
+"""Where a run executes and how its replicas stay one: strategies, manual data parallelism,
+collectives, the replica-consistency check, BatchNorm across replicas.
 
 * :mod:`trainer.distribution.strategies` — devices and the strategy factory
   (``distribute.strategy``).
