@@ -46,16 +46,23 @@ def _fingerprint(value: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.reshape(bits, [-1]))
 
 
+def _tf_variable(variable: Any) -> Any:
+    """The TensorFlow variable of a Keras variable (``.value``); a tf.Variable as it is
+    (its ``value`` is a method)."""
+    return variable if isinstance(variable, tf.Variable) else getattr(variable, "value",
+                                                                      variable)
+
+
 def _copies(strategy: tf.distribute.Strategy, variable: Any) -> list:
     """The local per-replica copies of ``variable`` (one unless mirrored)."""
-    return list(strategy.experimental_local_results(getattr(variable, "value", variable)))
+    return list(strategy.experimental_local_results(_tf_variable(variable)))
 
 
 def _checked(variables: Sequence[Any]) -> list:
     """``variables`` less those synchronised on read (one value per replica by design)."""
     synchronization = tf.VariableSynchronization.ON_READ
     return [v for v in variables
-            if getattr(getattr(v, "value", v), "synchronization", None) != synchronization]
+            if getattr(_tf_variable(v), "synchronization", None) != synchronization]
 
 
 class ReplicaCheck:
