@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.distribution import host_collectives
+from trainer.runtime.tracing import per_object_function
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ class ReplicaCheck:
         self.names = [getattr(v, "path", None) or v.name for v in self.variables]
         self._copies = [_copies(strategy, v) for v in self.variables]
         self.replicas = max([len(c) for c in self._copies] or [1])
-        self._fingerprints = tf.function(self._compute, autograph=False)
+        self._fingerprints = per_object_function(self._compute, autograph=False)
 
     def _compute(self) -> tf.Tensor:
         rows = []
