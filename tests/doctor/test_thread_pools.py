@@ -38,7 +38,7 @@ def test_pool_sizes_apply_before_the_runtime_and_a_later_change_is_refused():
     assert "intra 1" in out and "inter 0" in out
     assert "thread pools: inter-op TF default, intra-op 1" in out
     refused = next(line for line in out.splitlines() if line.startswith("refused:"))
-    assert "strategies.intra_op_threads=2" in refused and "fresh process" in refused
+    assert "distribute.intra_op_threads=2" in refused and "fresh process" in refused
 
 
 def test_doctor_times_the_real_run_under_each_setting_in_its_own_process():

@@ -39,7 +39,7 @@ examples/s after one untimed warm-up loop call (tracing): the median over chunks
    (:mod:`trainer.doctor.plan_trials`): the plans it timed, the one it keeps, the seconds
    measuring took (``perf.plan=fixed`` skips it; (5) is then measured the same way).
 9. ``threads``: (1) in one fresh process per size of TensorFlow's thread pools
-   (``strategies.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
+   (``distribute.inter_op_threads`` / ``intra_op_threads``; they cannot change inside a
    process, so no plan measures them): :mod:`trainer.doctor.thread_pools`.
 10. ``verdict``: ``input-bound``, ``compute-bound`` or ``communication-bound`` with the
    numbers and what to do.
