@@ -121,13 +121,22 @@ class PeerLostError(UserError):
 # OSError numbers that mean "the place you asked me to write to cannot take it":
 # errno -> (what it means, what to do).
 class Preempted(RuntimeError):
-    """Raised by ``fit()`` after SIGTERM once the state at ``step`` is saved (see
-    :mod:`trainer.checkpoint.preemption`)."""
+    """Raised by ``fit()`` after SIGTERM, once the stop's save of ``step`` is committed and
+    checked (``saved == step``) or known not to be (see
+    :mod:`trainer.checkpoint.preemption`). ``last_good``: the checkpoint a restart
+    resumes from, for the message."""
 
-    def __init__(self, step: int):
-        super().__init__(f"preempted at step {step}; a checkpoint of that step was saved. "
-                         f"Run the same command (or notebook cell) again to resume.")
-        self.step = step
+    def __init__(self, step: int, saved: int | None = None, last_good: str = "unknown"):
+        if saved == step:
+            told = (f"a checkpoint of that step was saved. Its files are committed and "
+                    f"checked ({last_good}). Run the same command (or notebook cell) again "
+                    f"to resume.")
+        else:
+            told = (f"NO checkpoint of that step could be saved: the last good checkpoint is "
+                    f"{last_good}. Run the same command (or notebook cell) again to resume "
+                    f"from there.")
+        super().__init__(f"preempted at step {step}; {told}")
+        self.step, self.saved, self.last_good = step, saved, last_good
 
 
 _WRITABLE = "choose a directory this user can write (--workdir)"

@@ -163,6 +163,13 @@ class RunContext(Protocol):
         """A checkpoint of ``step`` was saved: every callback's ``on_checkpoint`` runs
         right after the announcing hook returns."""
 
+    def report_stop_save(self, saved: int | None, last_good: str) -> None:
+        """The checkpoint service's word on the save of an early stop (every worker, in
+        ``on_train_end``): ``saved``, the step whose checkpoint is committed and checked,
+        or None when it could not be written; ``last_good``, the newest good checkpoint
+        for a message ("step 200 (/w/checkpoints/200)"). ``fit()`` reports a preemption
+        by it, never by what was merely attempted."""
+
 
 class Service:
     """Base class of the framework's services: the hooks of :class:`trainer.Callback`
@@ -230,7 +237,7 @@ def next_multiple(step: int, every: int) -> float:
 #     {"kind": "stop", "step": S, "reason": TEXT}
 #     {"kind": "rollback", "step": RESTORED, "from_step": S, "reason": TEXT,
 #      "rollbacks": N, "max_rollbacks": M}
-#     {"kind": "preemption", "step": S}
+#     {"kind": "preemption", "step": S, "saved": S | None, "last_good": TEXT}
 #     {"kind": "plan", "step": S, "source": "measured" | "checkpoint" | "skipped",
 #      "chosen": {"xla": B, "steps_per_loop": N}, "baseline": {...}, "ratio": R,
 #      "measure_s": T, "plans": [{"xla", "steps_per_loop", "steps_per_s", "vs_baseline"}],
@@ -280,6 +287,8 @@ class RunEvents:
         """The run's execution plan was decided at ``step`` (:mod:`trainer.loop.plan`)."""
         return self.emit("plan", step, **fields)
 
-    def preemption(self, step: int) -> Record:
-        """SIGTERM: the run stops at ``step`` after its checkpoint, to be restarted."""
-        return self.emit("preemption", step)
+    def preemption(self, step: int, saved: int | None, last_good: str) -> Record:
+        """SIGTERM: the run stopped at ``step``, to be restarted; ``saved``: the step whose
+        checkpoint the stop committed (None: none could be written), ``last_good``: the
+        checkpoint a restart resumes from."""
+        return self.emit("preemption", step, saved=saved, last_good=last_good)

@@ -158,13 +158,16 @@ def has_checksums(step_dir: str) -> bool:
     return any(tf.io.gfile.exists(os.path.join(step_dir, item, FILE)) for item in ITEMS)
 
 
-def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambda p: None
-           ) -> bool:
+def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambda p: None,
+           read: bool = True) -> bool:
     """Checks every covered file of a committed step directory against its checksums.
 
     ``known(path)`` may give ``(size, crc)`` of a file computed from the bytes a
     restore already read (the ``.npy`` reader's, :class:`Running`): that file is not read
-    again, and what is checked is what was restored. Other files are read.
+    again, and what is checked is what was restored. Other files are read; with
+    ``read=False`` none is: only each file's presence and size are checked (one stat
+    per file: what a just-committed save is checked by, see
+    :meth:`trainer.checkpoint.store.CheckpointStore.committed`).
 
     Returns True when verified, False when the step has no checksums at all (written
     before them: unverified). Raises :class:`Mismatch` naming the first file that is
@@ -186,7 +189,8 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
             path = os.path.join(directory, rel)
             if not tf.io.gfile.exists(path):
                 raise Mismatch(f"{item}/{rel}", "is missing")
-            got_size, got_crc = known(path) or file_crc(path)
+            got_size, got_crc = (known(path) or file_crc(path) if read
+                                 else (tf.io.gfile.stat(path).length, crc))
             if got_size != size:
                 raise Mismatch(f"{item}/{rel}", f"has {got_size} bytes, {size} were written")
             if got_crc != crc:

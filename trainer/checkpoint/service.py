@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -57,10 +58,14 @@ class Checkpointer(Service):
     Inactive without a workdir. The orbax managers exist on the chief only. With
     ``events`` (the run's :class:`trainer.run_context.RunEvents`), the first ``fit()`` after
     a restore written by another number of workers reports ``{"kind": "resume", "step",
-    "from_workers", "to_workers"}`` (metrics.jsonl and one console line).
+    "from_workers", "to_workers"}`` (metrics.jsonl and one console line). ``store`` and
+    ``deferral``: the :class:`~trainer.checkpoint.store.CheckpointStore` and
+    :class:`~trainer.checkpoint.deferral.SaveDeferral` to use instead of the default
+    ones (a slower or failing store under test).
     """
 
-    def __init__(self, config, workdir: str | None, chief: bool, events: Any = None):
+    def __init__(self, config, workdir: str | None, chief: bool, events: Any = None,
+                 store: CheckpointStore | None = None, deferral: SaveDeferral | None = None):
         cfg = config.checkpoint
         self.enabled = workdir is not None
         self.k = config.perf.grad_accum_steps
@@ -69,10 +74,11 @@ class Checkpointer(Service):
         self.chief = chief
         self.best_metric = cfg.best_metric
         self.best_source = cfg.best_metric.partition("/")[0]
-        self.store = CheckpointStore(workdir, cfg, cfg.best_metric) if self.enabled else None
+        self.store = store or (CheckpointStore(workdir, cfg, cfg.best_metric)
+                               if self.enabled else None)
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
-        self.failures, self.deferral = SaveFailures(workdir), SaveDeferral(self.every)
+        self.failures, self.deferral = SaveFailures(workdir), deferral or SaveDeferral(self.every)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
 
@@ -83,9 +89,17 @@ class Checkpointer(Service):
              metrics: dict[str, float] | None = None, wait: bool = False) -> None:
         """Saves the current state (chief writes; every worker announces a save of the
         latest state, so every callback's ``on_checkpoint`` runs). A step already saved
-        to ``kind`` by this run is not saved again."""
+        to ``kind`` by this run is not saved again; with ``wait`` (a stop's save) its
+        write in flight is waited for and checked committed, and written again if it
+        is not. A save skipped (:mod:`~trainer.checkpoint.deferral`) or failed is not
+        a saved step: the stop's save at that step writes it."""
         if self._saved.get(kind) == run.step:
-            return
+            if not (wait and self.chief):
+                return
+            self._commit_pending(kind)
+            if self.store.committed(kind, run.step):
+                return
+            self._saved.pop(kind, None)
         if not checkpoint_state.all_finite(run):
             self.wait()  # a pending save of an earlier step is a good checkpoint
             raise NonFiniteError(
@@ -93,10 +107,10 @@ class Checkpointer(Service):
                 f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
-        self._saved[kind] = run.step
-        written = not self.chief or self._write(run, kind, metrics, wait)
-        if kind == LATEST_DIR and written:
-            run.announce_checkpoint(run.step)
+        if not self.chief or self._write(run, kind, metrics, wait):
+            self._saved[kind] = run.step
+            if kind == LATEST_DIR:
+                run.announce_checkpoint(run.step)
 
     def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
                wait: bool) -> bool:
@@ -109,7 +123,7 @@ class Checkpointer(Service):
             self._recreate(kind, run.step)
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
-            if self.store.has(kind, run.step):
+            if self.store.has(kind, run.step) and self._intact(kind, run.step):
                 return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
@@ -122,6 +136,20 @@ class Checkpointer(Service):
         logging.info("checkpoint of step %d -> %s%s", run.step,
                      os.path.join(run.workdir, kind), "" if wait else " (async)")
         return True
+
+    def _intact(self, kind: str, step: int) -> bool:
+        """Whether the copy of ``step`` already in ``kind`` (a resume fell back from it, or
+        a run before wrote it) verifies; a corrupt one is removed with one warning, so the
+        save about to happen replaces it (otherwise every later resume would fall back
+        from it and train those steps again)."""
+        entry = inventory.check(step, self.store.path(kind, step))
+        if entry.state == inventory.COMPLETE:
+            return True
+        logging.warning("The checkpoint of step %d in %s is corrupt (%s): replaced by this "
+                        "run's save of that step.", step, os.path.join(self.store.workdir, kind),
+                        entry.detail)
+        self.store.delete(kind, step)
+        return False
 
     def _recreate(self, kind: str, step: int) -> None:
         """The directory of ``kind`` vanished during the run: one warning; the manager is
@@ -154,6 +182,8 @@ class Checkpointer(Service):
         warns or stops (:class:`~trainer.checkpoint.save_failures.SaveFailures`)."""
         if storage_fault(error) is None:
             raise error
+        if step is not None and self._saved.get(kind) == step:
+            del self._saved[kind]  # not saved: a stop's save at this step writes it again
         self.store.discard(kind)
         self.failures.failed(error, os.path.join(self.store.workdir, kind), step, final)
 
@@ -198,12 +228,23 @@ class Checkpointer(Service):
             self.save(run)  # the last step even inside an accumulation: the run ends
 
     def on_train_end(self, run: RunContext) -> None:
-        """The final checkpoint when training stopped before ``train.steps``."""
+        """The final checkpoint when training stopped before ``train.steps``, written
+        synchronously and checked committed; every worker reports what the chief found
+        (``run.report_stop_save``), and none leaves before the save."""
         if not self.enabled:
             return
-        if run.step < self.total:
-            self.save(run, wait=True)
-        host_collectives.barrier(run.strategy)  # no worker leaves before the save
+        if run.step >= self.total:
+            host_collectives.barrier(run.strategy)
+            return
+        self.save(run, wait=True)
+        report = None
+        if self.chief:
+            saved = run.step if self.store.committed(LATEST_DIR, run.step) else None
+            report = {"saved": saved, "last_good": (
+                f"step {saved} ({self.store.path(LATEST_DIR, saved)})" if saved is not None
+                else inventory.describe_last_good(run.workdir))}
+        report = host_collectives.json_from_chief(run.strategy, report)
+        run.report_stop_save(report["saved"], report["last_good"])
 
     def _save_best(self, run: RunContext, logs: dict[str, float]) -> None:
         if self.best_metric not in logs:

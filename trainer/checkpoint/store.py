@@ -325,6 +325,26 @@ class CheckpointStore:
     def has(self, kind: str, step: int) -> bool:
         return step in self._manager(kind).all_steps()
 
+    def path(self, kind: str, step: int) -> str:
+        """The directory of ``step`` of ``kind`` once committed."""
+        return os.path.join(self.workdir, kind, str(step))
+
+    def committed(self, kind: str, step: int) -> bool:
+        """Whether the write of ``step`` of ``kind`` is committed, as the storage (not
+        orbax's memory of it) shows: the step is listed and every file its checksums
+        name is there with the size written (one stat per file, nothing read)."""
+        if step not in self._manager(kind).all_steps(read=True):
+            return False
+        try:
+            return checksums.verify(self.path(kind, step), read=False)
+        except (checksums.Mismatch, tf.errors.OpError, OSError):
+            return False
+
+    def delete(self, kind: str, step: int) -> None:
+        """Removes the committed ``step`` of ``kind`` (a corrupt copy about to be
+        written again)."""
+        self._manager(kind).delete(step)
+
     def kinds(self) -> list[str]:
         """The directories a manager writes to (those saved to since the last close)."""
         return list(self._managers)

@@ -17,11 +17,12 @@ local flag; after the callbacks of every loop boundary the workers agree on the 
 (one small all-reduce per loop on multi-worker runs, nothing on one worker), so every
 worker stops at the same step. Inside a gradient-accumulation window the stop waits for
 the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
-``fit()`` returns, or raises :class:`trainer.errors.Preempted` after a preemption.
+``fit()`` returns, or raises :class:`trainer.errors.Preempted` after a preemption, with
+what the checkpoint service reported of its save (``run.report_stop_save``).
 
 The services see none of this object, only its run context (:mod:`trainer.loop.context`).
-Contexts: the driver runs on the host in cross-replica context; the compiled loops call
-the steps in replica context.
+Contexts: the driver runs on the host in cross-replica context, the steps in replica
+context.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class LoopDriver:
         self.input_report: dict = {}  # {"input_layout": ...} of the train dataset (checkpointed)
         self._stop_reason, self._preempt = None, False  # a stop's reason; preemption noticed
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
+        self.stop_save: tuple | None = None  # (saved, last good): run.report_stop_save
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
         self.input = TrainInput(  # the train iterator of fit() calls
@@ -140,8 +142,7 @@ class LoopDriver:
         """Checks the dataset's features against the model's inputs (when the model
         declares them), builds an unbuilt model from the element spec, then the
         optimizer's variables. ``what`` names the dataset hook in error messages."""
-        t = self.trainer
-        model = t.model
+        t, model = self.trainer, self.trainer.model
         unbuilt = not model.built or not model.trainable_variables
         if unbuilt and dist_dataset is None:
             dist_dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch)
@@ -184,9 +185,8 @@ class LoopDriver:
         """The distributed train dataset from ``step`` on (it skips the batches already
         consumed: exact for deterministic pipelines, time linear in the steps skipped);
         the model and optimizer built from its spec when they are not yet."""
-        t = self.trainer
-        dataset = self._distribute(t.hooks.dataset("build_train_dataset"), t.batch,
-                                   skip_batches=step)
+        dataset = self._distribute(self.trainer.hooks.dataset("build_train_dataset"),
+                                   self.trainer.batch, skip_batches=step)
         self.ensure_built(dataset)
         return dataset
 
@@ -294,8 +294,7 @@ class LoopDriver:
         return results
 
     def _fit(self, callbacks: CallbackList) -> dict[str, float]:
-        t = self.trainer
-        cfg = t.config
+        t, cfg = self.trainer, self.trainer.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
         self.input.start(t.step)
         self._last_setting = ""
@@ -303,6 +302,7 @@ class LoopDriver:
             self._eval_input()
         planner = self.planner
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
+        self.stop_save = None
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start()  # when it raises, what started has ended
@@ -337,16 +337,16 @@ class LoopDriver:
                                      "accumulation window of %d steps.", t.step, k)
                         continue
                     self.stopped_by = "preemption" if preempt else self._stop_reason
-                    if preempt:
-                        t.events.preemption(t.step)
-                    else:
+                    if not preempt:  # a preemption is reported once its save is known
                         t.events.stop(t.step, self._stop_reason)
                     break
             if window_steps and self.stopped_by != "preemption":  # a stop inside a window
                 callbacks.on_log(self._window_logs(outputs, window_steps, window_seconds))
             callbacks.on_train_end()
             if self.stopped_by == "preemption":
-                raise Preempted(t.step)
+                saved, last_good = self.stop_save or (None, "none (no workdir)")
+                t.events.preemption(t.step, saved, last_good)
+                raise Preempted(t.step, saved, last_good)
         except BaseException:
             callbacks.on_fit_end(dict(self.history.results))
             raise

@@ -75,8 +75,11 @@ def event_line(record: dict) -> str:
     if kind == "plan":
         return plan_line(record)
     if kind == "preemption":
-        return (f"preempted at step {step}: stop signal (SIGTERM/SIGINT); the checkpoint "
-                f"of step {step} is saved, run the same command again to resume")
+        saved = (f"the checkpoint of step {step} is saved" if record.get("saved") == step
+                 else f"NO checkpoint of step {step} could be saved, the last good one is "
+                      f"{record.get('last_good', 'unknown')}")
+        return (f"preempted at step {step}: stop signal (SIGTERM/SIGINT); {saved}, run the "
+                f"same command again to resume")
     return f"{kind} at step {step}: " + ", ".join(
         f"{k}={v}" for k, v in record.items() if k not in ("kind", "step", "time"))
 
