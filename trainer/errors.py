@@ -172,16 +172,53 @@ def write_error(error: OSError, what: str) -> WorkdirError | None:
 
 _STORAGE_ERRNOS = {**{e: reason for e, (reason, _) in _WRITE_ERRNOS.items()},
                    errno.ENOENT: "a directory vanished", errno.EIO: "an I/O error"}
+_DISK_FIX = "Free space or make the workdir writable"
 # tensorstore (orbax's writer) loses the OSError; its message keeps the number, or
 # only its status code for a file or directory that is not there (a vanished workdir).
 _OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
 _TENSORSTORE_NOT_FOUND = "NOT_FOUND: "
+# An object store's answer (a bucket): the HTTP status in the text of TensorFlow's GCS
+# errors and tensorstore's, else the error's kind (TensorFlow's, google-cloud's, or the
+# status name tensorstore starts its message with). After the client's own retries.
+_HTTP_STATUS = re.compile(r"HTTP (?:response code|status)[:= ]+(\d{3})")
+_STATUS_OF_KIND = {
+    "PermissionDeniedError": 403, "PERMISSION_DENIED": 403, "Forbidden": 403,
+    "UnauthenticatedError": 401, "UNAUTHENTICATED": 401, "Unauthorized": 401,
+    "ResourceExhaustedError": 429, "RESOURCE_EXHAUSTED": 429, "TooManyRequests": 429,
+    "UnavailableError": 503, "UNAVAILABLE": 503, "ServiceUnavailable": 503,
+    "AbortedError": 503, "ABORTED": 503, "InternalServerError": 500, "BadGateway": 502,
+    "DeadlineExceededError": 504, "DEADLINE_EXCEEDED": 504, "GatewayTimeout": 504,
+    "NotFoundError": 404, "NotFound": 404,
+}
+_STATUS_FAULTS = {  # status -> (what it means, what to do)
+    401: ("the storage refused the credentials (401)",
+          "Log in again (gcloud auth application-default login) or fix the service account"),
+    403: ("the storage refused the write (403: this account may not write there)",
+          "Grant this account write access (e.g. roles/storage.objectAdmin on the bucket) "
+          "or choose another --workdir"),
+    404: ("an object or directory is gone (404: removed by another writer or a lifecycle "
+          "rule?)", "Make sure one run alone writes to this workdir"),
+    429: ("the storage throttled the requests (429) beyond the client's retries",
+          "Save less often (checkpoint.every_steps) or ask for a higher request quota"),
+}
+_SERVER_FAULT = ("the storage kept failing ({status}) beyond the client's retries",
+                 "Check the storage's status page or retry later")
 
 
-def storage_fault(error: BaseException) -> str | None:
-    """What is wrong with the storage when ``error`` (or an error in its cause/context
-    chain) is a failed write of a full, read-only, vanished ... file system (an
-    ``OSError``, or orbax's / tensorstore's error naming its errno); else None."""
+def _http_fault(error: BaseException) -> tuple[str, str] | None:
+    """(reason, fix) when ``error`` is an object store's refusal or failure."""
+    match = _HTTP_STATUS.search(str(error))
+    status = int(match.group(1)) if match else _STATUS_OF_KIND.get(type(error).__name__)
+    if status is None:
+        status = _STATUS_OF_KIND.get(str(error).partition(":")[0])
+    if status in _STATUS_FAULTS:
+        return _STATUS_FAULTS[status]
+    if status is not None and 500 <= status < 600:
+        return _SERVER_FAULT[0].format(status=status), _SERVER_FAULT[1]
+    return None
+
+
+def _fault(error: BaseException | None) -> tuple[str, str] | None:
     seen: list[BaseException] = []
     while error is not None and error not in seen:
         number = getattr(error, "errno", None) if isinstance(error, OSError) else None
@@ -193,10 +230,29 @@ def storage_fault(error: BaseException) -> str | None:
         if number is None and str(error).startswith(_TENSORSTORE_NOT_FOUND):
             number = errno.ENOENT
         if number in _STORAGE_ERRNOS:
-            return f"{_STORAGE_ERRNOS[number]} [{os.strerror(number)}]"
+            return f"{_STORAGE_ERRNOS[number]} [{os.strerror(number)}]", _DISK_FIX
+        if (http := _http_fault(error)) is not None:
+            return http
         seen.append(error)
         error = error.__cause__ or error.__context__
     return None
+
+
+def storage_fault(error: BaseException) -> str | None:
+    """What is wrong with the storage when ``error`` (or an error in its cause/context
+    chain) is a failed write of a full, read-only, vanished ... file system (an
+    ``OSError``, or orbax's / tensorstore's error naming its errno) or an object store's
+    refusal or failure after retries (403, 401, 404, 429, 5xx: in TensorFlow's,
+    tensorstore's or google-cloud's words); else None."""
+    found = _fault(error)
+    return found[0] if found else None
+
+
+def storage_fault_fix(error: BaseException) -> str:
+    """What to do about the :func:`storage_fault` of ``error`` (a sentence without its
+    final period)."""
+    found = _fault(error)
+    return found[1] if found else _DISK_FIX
 
 
 _AUTOGRAPH_REWRITE = "in user code:"  # how AutoGraph starts an error message it rewrote

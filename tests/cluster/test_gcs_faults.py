@@ -91,3 +91,21 @@ def test_error_answers_during_checkpoint_writes_are_retried_and_the_run_complete
         assert f"checkpoints/{step}/commit_success.txt" in names, names
         assert f"checkpoints/{step}/state/crc32c.json" in names, names
     assert f"checkpoint={bucket_url(prefix)}/checkpoints/20" in proc.output
+
+
+
+def test_a_bucket_refusing_checkpoint_writes_mid_run_is_one_storage_line(cluster, gcs):
+    """The start check passes (the bucket answers); then every checkpoint write is
+    refused (403: a role changed, a retention lock): a warning at the first, one
+    'Storage error' line naming the step, the cause and the fix at the second."""
+    prefix = f"refused-writes-{cluster.ports()[0]}"
+    gcs.inject(403, count=100000, path_contains=f"{prefix}%2Fcheckpoints%2F")
+    proc = start(cluster, gcs, 0, trainer_argv(bucket_url(prefix), *SHORT), env=FAST_TF_RETRIES)
+    assert proc.finish(RUN_S) == 1, proc.output[-6000:]
+    line = one_error_line(proc.output, prefix="Storage error: ")
+    assert line.startswith(f"Storage error: cannot write the checkpoint of step 20 to "
+                           f"{bucket_url(prefix)}/checkpoints: the storage refused the write "
+                           f"(403: this account may not write there); the last good "
+                           f"checkpoint is none"), line
+    assert "roles/storage.objectAdmin" in line and "starts from step 0" in line, line
+    gcs.inject(403, count=0, path_contains=prefix)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from absl import logging
 
 from trainer.checkpoint import inventory
-from trainer.errors import StorageError, storage_fault
+from trainer.errors import StorageError, storage_fault, storage_fault_fix
 
 MAX_FAILED_SAVES = 2  # saves failed in a row before the run stops
 
@@ -42,13 +42,15 @@ class SaveFailures:
         Raises :class:`StorageError` when ``final`` or at :data:`MAX_FAILED_SAVES` in a
         row; else logs one warning."""
         self.in_a_row += 1
+        last_good = inventory.describe_last_good(self.workdir)
         what = (f"cannot write the checkpoint of step {step} to {directory}: "
-                f"{storage_fault(error)}; the last good checkpoint is "
-                f"{inventory.describe_last_good(self.workdir)}")
+                f"{storage_fault(error)}; the last good checkpoint is {last_good}")
         if final or self.in_a_row >= MAX_FAILED_SAVES:
+            resumes = ("starts from step 0" if last_good.startswith("none")
+                       else "resumes from that checkpoint")
             raise StorageError(
-                f"{what} ({self.in_a_row} failed save(s) in a row). Free space or make "
-                f"the workdir writable, then run the same command again: it resumes from "
-                f"that checkpoint.") from error
+                f"{what} ({self.in_a_row} failed save(s) in a row). "
+                f"{storage_fault_fix(error)}, then run the same command again: it "
+                f"{resumes}.") from error
         logging.warning("Storage error (training goes on; the next save retries, the run "
                         "stops if it fails too): %s.", what)

@@ -119,10 +119,10 @@ class Checkpointer(Service):
         if (not wait and kind == LATEST_DIR and run.step < self.total and self.deferral.skip(
                 run.step, lambda: self.store.in_flight(kind), os.path.join(run.workdir, kind))):
             return False
-        if self.store.vanished(kind):
-            self._recreate(kind, run.step)
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
+            if self.store.vanished(kind):
+                self._recreate(kind, run.step)
             if self.store.has(kind, run.step) and self._intact(kind, run.step):
                 return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))

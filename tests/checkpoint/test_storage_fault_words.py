@@ -1,0 +1,56 @@
+"""Every way a storage fault reaches the checkpoint service is one known fault with its
+fix (trainer.errors.storage_fault): the errors of TensorFlow's file system, of
+google-cloud-storage and of tensorstore (orbax's writer) for a bucket's 401, 403, 404,
+429 and 5xx after the client's retries, as well as errno faults; anything else is
+not a storage fault (a bug keeps its traceback)."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+import tensorflow as tf
+from google.api_core import exceptions as google_errors
+
+from trainer import errors
+
+TF_403 = ("Error executing an HTTP request: HTTP response code 403 with body '{\"error\": "
+          "{\"code\": 403}}'\n\t when reading gs://b/run/checkpoints/")
+
+
+@pytest.mark.parametrize("error, reason, fix", [
+    (tf.errors.PermissionDeniedError(None, None, TF_403), "403", "roles/storage.objectAdmin"),
+    (google_errors.Forbidden("POST https://storage.googleapis.com/b: denied"), "403",
+     "roles/storage.objectAdmin"),
+    (ValueError('PERMISSION_DENIED: Error writing "run/x" in GCS: HTTP response code: 403'),
+     "403", "write access"),
+    (tf.errors.UnauthenticatedError(None, None, "token expired"), "401", "gcloud auth"),
+    (tf.errors.NotFoundError(None, None, "gs://b/run/checkpoints/20 not found"), "404",
+     "one run alone"),
+    (google_errors.TooManyRequests("rate limit"), "429", "checkpoint.every_steps"),
+    (ValueError("RESOURCE_EXHAUSTED: HTTP response code: 429 with body: slow down"), "429",
+     "quota"),
+    (tf.errors.UnavailableError(None, None, "HTTP response code 503"), "503", "retry later"),
+    (google_errors.ServiceUnavailable("backend"), "503", "retry later"),
+    (ValueError("UNAVAILABLE: HTTP response code: 502 with body: bad gateway"), "502",
+     "retry later"),
+    (tf.errors.DeadlineExceededError(None, None, "upload timed out"), "504", "retry later"),
+    (OSError(errno.ENOSPC, "No space left on device"), "the disk is full",
+     "Free space or make the workdir writable"),
+])
+def test_a_storage_fault_in_any_clients_words_is_named_with_its_fix(error, reason, fix):
+    wrapped = RuntimeError("orbax: the save failed")
+    wrapped.__cause__ = error  # as orbax re-raises it
+    for raised in (error, wrapped):
+        assert reason in errors.storage_fault(raised)
+        assert fix in errors.storage_fault_fix(raised)
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("INVALID_ARGUMENT: NOT_FOUND: x"),
+    tf.errors.InvalidArgumentError(None, None, "shapes differ"),
+    TypeError("unsupported operand"),
+    KeyError("model.3"),
+])
+def test_anything_else_is_not_a_storage_fault(error):
+    assert errors.storage_fault(error) is None
