@@ -76,7 +76,8 @@ def test_a_documented_error_is_one_line_without_traceback(name, capsys, monkeypa
 def test_a_non_finite_stop_names_the_step_and_the_last_good_checkpoint_of_any_run(
         tmp_path, capsys, monkeypatch):
     """A first run saves steps 5 and 10; the file of step 10 is then damaged; a second
-    run resumes from 5 and meets NaN gradients at step 12 under on_nonfinite='stop'."""
+    run resumes from 5 and meets NaN gradients at step 8 under on_nonfinite='stop'
+    (before step 10, whose save would replace the damaged copy)."""
     monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
     workdir = str(tmp_path)
     common = {"train.steps_per_loop": 1, "checkpoint.every_steps": 5,
@@ -87,9 +88,9 @@ def test_a_non_finite_stop_names_the_step_and_the_last_good_checkpoint_of_any_ru
         f.seek(5000)
         f.write(b"\xff")
     config = toy.toy_config(**common, **{"train.steps": 20})
-    config.data.poison_step = 12
+    config.data.poison_step = 7
     status = errors.call(lambda: PoisonableTrainer(config, workdir).fit())
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 1 and not any("Traceback" in line for line in err), err
-    assert err[-1].startswith("Non-finite error: Non-finite gradients (NaN/inf) at step 13")
+    assert err[-1].startswith("Non-finite error: Non-finite gradients (NaN/inf) at step 8")
     assert f"the last good checkpoint is step 5 ({workdir}/checkpoints/5)" in err[-1]

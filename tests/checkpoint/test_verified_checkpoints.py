@@ -110,6 +110,24 @@ def test_a_damaged_file_is_named_and_the_restore_falls_back_to_the_newest_good_s
 
 
 @pytest.mark.parametrize("fast_io", [False, True])
+def test_a_corrupt_step_is_replaced_when_training_saves_that_step_again(copy_of, caplog,
+                                                                        fast_io):
+    """Resumed from 10 (20 is damaged), the run trains to 20 again: its save of 20
+    replaces the damaged copy (one warning), so the next resume takes 20, not 10 again."""
+    workdir = copy_of(fast_io)
+    flip_one_byte(os.path.join(workdir, "checkpoints", "20", "manifest", "metadata"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        rerun = toy.ToyTrainer(config(fast_io), workdir)
+        rerun.fit()
+    replaced = [line for line in caplog.text.splitlines() if "is corrupt" in line]
+    assert len(replaced) == 1 and "replaced by this run's save of that step" in replaced[0]
+    states = {e.step: e.state for e in inventory.survey(workdir)}
+    assert states == {20: inventory.COMPLETE, 10: inventory.COMPLETE}
+    assert restore_warnings(workdir, fast_io, caplog) == (20, "")
+
+
+@pytest.mark.parametrize("fast_io", [False, True])
 def test_every_file_of_both_items_is_covered(trained, fast_io):
     step_dir = os.path.join(trained[fast_io], "checkpoints", "20")
     for item in checksums.ITEMS:
