@@ -142,6 +142,16 @@ def get_config() -> ml_collections.ConfigDict:
             # file the chief writes in the workdir, so a workdir that is not shared is an
             # error naming the task and path (trainer.checkpoint.shared_workdir); 0: off.
             shared_workdir_timeout_s=30.0,
+            # One run per workdir: the chief holds workdir/lease.json during fit(); a second
+            # run is refused while the holder renews it, and takes it over once the holder
+            # is gone (a dead pid on this host at once, else after this many seconds
+            # without renewal: trainer.checkpoint.lease). 0: off.
+            lease_s=30.0,
+            # After SIGTERM: the checkpoint always commits; telemetry still unwritten when
+            # this many seconds have passed since the signal is dropped (said), so the
+            # process exits within a spot VM's notice (30 s on GCP; set Slurm's --signal
+            # lead time or Kubernetes' terminationGracePeriodSeconds above it).
+            preemption_grace_s=30.0,
         )
     )
     config.telemetry = ml_collections.ConfigDict(
@@ -258,10 +268,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
         check_positive(f"distribute.{pool}", config.distribute[pool], allow_zero=True)
     _check_perf(config)
     check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
-    wait = config.checkpoint.shared_workdir_timeout_s
-    require("checkpoint.shared_workdir_timeout_s", wait, isinstance(wait, (int, float))
-             and not isinstance(wait, bool) and wait >= 0,
-             "a number of seconds >= 0 (0 turns the shared-workdir check off)")
+    grace = config.checkpoint.preemption_grace_s
+    require("checkpoint.preemption_grace_s", grace, isinstance(grace, (int, float))
+            and not isinstance(grace, bool) and grace > 0, "a number of seconds > 0")
+    for field, off in (("shared_workdir_timeout_s", "the shared-workdir check"),
+                       ("lease_s", "the workdir lease")):
+        wait = config.checkpoint[field]
+        require(f"checkpoint.{field}", wait, isinstance(wait, (int, float))
+                and not isinstance(wait, bool) and wait >= 0,
+                f"a number of seconds >= 0 (0 turns {off} off)")
     check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
     best = config.checkpoint.best_metric
     if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from trainer.checkpoint import inventory as checkpoint_inventory
+from trainer.checkpoint.lease import WorkdirLease
 from trainer.checkpoint.preemption import PreemptionWatcher
 from trainer.checkpoint.service import Checkpointer
 from trainer.precision import NonFinitePolicy
@@ -47,6 +48,9 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         return checkpoint_inventory.describe_last_good(workdir)
 
     return [
+        # Before anything writes to the workdir: one run at a time holds it; a run whose
+        # lease was taken over stops before the boundary's save.
+        WorkdirLease(config.checkpoint.lease_s, chief),
         # What fit() returns: first, so it holds every window's and evaluation's values
         # whatever a later service raises.
         history,

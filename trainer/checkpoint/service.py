@@ -47,6 +47,8 @@ from trainer.distribution import host_collectives
 from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
+from trainer.runtime import signals
+from trainer.runtime.waiting import said_while_waiting
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
 
@@ -71,6 +73,7 @@ class Checkpointer(Service):
         self.k = config.perf.grad_accum_steps
         self.every = cfg.every_steps
         self.total = config.train.steps
+        self.grace_s = cfg.preemption_grace_s
         self.chief = chief
         self.best_metric = cfg.best_metric
         self.best_source = cfg.best_metric.partition("/")[0]
@@ -236,7 +239,10 @@ class Checkpointer(Service):
         if run.step >= self.total:
             host_collectives.barrier(run.strategy)
             return
-        self.save(run, wait=True)
+        with said_while_waiting(f"the checkpoint of step {run.step} to commit in "
+                                f"{os.path.join(run.workdir, LATEST_DIR)}"):
+            self.save(run, wait=True)
+        self._check_grace(run)
         report = None
         if self.chief:
             saved = run.step if self.store.committed(LATEST_DIR, run.step) else None
@@ -245,6 +251,17 @@ class Checkpointer(Service):
                 else inventory.describe_last_good(run.workdir))}
         report = host_collectives.json_from_chief(run.strategy, report)
         run.report_stop_save(report["saved"], report["last_good"])
+
+    def _check_grace(self, run: RunContext) -> None:
+        """Says when a preemption's save committed past the grace period (a spot VM may
+        be gone by then): never skipped, so the time is what to act on."""
+        since = signals.seconds_since_signal()
+        if run.stopped_by == "preemption" and since is not None and since > self.grace_s:
+            logging.warning(
+                "The stop's checkpoint committed %.0f s after the stop signal, past "
+                "checkpoint.preemption_grace_s=%g: a spot VM may be gone before that. Make "
+                "the loops shorter (train.steps_per_loop) or the state smaller, or write to "
+                "faster storage.", since, self.grace_s)
 
     def _save_best(self, run: RunContext, logs: dict[str, float]) -> None:
         if self.best_metric not in logs:
@@ -265,7 +282,8 @@ class Checkpointer(Service):
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.enabled or not self.chief:
             return
-        self._commit_pending(final=True)
+        with said_while_waiting(f"the checkpoints being written to {run.workdir} to commit"):
+            self._commit_pending(final=True)
         best = self.store.best_step()
         if best is not None and run.step >= self.total:
             self._export_best(run, best)

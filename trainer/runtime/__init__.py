@@ -1,7 +1,8 @@
-"""The ground every part stands on: signals, fast exit, tracing, Keras compatibility.
+"""The ground every part stands on: signals, fast exit, waits, tracing, Keras compatibility.
 
 * :mod:`trainer.runtime.signals` — SIGTERM/SIGINT answered in every phase.
 * :mod:`trainer.runtime.fast_exit` — ending a finished process quickly.
+* :mod:`trainer.runtime.waiting` — a wait that lasts says what it waits for.
 * :mod:`trainer.runtime.tracing` — how code meets ``tf.function`` tracing (AutoGraph
   for user hooks only, per-object functions).
 * :mod:`trainer.runtime.keras_compat` — the only module that touches Keras-private code.
@@ -10,4 +11,4 @@ Importing this package loads none of them: the command lines use ``signals`` and
 ``fast_exit`` before TensorFlow is imported.
 """
 
-__all__ = ["fast_exit", "keras_compat", "signals", "tracing"]
+__all__ = ["fast_exit", "keras_compat", "signals", "tracing", "waiting"]

@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Callable
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -69,6 +70,7 @@ class _State:
         self.previous: dict[int, object] = {}
         self.previous_fd = -1
         self.received: int | None = None
+        self.received_at: float | None = None  # time.monotonic() of the first signal
         self.callback: Callable[[int], None] | None = None
         self.deliveries = Deliveries()
         self.watcher: threading.Thread | None = None
@@ -93,6 +95,12 @@ def installed() -> bool:
 def received() -> int | None:
     """The number of the first SIGTERM/SIGINT this process received (None: none yet)."""
     return _STATE.received
+
+
+def seconds_since_signal() -> float | None:
+    """Seconds since the first SIGTERM/SIGINT of this process (None: none yet)."""
+    at = _STATE.received_at
+    return None if at is None else time.monotonic() - at
 
 
 def install() -> bool:
@@ -134,6 +142,7 @@ def uninstall() -> None:
     _STATE.watcher.join()
     with _STATE.lock:
         _STATE.received, _STATE.deliveries, _STATE.watcher = None, Deliveries(), None
+        _STATE.received_at = None
 
 
 def set_stop_callback(callback: Callable[[int], None] | None) -> None:
@@ -164,7 +173,7 @@ def _deliver(signum: int, channel: str) -> None:
             return  # the other channel handled this delivery
         first = _STATE.received is None
         if first:
-            _STATE.received = signum
+            _STATE.received, _STATE.received_at = signum, time.monotonic()
         callback = _STATE.callback
     if not first:
         exit_now(signum, f"{name} again: exiting at once with {128 + signum}.")

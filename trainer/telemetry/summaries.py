@@ -29,6 +29,7 @@ from tensorflow.core.framework import summary_pb2
 
 from trainer.errors import storage_fault
 from trainer.runtime import keras_compat
+from trainer.runtime.waiting import said_while_waiting
 
 
 def _plugin(name: str) -> summary_pb2.SummaryMetadata:
@@ -191,10 +192,19 @@ class SummaryWriters:
         except (OSError, tf.errors.OpError) as error:
             self._failed("jsonl", error)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> int:
         """Writes every record handed over, then flushes and closes every writer and
-        the JSON-lines file."""
-        self.flush()
+        the JSON-lines file; returns 0. With ``timeout`` (seconds: what is left of a
+        preemption's grace period) records not written by then are dropped, the files
+        are left as they are, and their number is returned (the writer thread ends on
+        its own; the process may exit before)."""
+        if timeout is not None:
+            done, late = concurrent.futures.wait(self._pending, timeout=max(timeout, 0.0))
+            if late:
+                self._thread.shutdown(wait=False, cancel_futures=True)
+                return len(late)
+        with said_while_waiting(f"the run's records to be written to {self.workdir}"):
+            self.flush()
         self._thread.shutdown()
         if self._dropped:
             logging.warning("%d of the run's records were dropped: %s did not keep up.",
@@ -205,3 +215,4 @@ class SummaryWriters:
         if self.jsonl:
             with contextlib.suppress(OSError, tf.errors.OpError):
                 self.jsonl.close()
+        return 0
