@@ -4,6 +4,7 @@
   the set-up report; fans records out to its sinks.
 * :mod:`trainer.telemetry.progress` — the console (bar, plain lines or nothing).
 * :mod:`trainer.telemetry.summaries` — TensorBoard event files and ``metrics.jsonl``.
+* :mod:`trainer.telemetry.object_append` — appending to them in a bucket by compose.
 * :mod:`trainer.telemetry.loggers` — experiment loggers beyond the run's own files
   (MLflow): a new logger is a new sink here.
 * :mod:`trainer.telemetry.system_stats` — host and device memory and utilisation.
@@ -12,5 +13,5 @@
 * :mod:`trainer.telemetry.profiler` — TensorFlow profiler windows.
 """
 
-__all__ = ["alerts", "flops", "loggers", "probes", "profiler", "progress", "service",
-           "summaries", "system_stats"]
+__all__ = ["alerts", "flops", "loggers", "object_append", "probes", "profiler", "progress",
+           "service", "summaries", "system_stats"]

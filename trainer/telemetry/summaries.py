@@ -7,10 +7,12 @@ or read-only disk ...) warns once and turns that output off: telemetry never end
 (the continuous evaluator's own stream: ``workdir/eval/metrics.jsonl`` and its event
 files in ``workdir/eval``) is given by :class:`SummaryWriters`' arguments.
 
-Paths go through ``tf.io.gfile`` (a ``gs://`` workdir alike). Records are written and
-flushed by one background thread, in order: a write to a bucket is a network round
-trip (each flush uploads the file again) and a bucket that does not answer is retried
-by TensorFlow for minutes; neither may hold up the training thread.
+Paths go through ``tf.io.gfile``. In a bucket (``gs://``) the files are written to a
+local staging directory and each flush uploads only the bytes added, composed onto the
+object (:mod:`trainer.telemetry.object_append`; TensorFlow's own append uploads the
+whole file at every flush). Records are written and flushed by one background thread,
+in order: a write to a bucket is a network round trip and a bucket that does not
+answer is retried for minutes; neither may hold up the training thread.
 :meth:`SummaryWriters.flush` and :meth:`~SummaryWriters.close` wait for every record
 handed over before them, so once ``fit()`` returns the files hold every record.
 """
@@ -21,6 +23,8 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -28,6 +32,7 @@ from absl import logging
 from tensorflow.core.framework import summary_pb2
 
 from trainer.errors import storage_fault
+from trainer.telemetry.object_append import ComposedObject, upload_errors
 from trainer.runtime import keras_compat
 from trainer.runtime.waiting import said_while_waiting
 
@@ -90,18 +95,52 @@ class SummaryWriters:
                  logdirs: dict[str, str] | None = None, jsonl: str | None = None,
                  filename_suffix: str | None = None):
         jsonl = jsonl or os.path.join(workdir, "metrics.jsonl")
-        tf.io.gfile.makedirs(os.path.dirname(jsonl) or ".")
         self.workdir, self.jsonl_path = workdir, jsonl
         logdirs = logdirs or {kind: os.path.join(workdir, kind) for kind in ("train", "eval")}
-        self.summary = ({kind: tf.summary.create_file_writer(logdir,
+        # In a bucket: local files, each flush composing what they gained onto the objects.
+        self._staging = (tempfile.mkdtemp(prefix="tf-trainer-records-")
+                         if jsonl.startswith("gs://") else None)
+        self._local_dirs = {kind: self._local(logdir, f"tb-{kind}")
+                            for kind, logdir in logdirs.items()}
+        self._remote_dirs = {self._local_dirs[k]: logdirs[k] for k in logdirs}
+        self._objects: dict[str, ComposedObject] = {}
+        local_jsonl = self._local(jsonl, "metrics.jsonl")
+        tf.io.gfile.makedirs(os.path.dirname(local_jsonl) or ".")
+        self.summary = ({kind: tf.summary.create_file_writer(self._local_dirs[kind],
                                                              filename_suffix=filename_suffix)
-                         for kind, logdir in logdirs.items()}
+                         for kind in logdirs}
                         if "tensorboard" in outputs else {})
-        self.jsonl = tf.io.gfile.GFile(jsonl, "a") if "jsonl" in outputs else None
+        self.jsonl = tf.io.gfile.GFile(local_jsonl, "a") if "jsonl" in outputs else None
+        if self.jsonl and self._staging:
+            self._objects[local_jsonl] = ComposedObject(local_jsonl, jsonl)
         self._thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="telemetry-writer")
         self._pending: list[concurrent.futures.Future] = []
         self._dropped = 0
+
+    def _local(self, path: str, name: str) -> str:
+        """Where ``path`` is written: itself, or ``name`` in the staging directory."""
+        return os.path.join(self._staging, name) if self._staging else path
+
+    def _upload(self, output: str) -> None:  # on the writer thread
+        """In a bucket: composes what the local files of ``output`` gained onto their
+        objects (an event file made since the last call gets its object)."""
+        if not self._staging:
+            return
+        if output == "tensorboard":
+            for local_dir, remote_dir in self._remote_dirs.items():
+                for name in sorted(os.listdir(local_dir)) if os.path.isdir(local_dir) else ():
+                    path = os.path.join(local_dir, name)
+                    if path not in self._objects:
+                        self._objects[path] = ComposedObject(path, f"{remote_dir}/{name}")
+        for path, target in self._objects.items():
+            if (path.endswith("metrics.jsonl")) == (output == "jsonl"):
+                target.sync()
+
+    @property
+    def uploaded_bytes(self) -> int:
+        """Bytes composed onto the bucket's objects so far (0 outside a bucket)."""
+        return sum(o.uploaded for o in self._objects.values())
 
     def _submit(self, write: Callable[[], None]) -> None:
         self._pending = [f for f in self._pending if not f.done()]
@@ -154,14 +193,16 @@ class SummaryWriters:
             try:
                 self.jsonl.write(line)
                 self.jsonl.flush()
-            except (OSError, tf.errors.OpError) as error:
+                self._upload("jsonl")
+            except (tf.errors.OpError, *upload_errors()) as error:
                 self._failed("jsonl", error)
 
     def _summarize(self, record: dict[str, Any]) -> None:  # on the writer thread
         if self.summary:
             try:
                 self._write_summaries(record)
-            except (OSError, tf.errors.OpError) as error:
+                self._upload("tensorboard")
+            except (tf.errors.OpError, *upload_errors()) as error:
                 self._failed("tensorboard", error)
 
     def _write_summaries(self, record: dict[str, Any]) -> None:
@@ -184,12 +225,15 @@ class SummaryWriters:
         try:
             for writer in self.summary.values():
                 writer.flush()
-        except (OSError, tf.errors.OpError) as error:
+            if self.summary:
+                self._upload("tensorboard")
+        except (tf.errors.OpError, *upload_errors()) as error:
             self._failed("tensorboard", error)
         try:
             if self.jsonl:
                 self.jsonl.flush()
-        except (OSError, tf.errors.OpError) as error:
+                self._upload("jsonl")
+        except (tf.errors.OpError, *upload_errors()) as error:
             self._failed("jsonl", error)
 
     def close(self, timeout: float | None = None) -> int:
@@ -215,4 +259,6 @@ class SummaryWriters:
         if self.jsonl:
             with contextlib.suppress(OSError, tf.errors.OpError):
                 self.jsonl.close()
+        if self._staging:
+            shutil.rmtree(self._staging, ignore_errors=True)
         return 0
