@@ -1,0 +1,155 @@
+"""A chaos run: one training run into a bucket, hit by faults and restarted after each.
+
+The launcher tests' digits run (:data:`CONFIG`, input slowed to :data:`STEP_S` a
+batch so faults land mid-run) trains into ``gs://`` on a simulated host; each attempt
+ends in one fault, then the same command starts again (as a launcher or Slurm would),
+until an attempt runs to the end. Fault kinds:
+
+* ``sigterm_stalled_upload``: the host is cut off from the bucket right after a save is
+  issued; once the next save is skipped (the upload still stalled), SIGTERM; the bucket
+  comes back 3 s later. The attempt must save its step and exit 143.
+* ``sigkill``: the process is killed mid-run (a lost VM): what was not saved is lost.
+* ``corrupt_newest``: after the attempt ends by SIGTERM, one byte of the newest
+  checkpoint's largest file is flipped in the bucket: the next attempt falls back.
+* ``bucket_errors``: 503 answers to the attempt's first checkpoint writes (retried).
+
+:func:`goodput` is productive training time over wall time (as Google's ML goodput
+defines it): the steps an attempt added that the run kept, at the uninterrupted
+reference's seconds per step, over the attempt's wall time from start to exit.
+
+Used by tests/cluster/test_chaos_run.py (a short campaign) and benchmarks/chaos_run.py
+(a longer one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import signal
+import time
+
+from tests.cluster.gcs import BUCKET, GcsEmulator
+from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
+from tests.cluster.hosts import Host, SimulatedCluster
+from tests.support.helpers import REPO
+
+CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
+STEP_S = 0.1  # input sleep per batch: 10 steps/s
+KINDS = ("sigterm_stalled_upload", "sigkill", "corrupt_newest", "bucket_errors")
+
+_DELETE = ("import sys\nfrom google.cloud import storage\n"
+           "b = storage.Client().bucket(sys.argv[1])\n"
+           "for blob in b.list_blobs(prefix=sys.argv[2]):\n    blob.delete()\n")
+_CORRUPT = ("import re, sys\nfrom google.cloud import storage\n"
+            "b = storage.Client().bucket(sys.argv[1])\n"
+            "blobs = [x for x in b.list_blobs(prefix=sys.argv[2] + '/checkpoints/')\n"
+            "         if re.search(r'/checkpoints/\\d+/state/', x.name)]\n"
+            "step = max(int(x.name.split('/checkpoints/')[1].split('/')[0]) for x in blobs)\n"
+            "blob = max((x for x in blobs if f'/checkpoints/{step}/' in x.name and\n"
+            "            not x.name.endswith('.json')), key=lambda x: x.size)\n"
+            "data = bytearray(blob.download_as_bytes())\n"
+            "data[len(data) // 2] ^= 1\n"
+            "b.blob(blob.name).upload_from_string(bytes(data))\n"
+            "print(step, blob.name)\n")
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One process of the campaign: the fault that ended it, the step it resumed
+    from, its exit status and wall seconds."""
+
+    fault: str
+    resumed: int
+    status: int
+    wall_s: float
+    output: str
+
+
+def flags(steps: int) -> list[str]:
+    return [f"--config.train.steps={steps}", "--config.train.steps_per_loop=5",
+            "--config.train.log_every_steps=5", "--config.checkpoint.every_steps=10",
+            "--config.telemetry.probe_every_windows=0", "--config.checkpoint.lease_s=10"]
+
+
+def wait_for_step(run, steps: int, target: int) -> None:
+    """Waits until ``run`` printed the progress line of a step >= ``target``."""
+    deadline = time.monotonic() + RUN_S
+    while True:
+        found = [int(s) for s in re.findall(rf"^step (\d+)/{steps}", run.output, re.M)]
+        if found and found[-1] >= target:
+            return
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.output[-3000:]
+        time.sleep(0.05)
+
+
+def resumed_from(output: str) -> int:
+    found = re.search(r"resumed from step (\d+) \(", output)
+    return int(found.group(1)) if found else 0
+
+
+class Campaign:
+    """The attempts of one chaos run on ``host`` into ``gs://BUCKET/prefix``."""
+
+    def __init__(self, cluster: SimulatedCluster, gcs: GcsEmulator, host: Host, prefix: str,
+                 steps: int, seed: int = 0):
+        self.cluster, self.gcs, self.host, self.prefix = cluster, gcs, host, prefix
+        self.steps, self.rng = steps, random.Random(seed)
+        self.argv = trainer_argv(bucket_url(prefix), *flags(steps), config=CONFIG)
+        self.attempts: list[Attempt] = []
+
+    def _script(self, script: str, *args: str) -> str:
+        return self.cluster.run(self.host, ["python", "-c", script, BUCKET, *args],
+                                env=self.gcs.client_env(), timeout=120).stdout
+
+    def attempt(self, fault: str) -> Attempt:
+        """Runs the command once, ending it by ``fault`` (``"none"``: to the end)."""
+        self._script(_DELETE, f"{self.prefix}/slow-")  # every attempt is slowed alike
+        if fault == "bucket_errors":
+            self.gcs.inject(503, count=4, path_contains=f"{self.prefix}%2Fcheckpoints%2F")
+        started = time.monotonic()
+        run = start(self.cluster, self.gcs, self.host, self.argv,
+                    env={"LAUNCH_TEST_SLOW_FROM": f"0:{STEP_S}"})
+        if fault == "sigterm_stalled_upload":
+            run.wait_for(r"checkpoint of step \d+ -> .*\(async\)", RUN_S)
+            self.cluster.partition(self.host)
+            try:
+                run.wait_for(r"checkpoint of step \d+ skipped", RUN_S)
+                run.proc.send_signal(signal.SIGTERM)
+                time.sleep(3)
+            finally:
+                self.cluster.heal(self.host)
+        elif fault in ("sigkill", "corrupt_newest", "bucket_errors"):
+            run.wait_for(rf"^step \d+/{self.steps}", RUN_S)
+            wait_for_step(run, self.steps, resumed_from(run.output) + self.rng.randrange(15, 30))
+            if fault == "sigkill":
+                run.proc.kill()
+            else:
+                run.proc.send_signal(signal.SIGTERM)
+        status = run.finish(RUN_S)
+        self.gcs.inject(503, count=0, path_contains=self.prefix)  # a burst left over ends
+        if fault == "corrupt_newest":
+            self._script(_CORRUPT, self.prefix)
+        attempt = Attempt(fault, resumed_from(run.output), status,
+                          time.monotonic() - started, run.output)
+        self.attempts.append(attempt)
+        return attempt
+
+    def run(self, faults: list[str]) -> list[Attempt]:
+        for fault in [*faults, "none"]:
+            self.attempt(fault)
+        return self.attempts
+
+
+def goodput(attempts: list[Attempt], steps: int, step_s: float) -> dict[str, float]:
+    """Productive time over wall time, overall and per fault kind (see the module doc).
+    ``step_s``: the uninterrupted run's seconds per step."""
+    starts = [a.resumed for a in attempts] + [steps]
+    kept = [max(0, starts[i + 1] - starts[i]) for i in range(len(attempts))]
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for attempt, n in zip(attempts, kept):
+        by_kind.setdefault(attempt.fault, []).append((n * step_s, attempt.wall_s))
+    out = {kind: sum(p for p, _ in rows) / sum(w for _, w in rows)
+           for kind, rows in by_kind.items()}
+    out["overall"] = sum(n * step_s for n in kept) / sum(a.wall_s for a in attempts)
+    return out
