@@ -6,9 +6,8 @@ can be overridden on the command line: ``--config.train.steps=500``.
 
 Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its own
 settings there. Every other section has a fixed set of keys, and :func:`validate`
-rejects an unknown key (a typo such as ``train.step``) with a suggestion.
-
-The whole schema, field by field, is documented in docs/configuration.md.
+rejects an unknown key (a typo such as ``train.step``) with a suggestion. The whole
+schema, field by field, is documented in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ import importlib.util
 import ml_collections
 
 from trainer.errors import ConfigError  # raised here; importers take it from trainer.config
-from trainer.errors import check_choice, check_known_fields, check_positive, require, suggest
+from trainer.errors import check_choice, check_known_fields, check_positive, check_seconds
+from trainer.errors import require, suggest
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -134,23 +134,17 @@ def get_config() -> ml_collections.ConfigDict:
             best_metric="",  # e.g. "eval/accuracy": keep the best N as well
             best_mode="max",  # "max" | "min"
             async_save=True,
-            # True: arrays as aligned .npy files written with O_DIRECT (trainer.checkpoint.array_files;
-            # much less CPU per async save, readable by numpy, not by a plain orbax
-            # restore). False: orbax's stock handlers, readable by any orbax user.
+            # True: aligned .npy files written with O_DIRECT (trainer.checkpoint.array_files: less
+            # CPU per async save; numpy reads them, plain orbax not). False: orbax's own.
             fast_io=False,
-            # Multi-worker: at start every non-chief task waits up to this long for a
-            # file the chief writes in the workdir, so a workdir that is not shared is an
-            # error naming the task and path (trainer.checkpoint.shared_workdir); 0: off.
+            # Multi-worker: every task waits up to this long at start for a file the chief
+            # writes, so an unshared workdir is an error (trainer.checkpoint.shared_workdir).
             shared_workdir_timeout_s=30.0,
-            # One run per workdir: the chief holds workdir/lease.json during fit(); a second
-            # run is refused while the holder renews it, and takes it over once the holder
-            # is gone (a dead pid on this host at once, else after this many seconds
-            # without renewal: trainer.checkpoint.lease). 0: off.
+            # One run per workdir (trainer.checkpoint.lease): a holder gone this long without
+            # renewing its lease is taken over (a dead pid on this host at once). 0: off.
             lease_s=30.0,
-            # After SIGTERM: the checkpoint always commits; telemetry still unwritten when
-            # this many seconds have passed since the signal is dropped (said), so the
-            # process exits within a spot VM's notice (30 s on GCP; set Slurm's --signal
-            # lead time or Kubernetes' terminationGracePeriodSeconds above it).
+            # After SIGTERM the checkpoint always commits; records unwritten this long after
+            # the signal are dropped, so the process exits within the platform's notice.
             preemption_grace_s=30.0,
         )
     )
@@ -268,15 +262,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         check_positive(f"distribute.{pool}", config.distribute[pool], allow_zero=True)
     _check_perf(config)
     check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
-    grace = config.checkpoint.preemption_grace_s
-    require("checkpoint.preemption_grace_s", grace, isinstance(grace, (int, float))
-            and not isinstance(grace, bool) and grace > 0, "a number of seconds > 0")
-    for field, off in (("shared_workdir_timeout_s", "the shared-workdir check"),
-                       ("lease_s", "the workdir lease")):
-        wait = config.checkpoint[field]
-        require(f"checkpoint.{field}", wait, isinstance(wait, (int, float))
-                and not isinstance(wait, bool) and wait >= 0,
-                f"a number of seconds >= 0 (0 turns {off} off)")
+    cp = config.checkpoint
+    check_seconds("checkpoint.preemption_grace_s", cp.preemption_grace_s)
+    check_seconds("checkpoint.shared_workdir_timeout_s", cp.shared_workdir_timeout_s,
+                  "the shared-workdir check")
+    check_seconds("checkpoint.lease_s", cp.lease_s, "the workdir lease")
     check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
     best = config.checkpoint.best_metric
     if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")

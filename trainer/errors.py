@@ -349,6 +349,17 @@ def check_positive(field: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(f"config.{field}={value!r} must be {bound} integer.")
 
 
+def check_seconds(field: str, value: Any, zero_turns_off: str = "") -> None:
+    """Raises unless ``value`` is a number of seconds > 0 (``>= 0`` when 0 turns
+    ``zero_turns_off`` off)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if zero_turns_off:
+        require(field, value, number and value >= 0,
+                f"a number of seconds >= 0 (0 turns {zero_turns_off} off)")
+    else:
+        require(field, value, number and value > 0, "a number of seconds > 0")
+
+
 def require(field: str, value: Any, ok: bool, rule: str) -> None:
     """Raises ``config.FIELD=VALUE must be RULE.`` unless ``ok``."""
     if not ok:

@@ -9,10 +9,13 @@
 * :mod:`trainer.checkpoint.resume` — restoring the newest good checkpoint (verified).
 * :mod:`trainer.checkpoint.preemption` — SIGTERM during ``fit()`` becomes a checkpoint
   and a retryable exit.
+* :mod:`trainer.checkpoint.lease` — one run per workdir.
+* :mod:`trainer.checkpoint.orbax_logs` — orbax's log noise kept off the output.
 
 A new checkpoint format is a change to ``state`` (what) and ``store`` (how it is
 written); the service only decides when.
 """
 
-__all__ = ["array_files", "checksums", "deferral", "inspect", "inventory", "preemption",
-           "resume", "save_failures", "service", "shared_workdir", "state", "store"]
+__all__ = ["array_files", "checksums", "deferral", "inspect", "inventory", "lease",
+           "orbax_logs", "preemption", "resume", "save_failures", "service",
+           "shared_workdir", "state", "store"]

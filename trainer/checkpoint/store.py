@@ -28,18 +28,15 @@ orbax is single-process. Contexts: host only.
 from __future__ import annotations
 
 import functools
-import logging as pylogging
 import os
 import re
-import sys
 from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint import array_files, checksums
-from trainer.errors import storage_fault
+from trainer.checkpoint import array_files, checksums, orbax_logs
 
 Known = Callable[[str], "tuple[int, int] | None"]  # a file's (size, CRC32C) if computed
 LATEST_DIR = "checkpoints"
@@ -55,12 +52,7 @@ def orbax():
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import orbax.checkpoint as ocp
 
-    handler = logging.get_absl_handler()  # orbax logs through absl, JAX through logging
-    if not any(isinstance(f, _QuietOrbax) for f in handler.filters):
-        handler.addFilter(_QuietOrbax())
-        # Also on the absl logger: without absl's app.run, another handler prints it.
-        pylogging.getLogger("absl").addFilter(_QuietOrbax())
-        sys.unraisablehook = _without_closed_loop_noise(sys.unraisablehook)
+    orbax_logs.quiet()
     return ocp
 
 
@@ -120,56 +112,6 @@ def _verified_handlers(ocp) -> dict[str, type]:
             checksums.write(os.fspath(directory))
 
     return {"state": VerifiedPyTree, "manifest": VerifiedJson}
-
-
-def _without_closed_loop_noise(previous):
-    """An unraisable-exception hook that drops orbax's closed-event-loop echoes.
-
-    When one array of a checkpoint cannot be read, orbax closes its asyncio loop while
-    tensorstore still completes the other reads; each completion then reports
-    "RuntimeError: Event loop is closed" with a traceback. The read error itself is
-    raised (and reported) normally; only these echoes are dropped.
-    """
-
-    def hook(unraisable) -> None:
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    return hook
-
-
-class _QuietOrbax(pylogging.Filter):
-    """Drops orbax's and JAX's INFO lines (a dozen per save), orbax's warning that a
-    save holds no OCDBT data to merge (``.npy`` leaves), its reports of a write that
-    failed on a full, read-only or vanished disk and its warning that the metadata of
-    an unfinished save (a temporary step directory) is missing (the checkpoint service
-    says it in one line: :class:`trainer.errors.StorageError`); other warnings and
-    errors pass."""
-
-    _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
-    _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
-    _UNFINISHED = ("Metadata file does not exist: ", ".orbax-checkpoint-tmp")
-
-    def filter(self, record: pylogging.LogRecord) -> bool:
-        path = record.pathname or ""
-        if not any(s in path for s in self._SOURCES):
-            return True
-        if _storage_fault_record(record):
-            return False  # the checkpoint service reports it, in one line
-        message = record.getMessage()
-        if message.startswith(self._UNFINISHED[0]) and self._UNFINISHED[1] in message:
-            return False  # a save cut short: reported by the checkpoint service
-        return record.levelno >= pylogging.WARNING and self._EXPECTED not in message
-
-
-def _storage_fault_record(record: pylogging.LogRecord) -> bool:
-    """Whether orbax's log record reports a failed write of a full / read-only ... disk
-    (it logs each with a traceback, from several threads)."""
-    error = record.exc_info[1] if record.exc_info else None
-    return bool((error is not None and storage_fault(error))
-                or storage_fault(Exception(record.getMessage())))
 
 
 # ------------------------------------------------------------------- reading

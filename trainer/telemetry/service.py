@@ -64,7 +64,6 @@ from absl import logging
 
 from trainer.distribution import strategies
 from trainer.run_context import RunContext, Service
-from trainer.runtime import signals
 from trainer.telemetry import probes
 from trainer.telemetry.alerts import RegressionDetector, likely_cause
 from trainer.telemetry.progress import Progress, duration, event_line, progress_mode
@@ -265,18 +264,9 @@ class Telemetry(Service):
     def on_fit_end(self, run: RunContext, results: dict[str, float]) -> None:
         self._fitting = False
         self.progress.close()
-        if self._active_writers:
-            grace = self.config.checkpoint.preemption_grace_s
-            since = signals.seconds_since_signal()
-            left = (grace - since if run.stopped_by == "preemption" and since is not None
-                    else None)
-            dropped = self._active_writers.close(timeout=left)
-            if dropped:
-                logging.warning(
-                    "The grace period after the stop signal (checkpoint.preemption_grace_s="
-                    "%g s) ran out with %d of the run's records not yet written to %s: "
-                    "dropped (the checkpoint is saved; the restart goes on writing).",
-                    grace, dropped, run.workdir)
+        if self._active_writers:  # after a stop signal, within its grace period
+            self._active_writers.close(self.config.checkpoint.preemption_grace_s
+                                       if run.stopped_by == "preemption" else None)
             self._active_writers = None
         if self._sampler:
             self._sampler.close()

@@ -33,7 +33,7 @@ from tensorflow.core.framework import summary_pb2
 
 from trainer.errors import storage_fault
 from trainer.telemetry.object_append import ComposedObject, upload_errors
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, signals
 from trainer.runtime.waiting import said_while_waiting
 
 
@@ -236,16 +236,23 @@ class SummaryWriters:
         except (tf.errors.OpError, *upload_errors()) as error:
             self._failed("jsonl", error)
 
-    def close(self, timeout: float | None = None) -> int:
+    def close(self, grace_s: float | None = None) -> int:
         """Writes every record handed over, then flushes and closes every writer and
-        the JSON-lines file; returns 0. With ``timeout`` (seconds: what is left of a
-        preemption's grace period) records not written by then are dropped, the files
-        are left as they are, and their number is returned (the writer thread ends on
-        its own; the process may exit before)."""
-        if timeout is not None:
-            done, late = concurrent.futures.wait(self._pending, timeout=max(timeout, 0.0))
+        the JSON-lines file; returns 0. With ``grace_s`` (a preemption's
+        ``checkpoint.preemption_grace_s``), records not written once that many seconds
+        have passed since the stop signal are dropped with one warning, the files are
+        left as they are, and their number is returned (the writer thread ends on its
+        own; the process may exit before)."""
+        since = signals.seconds_since_signal()
+        if grace_s is not None and since is not None:
+            _, late = concurrent.futures.wait(self._pending, timeout=max(grace_s - since, 0.0))
             if late:
                 self._thread.shutdown(wait=False, cancel_futures=True)
+                logging.warning(
+                    "The grace period after the stop signal (checkpoint.preemption_grace_s="
+                    "%g s) ran out with %d of the run's records not yet written to %s: "
+                    "dropped (the checkpoint is saved; the restart goes on writing).",
+                    grace_s, len(late), self.workdir)
                 return len(late)
         with said_while_waiting(f"the run's records to be written to {self.workdir}"):
             self.flush()

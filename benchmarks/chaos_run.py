@@ -1,0 +1,78 @@
+"""A longer chaos campaign than CI's: N random faults on one run into a bucket.
+
+    sudo python -m benchmarks.chaos_run [--faults 8] [--steps 400] [--seed 0] [--json PATH]
+
+Needs root and the tests' simulated hosts with the GCS emulator (``.ci/run`` starts
+them; ``tests/cluster/netns_hosts.sh up 2 && python -m tests.cluster.gcs start`` by
+hand). The campaign is tests/cluster/chaos.py's: the faults are drawn (seeded) from its
+kinds — SIGTERM while an upload stalls, SIGKILL, a corrupted newest checkpoint, a burst
+of 503 answers — each attempt restarted by the same command, the last one run to the
+end; an uninterrupted run of the same command on the other host is the reference.
+Prints the fault count, max|dw| against the reference and the goodput (productive
+training time / wall time) overall and per fault kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    from tests.cluster import chaos
+    from tests.cluster.gcs import GcsEmulator
+    from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
+    from tests.cluster.hosts import DEFAULT_DIR, SimulatedCluster
+    from tests.support.helpers import load_weights, max_abs_diff
+
+    cluster = SimulatedCluster(hosts=2, root=Path(DEFAULT_DIR))
+    cluster.up()
+    gcs = GcsEmulator(cluster)
+    gcs.start()
+    tag = f"chaos-bench-{int(time.time())}"
+    faults = random.Random(args.seed).choices(chaos.KINDS, k=args.faults)
+    started = time.monotonic()
+    reference = start(cluster, gcs, cluster.hosts[1],
+                      trainer_argv(bucket_url(f"{tag}-ref"), *chaos.flags(args.steps),
+                                   config=chaos.CONFIG),
+                      env={"LAUNCH_TEST_SLOW_FROM": f"0:{chaos.STEP_S}"})
+    campaign = chaos.Campaign(cluster, gcs, cluster.hosts[0], tag, args.steps, args.seed)
+    for i, fault in enumerate([*faults, "none"]):
+        attempt = campaign.attempt(fault)
+        print(f"attempt {i + 1}: {fault:<24} resumed from {attempt.resumed:>4}, exit "
+              f"{attempt.status}, {attempt.wall_s:.1f} s", flush=True)
+    if reference.finish(RUN_S) != 0:
+        raise SystemExit(f"the reference run failed:\n{reference.output[-3000:]}")
+    reference_s = reference.exited_at - started
+    with tempfile.TemporaryDirectory() as tmp:
+        fetch(cluster, gcs, tag, Path(tmp) / "run")
+        fetch(cluster, gcs, f"{tag}-ref", Path(tmp) / "ref")
+        diff = max_abs_diff(load_weights(Path(tmp) / "ref" / "weights-local-0.npz"),
+                            load_weights(Path(tmp) / "run" / "weights-local-0.npz"))
+    goodput = chaos.goodput(campaign.attempts, args.steps, reference_s / args.steps)
+    print(f"\n{args.faults} faults ({', '.join(sorted(set(faults)))}), "
+          f"{len(campaign.attempts)} attempts, {args.steps} steps: max|dw| vs the "
+          f"uninterrupted run {diff:.1e}; wall {sum(a.wall_s for a in campaign.attempts):.0f} s "
+          f"vs {reference_s:.0f} s uninterrupted")
+    for kind, value in sorted(goodput.items()):
+        print(f"  goodput {kind:<24} {value:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "args": vars(args), "faults": faults, "max_abs_dw": diff, "goodput": goodput,
+            "attempts": [{"fault": a.fault, "resumed": a.resumed, "status": a.status,
+                          "wall_s": a.wall_s} for a in campaign.attempts]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
