@@ -1,8 +1,10 @@
 """A short chaos campaign (tests/cluster/chaos.py): one run into the bucket is hit by a
-preemption while an upload stalls, a SIGKILL, a corrupted newest checkpoint and a burst
-of 503 answers, restarted after each; it ends with the weights of the uninterrupted
-run, every preemption said saved was (the restart resumes from that very step), and
-the goodput per fault kind is printed (benchmarks/chaos_run.py runs a longer campaign).
+preemption while an upload stalls, a SIGKILL and a corrupted newest checkpoint,
+restarted after each; it ends with the weights of the uninterrupted run, every
+preemption said saved was (the restart resumes from that very step), and the goodput
+per fault kind is printed. benchmarks/chaos_run.py runs a longer campaign with 503
+bursts as well (each costs about a minute of the clients' back-off: kept out of CI,
+where tests/cluster/test_gcs_faults.py retries such a burst through a whole run).
 
 The first fault is the spot-VM case that lost work: SIGTERM while the previous upload
 stalls (the host cut off from the bucket), the stop's step a save step whose periodic
@@ -19,7 +21,7 @@ from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
 from tests.support.helpers import load_weights, max_abs_diff
 
 STEPS = 120
-FAULTS = ["sigterm_stalled_upload", "sigkill", "corrupt_newest", "bucket_errors"]
+FAULTS = ["sigterm_stalled_upload", "sigkill", "corrupt_newest"]
 
 
 def test_a_run_hit_by_faults_ends_with_the_weights_of_an_uninterrupted_one(
@@ -36,7 +38,7 @@ def test_a_run_hit_by_faults_ends_with_the_weights_of_an_uninterrupted_one(
     reference_s = reference.exited_at - started
 
     statuses = [a.status for a in attempts]
-    assert statuses == [143, -9, 143, 143, 0], [(a.fault, a.status, a.output[-3000:])
+    assert statuses == [143, -9, 143, 0], [(a.fault, a.status, a.output[-3000:])
                                                 for a in attempts]
     for attempt, after in zip(attempts, attempts[1:]):
         said = re.search(r"preempted at step (\d+); a checkpoint of that step was saved",
