@@ -2,17 +2,22 @@
 fix (trainer.errors.storage_fault): the errors of TensorFlow's file system, of
 google-cloud-storage and of tensorstore (orbax's writer) for a bucket's 401, 403, 404,
 429 and 5xx after the client's retries, as well as errno faults; anything else is
-not a storage fault (a bug keeps its traceback)."""
+not a storage fault (a bug keeps its traceback). And asyncio's echo of orbax's reads
+left unretrieved after a failed read is not printed (the failure is, once)."""
 
 from __future__ import annotations
 
 import errno
+import logging
+import os
+import sys
 
 import pytest
 import tensorflow as tf
 from google.api_core import exceptions as google_errors
 
 from trainer import errors
+from trainer.checkpoint import orbax_logs
 
 TF_403 = ("Error executing an HTTP request: HTTP response code 403 with body '{\"error\": "
           "{\"code\": 403}}'\n\t when reading gs://b/run/checkpoints/")
@@ -54,3 +59,21 @@ def test_a_storage_fault_in_any_clients_words_is_named_with_its_fix(error, reaso
 ])
 def test_anything_else_is_not_a_storage_fault(error):
     assert errors.storage_fault(error) is None
+
+
+def _record_raised_in(filename: str, name: str = "asyncio") -> logging.LogRecord:
+    try:
+        exec(compile("raise ValueError('cannot read')", filename, "exec"))
+    except ValueError:
+        exc_info = sys.exc_info()
+    return logging.LogRecord(name, logging.ERROR, "/usr/lib/python3/asyncio/base_events.py",
+                             1, "Task exception was never retrieved\nfuture: <Task finished>",
+                             None, exc_info)
+
+
+def test_orbax_reads_left_unretrieved_after_a_failed_read_are_not_printed():
+    """A step that fails to read is reported in one line; asyncio's echo of orbax's
+    other reads of it ("Task exception was never retrieved", timing-dependent) is not."""
+    quiet = orbax_logs.QuietOrbax()
+    assert not quiet.filter(_record_raised_in(f"/site-packages{os.sep}orbax{os.sep}x.py"))
+    assert quiet.filter(_record_raised_in("/home/user/my_code.py"))  # others' pass

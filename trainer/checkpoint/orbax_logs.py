@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging as pylogging
 import os
 import sys
+import traceback
 
 from absl import logging
 
@@ -52,8 +53,10 @@ class QuietOrbax(pylogging.Filter):
     save holds no OCDBT data to merge (``.npy`` leaves), its reports of a write that
     failed on a full, read-only or vanished disk and its warning that the metadata of
     an unfinished save (a temporary step directory) is missing (the checkpoint service
-    says it in one line: :class:`trainer.errors.StorageError`); other warnings and
-    errors pass."""
+    says it in one line: :class:`trainer.errors.StorageError`), and asyncio's "Task
+    exception was never retrieved" for orbax's other reads of a step that failed to read
+    (the read error is raised and reported; which sibling reads are left unretrieved
+    depends on timing); other warnings and errors pass."""
 
     _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
     _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
@@ -61,6 +64,10 @@ class QuietOrbax(pylogging.Filter):
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         path = record.pathname or ""
+        if record.name == "asyncio" and record.exc_info and record.getMessage().startswith(
+                "Task exception was never retrieved"):
+            frames = traceback.extract_tb(record.exc_info[2])
+            return not any(s in f.filename for f in frames for s in self._SOURCES)
         if not any(s in path for s in self._SOURCES):
             return True
         if storage_fault_record(record):
