@@ -89,19 +89,22 @@ class Checkpointer(Service):
         return next_multiple(step, self.every if self.enabled else 0)
 
     def save(self, run: RunContext, kind: str = LATEST_DIR,
-             metrics: dict[str, float] | None = None, wait: bool = False) -> None:
+             metrics: dict[str, float] | None = None, wait: bool = False) -> bool:
         """Saves the current state (chief writes; every worker announces a save of the
         latest state, so every callback's ``on_checkpoint`` runs). A step already saved
         to ``kind`` by this run is not saved again; with ``wait`` (a stop's save) its
         write in flight is waited for and checked committed, and written again if it
         is not. A save skipped (:mod:`~trainer.checkpoint.deferral`) or failed is not
-        a saved step: the stop's save at that step writes it."""
+        a saved step: the stop's save at that step writes it. Returns whether the step
+        is saved (with ``wait``, on the chief: committed, as the storage shows; checked
+        once)."""
+        checked = wait and self.chief
         if self._saved.get(kind) == run.step:
-            if not (wait and self.chief):
-                return
+            if not checked:
+                return True
             self._commit_pending(kind)
             if self.store.committed(kind, run.step):
-                return
+                return True
             self._saved.pop(kind, None)
         if not checkpoint_state.all_finite(run):
             self.wait()  # a pending save of an earlier step is a good checkpoint
@@ -110,10 +113,12 @@ class Checkpointer(Service):
                 f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
-        if not self.chief or self._write(run, kind, metrics, wait):
-            self._saved[kind] = run.step
-            if kind == LATEST_DIR:
-                run.announce_checkpoint(run.step)
+        if self.chief and not self._write(run, kind, metrics, wait):
+            return False
+        self._saved[kind] = run.step
+        if kind == LATEST_DIR:
+            run.announce_checkpoint(run.step)
+        return not checked or self.store.committed(kind, run.step)
 
     def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
                wait: bool) -> bool:
@@ -241,11 +246,11 @@ class Checkpointer(Service):
             return
         with said_while_waiting(f"the checkpoint of step {run.step} to commit in "
                                 f"{os.path.join(run.workdir, LATEST_DIR)}"):
-            self.save(run, wait=True)
+            committed = self.save(run, wait=True)
         self._check_grace(run)
         report = None
         if self.chief:
-            saved = run.step if self.store.committed(LATEST_DIR, run.step) else None
+            saved = run.step if committed else None
             report = {"saved": saved, "last_good": (
                 f"step {saved} ({self.store.path(LATEST_DIR, saved)})" if saved is not None
                 else inventory.describe_last_good(run.workdir))}

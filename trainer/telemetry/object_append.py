@@ -15,11 +15,8 @@ Contexts: host; one thread per object (the telemetry writer thread).
 
 from __future__ import annotations
 
+import functools
 import os
-import threading
-
-_CLIENT: dict[str, object] = {}
-_CLIENT_LOCK = threading.Lock()
 
 
 def upload_errors() -> tuple[type[BaseException], ...]:
@@ -32,29 +29,26 @@ def upload_errors() -> tuple[type[BaseException], ...]:
     return (OSError, GoogleAPIError)
 
 
-def _bucket(name: str):
-    """The google-cloud-storage bucket ``name`` (one client per process)."""
-    with _CLIENT_LOCK:
-        if "client" not in _CLIENT:
-            from google.cloud import storage
+@functools.cache
+def _client():
+    """The google-cloud-storage client of the process."""
+    from google.cloud import storage
 
-            _CLIENT["client"] = storage.Client()
-    return _CLIENT["client"].bucket(name)
+    return storage.Client()
 
 
 class ComposedObject:
     """The object ``remote`` (``gs://bucket/name``) kept equal to the local file
     ``local`` plus what the object held before (a resumed run's metrics.jsonl goes on
-    where the earlier run stopped). ``uploaded``: the bytes this object sent so far."""
+    where the earlier run stopped)."""
 
     def __init__(self, local: str, remote: str):
         bucket, _, self.name = remote[len("gs://"):].partition("/")
-        self.local, self.remote = local, remote
-        self._bucket = _bucket(bucket)
+        self.local = local
+        self._bucket = _client().bucket(bucket)
         self._offset = 0
         self._parts = 0
         self._exists: bool | None = None
-        self.uploaded = 0
 
     def sync(self) -> int:
         """Uploads what the local file gained since the last sync; returns its bytes."""
@@ -80,5 +74,4 @@ class ComposedObject:
             target.compose([target, part])
             part.delete()
         self._offset += len(data)
-        self.uploaded += len(data)
         return len(data)

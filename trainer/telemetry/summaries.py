@@ -103,7 +103,7 @@ class SummaryWriters:
         self._local_dirs = {kind: self._local(logdir, f"tb-{kind}")
                             for kind, logdir in logdirs.items()}
         self._remote_dirs = {self._local_dirs[k]: logdirs[k] for k in logdirs}
-        self._objects: dict[str, ComposedObject] = {}
+        self._event_objects: dict[str, ComposedObject] = {}  # by local event file
         local_jsonl = self._local(jsonl, "metrics.jsonl")
         tf.io.gfile.makedirs(os.path.dirname(local_jsonl) or ".")
         self.summary = ({kind: tf.summary.create_file_writer(self._local_dirs[kind],
@@ -111,8 +111,8 @@ class SummaryWriters:
                          for kind in logdirs}
                         if "tensorboard" in outputs else {})
         self.jsonl = tf.io.gfile.GFile(local_jsonl, "a") if "jsonl" in outputs else None
-        if self.jsonl and self._staging:
-            self._objects[local_jsonl] = ComposedObject(local_jsonl, jsonl)
+        self._jsonl_object = (ComposedObject(local_jsonl, jsonl)
+                              if self.jsonl and self._staging else None)
         self._thread = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="telemetry-writer")
         self._pending: list[concurrent.futures.Future] = []
@@ -127,20 +127,17 @@ class SummaryWriters:
         objects (an event file made since the last call gets its object)."""
         if not self._staging:
             return
-        if output == "tensorboard":
-            for local_dir, remote_dir in self._remote_dirs.items():
-                for name in sorted(os.listdir(local_dir)) if os.path.isdir(local_dir) else ():
-                    path = os.path.join(local_dir, name)
-                    if path not in self._objects:
-                        self._objects[path] = ComposedObject(path, f"{remote_dir}/{name}")
-        for path, target in self._objects.items():
-            if (path.endswith("metrics.jsonl")) == (output == "jsonl"):
-                target.sync()
-
-    @property
-    def uploaded_bytes(self) -> int:
-        """Bytes composed onto the bucket's objects so far (0 outside a bucket)."""
-        return sum(o.uploaded for o in self._objects.values())
+        if output == "jsonl":
+            if self._jsonl_object:
+                self._jsonl_object.sync()
+            return
+        for local_dir, remote_dir in self._remote_dirs.items():
+            for name in sorted(os.listdir(local_dir)) if os.path.isdir(local_dir) else ():
+                path = os.path.join(local_dir, name)
+                if path not in self._event_objects:
+                    self._event_objects[path] = ComposedObject(path, f"{remote_dir}/{name}")
+        for target in self._event_objects.values():
+            target.sync()
 
     def _submit(self, write: Callable[[], None]) -> None:
         self._pending = [f for f in self._pending if not f.done()]
