@@ -295,9 +295,8 @@ class WorkdirLease(Service):
             with self._lock:
                 if self._held is None or self._taken_by is not None:
                     return
-                renewed = dataclasses.replace(_decode(self._held),
-                                              renewals=_decode(self._held).renewals + 1)
-                data = _encode(renewed)
+                held = _decode(self._held)
+                data = _encode(dataclasses.replace(held, renewals=held.renewals + 1))
                 try:
                     if self._file.swap(self._held, data):
                         self._held = data
