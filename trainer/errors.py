@@ -177,6 +177,8 @@ _DISK_FIX = "Free space or make the workdir writable"
 # only its status code for a file or directory that is not there (a vanished workdir).
 _OS_ERROR_CODE = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
 _TENSORSTORE_NOT_FOUND = "NOT_FOUND: "
+# orbax's check of a write it finalizes: files it wrote are no longer there.
+_ORBAX_FILES_GONE = re.compile(r"Save failed: \d+/\d+ params are missing")
 # An object store's answer (a bucket): the HTTP status in the text of TensorFlow's GCS
 # errors and tensorstore's, else the error's kind (TensorFlow's, google-cloud's, or the
 # status name tensorstore starts its message with). After the client's own retries.
@@ -227,7 +229,8 @@ def _fault(error: BaseException | None) -> tuple[str, str] | None:
             number = int(match.group(1) or match.group(2)) if match else None
         if number is None:  # TensorFlow's file errors keep only the text
             number = next((n for n in _STORAGE_ERRNOS if os.strerror(n) in str(error)), None)
-        if number is None and str(error).startswith(_TENSORSTORE_NOT_FOUND):
+        if number is None and (str(error).startswith(_TENSORSTORE_NOT_FOUND)
+                               or _ORBAX_FILES_GONE.search(str(error))):
             number = errno.ENOENT
         if number in _STORAGE_ERRNOS:
             return f"{_STORAGE_ERRNOS[number]} [{os.strerror(number)}]", _DISK_FIX

@@ -77,3 +77,19 @@ def test_orbax_reads_left_unretrieved_after_a_failed_read_are_not_printed():
     quiet = orbax_logs.QuietOrbax()
     assert not quiet.filter(_record_raised_in(f"/site-packages{os.sep}orbax{os.sep}x.py"))
     assert quiet.filter(_record_raised_in("/home/user/my_code.py"))  # others' pass
+
+
+def test_orbax_writers_waiting_for_the_directory_of_a_failed_save_are_not_printed():
+    """A vanished workdir fails the save (one line); orbax's writer threads then time
+    out waiting for the step directory, each with a traceback, at exit."""
+    quiet = orbax_logs.QuietOrbax()
+    orbax_file = f"/site-packages{os.sep}orbax{os.sep}checkpoint{os.sep}future.py"
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("absl", logging.ERROR, orbax_file, 1, message, None, None)
+
+    assert not quiet.filter(record(
+        "[process=0][thread=json_ch_save] _SignalingThread.run() raised an exception: "
+        "Timeout waiting for key 'awaitable_signals_contract_5/item_directory_creation'"))
+    assert quiet.filter(record("_SignalingThread.run() raised an exception: Timeout "
+                               "waiting for key 'awaitable_signals_contract_5/commit'"))

@@ -106,3 +106,11 @@ def test_a_write_tensorstore_finds_vanished_is_a_storage_fault_not_a_bug():
                        'checkpoint-tmp/state/ocdbt.process_0/"')
     assert errors.storage_fault(error) == "a directory vanished [No such file or directory]"
     assert errors.storage_fault(ValueError("INVALID_ARGUMENT: NOT_FOUND: x")) is None
+
+
+def test_files_orbax_finds_gone_when_it_finalizes_a_write_are_a_vanished_directory():
+    """The deletion may land between tensorstore's writes and orbax's check of them."""
+    error = ValueError("Save failed: 1/15 params are missing .zarray in checkpoint:\n"
+                       "/w/checkpoints/10.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp")
+    assert errors.storage_fault(error) == "a directory vanished [No such file or directory]"
+    assert errors.storage_fault(ValueError("Save failed: params are fine")) is None

@@ -56,11 +56,14 @@ class QuietOrbax(pylogging.Filter):
     says it in one line: :class:`trainer.errors.StorageError`), and asyncio's "Task
     exception was never retrieved" for orbax's other reads of a step that failed to read
     (the read error is raised and reported; which sibling reads are left unretrieved
-    depends on timing); other warnings and errors pass."""
+    depends on timing), and the timeouts of orbax's writer threads still waiting for the
+    directory of a save that failed to make it (a vanished workdir: the save's failure
+    is reported); other warnings and errors pass."""
 
     _SOURCES = (f"{os.sep}orbax{os.sep}", f"{os.sep}jax{os.sep}")
     _EXPECTED = "Skipping merge of OCDBT checkpoints: No per-process OCDBT"
     _UNFINISHED = ("Metadata file does not exist: ", ".orbax-checkpoint-tmp")
+    _NO_DIRECTORY = ("Timeout waiting for key", "directory_creation")
 
     def filter(self, record: pylogging.LogRecord) -> bool:
         path = record.pathname or ""
@@ -75,6 +78,8 @@ class QuietOrbax(pylogging.Filter):
         message = record.getMessage()
         if message.startswith(self._UNFINISHED[0]) and self._UNFINISHED[1] in message:
             return False  # a save cut short: reported by the checkpoint service
+        if all(part in message for part in self._NO_DIRECTORY):
+            return False  # waited for a directory a failed save never made
         return record.levelno >= pylogging.WARNING and self._EXPECTED not in message
 
 
