@@ -6,8 +6,10 @@ Needs root and the tests' simulated hosts with the GCS emulator (``.ci/run`` sta
 them; ``tests/cluster/netns_hosts.sh up 2 && python -m tests.cluster.gcs start`` by
 hand). The campaign is tests/cluster/chaos.py's: the faults are drawn (seeded) from its
 kinds — SIGTERM while an upload stalls, SIGKILL, a corrupted newest checkpoint, a burst
-of 503 answers — each attempt restarted by the same command, the last one run to the
-end; an uninterrupted run of the same command on the other host is the reference.
+of 503 answers — each attempt restarted by the same command; the last attempt is a
+group of two workers that loses one to SIGKILL and is restarted by its launcher
+(``launch.multiworker --max_restarts 1``), to the end; an uninterrupted run of the
+same command on the other host is the reference.
 Prints the fault count, max|dw| against the reference and the goodput (productive
 training time / wall time) overall and per fault kind.
 """
@@ -48,7 +50,7 @@ def main() -> None:
                                    config=chaos.CONFIG),
                       env={"LAUNCH_TEST_SLOW_FROM": f"0:{chaos.STEP_S}"})
     campaign = chaos.Campaign(cluster, gcs, cluster.hosts[0], tag, args.steps, args.seed)
-    for i, fault in enumerate([*faults, "none"]):
+    for i, fault in enumerate([*faults, chaos.LAST]):
         attempt = campaign.attempt(fault)
         print(f"attempt {i + 1}: {fault:<24} resumed from {attempt.resumed:>4}, exit "
               f"{attempt.status}, {attempt.wall_s:.1f} s", flush=True)
@@ -59,9 +61,9 @@ def main() -> None:
         fetch(cluster, gcs, tag, Path(tmp) / "run")
         fetch(cluster, gcs, f"{tag}-ref", Path(tmp) / "ref")
         diff = max_abs_diff(load_weights(Path(tmp) / "ref" / "weights-local-0.npz"),
-                            load_weights(Path(tmp) / "run" / "weights-local-0.npz"))
+                            load_weights(Path(tmp) / "run" / "weights-worker-0.npz"))
     goodput = chaos.goodput(campaign.attempts, args.steps, reference_s / args.steps)
-    print(f"\n{args.faults} faults ({', '.join(sorted(set(faults)))}), "
+    print(f"\n{args.faults + 1} faults ({', '.join(sorted({*faults, chaos.LAST}))}), "
           f"{len(campaign.attempts)} attempts, {args.steps} steps: max|dw| vs the "
           f"uninterrupted run {diff:.1e}; wall {sum(a.wall_s for a in campaign.attempts):.0f} s "
           f"vs {reference_s:.0f} s uninterrupted")

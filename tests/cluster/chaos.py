@@ -2,8 +2,8 @@
 
 The launcher tests' digits run (:data:`CONFIG`, input slowed to :data:`STEP_S` a
 batch so faults land mid-run) trains into ``gs://`` on a simulated host; each attempt
-ends in one fault, then the same command starts again (as a launcher or Slurm would),
-until an attempt runs to the end. Fault kinds:
+ends in one fault, then the same command starts again (as a launcher or Slurm would).
+Fault kinds:
 
 * ``sigterm_stalled_upload``: the host is cut off from the bucket right after a save is
   issued; once the next save is skipped (the upload still stalled), SIGTERM; the bucket
@@ -12,6 +12,11 @@ until an attempt runs to the end. Fault kinds:
 * ``corrupt_newest``: after the attempt ends by SIGTERM, one byte of the newest
   checkpoint's largest file is flipped in the bucket: the next attempt falls back.
 * ``bucket_errors``: 503 answers to the attempt's first checkpoint writes (retried).
+
+The last attempt (:data:`LAST`, ``sigkill_worker``) is a group of two workers started
+by ``launch.multiworker --max_restarts 1``; one worker is killed mid-run (a lost VM of
+the group): the launcher stops the other and restarts the group from the last
+checkpoint (on another worker count than the attempts before), which runs to the end.
 
 :func:`goodput` is productive training time over wall time (as Google's ML goodput
 defines it): the steps an attempt added that the run kept, at the uninterrupted
@@ -24,6 +29,7 @@ Used by tests/cluster/test_chaos_run.py (a short campaign) and benchmarks/chaos_
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import re
 import signal
@@ -32,11 +38,17 @@ import time
 from tests.cluster.gcs import BUCKET, GcsEmulator
 from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import Host, SimulatedCluster
+from tests.launch_helpers.running import task_pids
 from tests.support.helpers import REPO
 
 CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 STEP_S = 0.1  # input sleep per batch: 10 steps/s
 KINDS = ("sigterm_stalled_upload", "sigkill", "corrupt_newest", "bucket_errors")
+LAST = "sigkill_worker"
+# The launcher of the group of sigkill_worker: a restart after the lost worker; the
+# stopped survivor (TensorFlow's coordination service catches its SIGTERM) is killed 2 s on.
+GROUP = ["python", "-m", "launch.multiworker", "--workers", "2", "--max_restarts", "1",
+         "--grace_s", "2"]
 
 _DELETE = ("import sys\nfrom google.cloud import storage\n"
            "b = storage.Client().bucket(sys.argv[1])\n"
@@ -83,6 +95,14 @@ def wait_for_step(run, steps: int, target: int) -> None:
         time.sleep(0.05)
 
 
+def wait_for_count(run, pattern: str, count: int) -> None:
+    """Waits until ``run`` printed ``count`` lines matching ``pattern``."""
+    deadline = time.monotonic() + RUN_S
+    while len(re.findall(pattern, run.output, re.M)) < count:
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.output[-3000:]
+        time.sleep(0.05)
+
+
 def resumed_from(output: str) -> int:
     found = re.search(r"resumed from step (\d+) \(", output)
     return int(found.group(1)) if found else 0
@@ -103,12 +123,14 @@ class Campaign:
                                 env=self.gcs.client_env(), timeout=120).stdout
 
     def attempt(self, fault: str) -> Attempt:
-        """Runs the command once, ending it by ``fault`` (``"none"``: to the end)."""
+        """Runs the command once, ending it by ``fault`` (one of :data:`KINDS`; the group
+        of :data:`LAST` runs to the end after its launcher's restart)."""
         self._script(_DELETE, f"{self.prefix}/slow-")  # every attempt is slowed alike
         if fault == "bucket_errors":
             self.gcs.inject(503, count=4, path_contains=f"{self.prefix}%2Fcheckpoints%2F")
         started = time.monotonic()
-        run = start(self.cluster, self.gcs, self.host, self.argv,
+        argv = [*GROUP, *self.argv[3:]] if fault == LAST else self.argv
+        run = start(self.cluster, self.gcs, self.host, argv,
                     env={"LAUNCH_TEST_SLOW_FROM": f"0:{STEP_S}"})
         if fault == "sigterm_stalled_upload":
             run.wait_for(r"checkpoint of step \d+ -> .*\(async\)", RUN_S)
@@ -119,8 +141,14 @@ class Campaign:
                 time.sleep(3)
             finally:
                 self.cluster.heal(self.host)
+        elif fault == LAST:
+            # A group's saves are slow (seconds in the bucket): once a second save after
+            # the resume is issued, the first is committed (a save is skipped while the
+            # one before is in flight), so the restart has a newer checkpoint to resume.
+            wait_for_count(run, r"^\[worker:0\] .*checkpoint of step \d+ -> .*\(async\)", 2)
+            os.kill(task_pids(run.lines)["worker:1"], signal.SIGKILL)  # same PID namespace
         elif fault in ("sigkill", "corrupt_newest", "bucket_errors"):
-            run.wait_for(rf"^step \d+/{self.steps}", RUN_S)
+            run.wait_for(rf"^step \d+/{self.steps}", RUN_S)  # started: its resume printed
             wait_for_step(run, self.steps, resumed_from(run.output) + self.rng.randrange(15, 30))
             if fault == "sigkill":
                 run.proc.kill()
@@ -136,7 +164,9 @@ class Campaign:
         return attempt
 
     def run(self, faults: list[str]) -> list[Attempt]:
-        for fault in [*faults, "none"]:
+        """One attempt per fault of :data:`KINDS`, then the group of :data:`LAST` (it
+        ends the run, its final weights in ``weights-worker-0.npz``)."""
+        for fault in [*faults, LAST]:
             self.attempt(fault)
         return self.attempts
 

@@ -1,6 +1,7 @@
 """A short chaos campaign (tests/cluster/chaos.py): one run into the bucket is hit by a
 preemption while an upload stalls, a SIGKILL and a corrupted newest checkpoint,
-restarted after each; it ends with the weights of the uninterrupted run, every
+restarted after each, then goes on as a group of two workers that loses one (SIGKILL)
+and is restarted by its launcher; it ends with the weights of the uninterrupted run, every
 preemption said saved was (the restart resumes from that very step), and the goodput
 per fault kind is printed. benchmarks/chaos_run.py runs a longer campaign with 503
 bursts as well (each costs about a minute of the clients' back-off: kept out of CI,
@@ -21,7 +22,7 @@ from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
 from tests.support.helpers import load_weights, max_abs_diff
 
 STEPS = 120
-FAULTS = ["sigterm_stalled_upload", "sigkill", "corrupt_newest"]
+FAULTS = ["sigterm_stalled_upload", "sigkill", "corrupt_newest"]  # then chaos.LAST
 
 
 def test_a_run_hit_by_faults_ends_with_the_weights_of_an_uninterrupted_one(
@@ -50,12 +51,17 @@ def test_a_run_hit_by_faults_ends_with_the_weights_of_an_uninterrupted_one(
     after_corruption = attempts[FAULTS.index("corrupt_newest") + 1]
     assert "Skipping checkpoint" in after_corruption.output, after_corruption.output[-4000:]
     assert "is corrupt" in after_corruption.output  # its step saved again: replaced
+    group = attempts[-1]
+    assert "restarting the whole group (restart 1 of 1)" in group.output, group.output[-4000:]
+    resumes = [int(s) for s in re.findall(r"^\[worker:0\] .*resumed from step (\d+) \(",
+                                                  group.output, re.M)]
+    assert len(resumes) == 2 and resumes[1] > resumes[0], group.output[-4000:]
     fetch(cluster, gcs, f"chaos-{port}", tmp_path / "run")
     fetch(cluster, gcs, f"chaos-ref-{port}", tmp_path / "reference")
     diff = max_abs_diff(load_weights(tmp_path / "reference" / "weights-local-0.npz"),
-                        load_weights(tmp_path / "run" / "weights-local-0.npz"))
+                        load_weights(tmp_path / "run" / "weights-worker-0.npz"))
     goodput = chaos.goodput(attempts, STEPS, reference_s / STEPS)
-    print(f"\n[measured] chaos: {len(FAULTS)} faults, {len(attempts)} attempts, max|dw| vs "
+    print(f"\n[measured] chaos: {len(FAULTS) + 1} faults, {len(attempts)} attempts, max|dw| vs "
           f"uninterrupted {diff:.1e}, goodput " + ", ".join(
               f"{k} {v:.2f}" for k, v in sorted(goodput.items())))
     assert diff <= 1e-5

@@ -42,6 +42,16 @@ def wait_until_dead(pids, timeout: float) -> list[int]:
     return left
 
 
+def task_pids(lines: list[str]) -> dict[str, int]:
+    """``{"worker:1": pid}`` from a launcher's latest ``[launcher] pids:`` line in its
+    output ``lines``."""
+    pids = {}
+    for line in list(lines):
+        if line.startswith("[launcher] pids: "):
+            pids = dict(item.split("=") for item in line.split(": ", 1)[1].split())
+    return {name: int(pid) for name, pid in pids.items()}
+
+
 class Launch:
     """``python -m MODULE ARGS`` with stdout+stderr collected line by line."""
 
@@ -92,11 +102,7 @@ class Launch:
 
     def task_pids(self) -> dict[str, int]:
         """``{"worker:1": pid}`` from the launcher's latest ``[launcher] pids:`` line."""
-        pids = {}
-        for line in list(self.lines):
-            if line.startswith("[launcher] pids: "):
-                pids = dict(item.split("=") for item in line.split(": ", 1)[1].split())
-        return {name: int(pid) for name, pid in pids.items()}
+        return task_pids(self.lines)
 
     def all_task_pids(self) -> list[int]:
         """Every PID the launcher reported, over all group (re)starts."""
