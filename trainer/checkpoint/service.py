@@ -135,7 +135,9 @@ class Checkpointer(Service):
                 return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
-            self.store.save(kind, run.step, state, manifest, metrics, wait)
+            with said_while_waiting(f"the checkpoint of step {run.step} being written to "
+                                    f"{os.path.join(run.workdir, kind)}"):
+                self.store.save(kind, run.step, state, manifest, metrics, wait)
         except Exception as error:  # noqa: BLE001 - only storage faults are handled
             self._storage_fault(error, kind, run.step, final=wait)
             return False
@@ -176,7 +178,9 @@ class Checkpointer(Service):
         for name in [k for k in self.store.kinds() if kind in (None, k)]:
             step = self.store.pending(name)
             try:
-                self.store.wait(name)
+                with said_while_waiting(f"the checkpoint of step {step} being written to "
+                                        f"{os.path.join(self.store.workdir, name)} to commit"):
+                    self.store.wait(name)
             except Exception as error:  # noqa: BLE001 - only storage faults are handled
                 self._storage_fault(error, name, step, final)
                 continue
@@ -244,9 +248,7 @@ class Checkpointer(Service):
         if run.step >= self.total:
             host_collectives.barrier(run.strategy)
             return
-        with said_while_waiting(f"the checkpoint of step {run.step} to commit in "
-                                f"{os.path.join(run.workdir, LATEST_DIR)}"):
-            committed = self.save(run, wait=True)
+        committed = self.save(run, wait=True)
         self._check_grace(run)
         report = None
         if self.chief:
@@ -287,8 +289,7 @@ class Checkpointer(Service):
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
         if not self.enabled or not self.chief:
             return
-        with said_while_waiting(f"the checkpoints being written to {run.workdir} to commit"):
-            self._commit_pending(final=True)
+        self._commit_pending(final=True)
         best = self.store.best_step()
         if best is not None and run.step >= self.total:
             self._export_best(run, best)
