@@ -30,6 +30,12 @@ TFDS_DATA_DIR = tempfile.mkdtemp(prefix="tfds-tests-")
 os.environ["TFDS_DATA_DIR"] = TFDS_DATA_DIR
 atexit.register(shutil.rmtree, TFDS_DATA_DIR, ignore_errors=True)
 
+# The plan cache (trainer/loop/plan_cache.py) lives under XDG_CACHE_HOME: never the
+# user's ~/.cache, and each test gets its own (own_plan_cache) so a plan one test measured
+# is not adopted by the next run of the same key; module and session fixtures share this.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="xdg-cache-tests-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+
 
 class MainProcess:
     """``python -m trainer.main`` started at construction; :meth:`result` waits for it.
@@ -123,6 +129,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     TensorFlow and Keras (minutes over a thousand tests)."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def own_plan_cache(tmp_path_factory, monkeypatch):
+    """This test's XDG_CACHE_HOME (its in-process runs and its subprocesses'): an empty
+    plan cache, as on a fresh machine."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
 
 
 @pytest.fixture(autouse=True)

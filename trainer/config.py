@@ -125,6 +125,7 @@ def get_config() -> ml_collections.ConfigDict:
             plan_min_run_s=30.0,  # runs estimated shorter are not measured
             plan_trial_s=0.2,  # about this long per candidate and round
             plan_rounds=5,
+            plan_cache="",  # "": $XDG_CACHE_HOME/tf-trainer/plans; a directory; "off"
         )
     )
     config.checkpoint = ml_collections.ConfigDict(
@@ -318,9 +319,7 @@ def _check_early_stopping(es: ml_collections.ConfigDict) -> None:
                           f"or an evaluation value 'eval/NAME', e.g. 'eval/loss'.")
     check_choice("train.early_stopping.mode", es.mode, ("min", "max"))
     check_positive("train.early_stopping.patience", es.patience, allow_zero=True)
-    if not es.min_delta >= 0:
-        raise ConfigError(f"config.train.early_stopping.min_delta={es.min_delta!r} must be "
-                          f">= 0.")
+    require("train.early_stopping.min_delta", es.min_delta, es.min_delta >= 0, ">= 0")
 
 
 def _check_data_service(config: ml_collections.ConfigDict) -> None:

@@ -162,3 +162,13 @@ def test_every_worker_runs_the_plan_the_chief_measured(tmp_path):
     assert plan["source"] == "measured", plan
     assert [(r["xla"], r["steps_per_loop"]) for r in plan["plans"]] == [("off", 5), ("off", 10)]
     assert all(r["steps_per_s"] > 0 for r in plan["plans"]), plan
+    # The chief cached it (this test's XDG_CACHE_HOME): a short run in a new workdir
+    # adopts it on both workers before its first step (the chief reads, both run it).
+    short = multiworker(["--workers", "2"], tmp_path / "short",
+                        ["--config.train.log_every_steps=10"])
+    assert short.finish(RUN_S) == 0, short.output[-6000:]
+    adopted = [line for line in short.output.splitlines() if "plan: " in line]
+    assert {line.split("]")[0] for line in adopted} == {"[worker:0", "[worker:1"}, adopted
+    (described,) = chosen
+    assert all(line.split("plan: ", 1)[1].startswith(f"{described} (measured ")
+               and ", cached;" in line for line in adopted), adopted

@@ -4,6 +4,9 @@ measure, what it adopts, and that every worker follows the chief."""
 
 from __future__ import annotations
 
+import datetime
+import json
+import logging
 import math
 
 import numpy as np
@@ -12,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from trainer import config as config_lib
 from trainer.loop.plan import Plan, Planner, candidates
+from trainer.loop.plan_cache import PlanCache
 
 SIGNATURE = {"strategy": "OneDeviceStrategy", "replicas": 1, "workers": 1,
              "devices": ["CPU"], "gpus": [], "cpus": 2, "tensorflow": "2.21.0"}
@@ -28,10 +32,10 @@ def make_config(**perf):
 
 
 def make_planner(config, xla_problem=None, xla_error=None, from_chief=None,
-                 signature=SIGNATURE):
+                 signature=SIGNATURE, cache=None):
     baseline = Plan("grads" if config.perf.jit_compile else "off", config.train.steps_per_loop)
     return Planner(config, baseline, xla_problem, xla_error or (lambda setting: None),
-                   from_chief or (lambda words: words), signature)
+                   from_chief or (lambda words: words), signature, cache)
 
 
 def step_time(xla_speedup):
@@ -157,6 +161,64 @@ def test_a_checkpoints_plan_is_adopted_only_on_the_same_signature():
     assert moved.adopt(saved) is None and not moved.decided
     for foreign in ({"chosen": {"xla": True}}, {"chosen": "fast"}, {}):  # other versions
         assert make_planner(make_config()).adopt(foreign) is None
+
+
+# What a plan cache key holds (trainer.loop.plan_cache.key_fields builds it from a run).
+KEY = {"trainer": "m:T", "variables": [["dense/kernel", [4, 2], "float32"]],
+       "batch": "TensorSpec(shape=(16, 4))", "settings": {"global_batch_size": 16},
+       "signature": SIGNATURE}
+
+
+def test_a_measured_plan_is_cached_and_a_later_run_of_its_key_adopts_it_at_once(tmp_path):
+    measured = make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY))
+    drive(measured, step_time(1.3), 200_000, 100, call_overhead=1e-3)
+    (stored,) = tmp_path.glob("*.json")
+    assert json.loads(stored.read_text())["chosen"] == {"xla": "step", "steps_per_loop": 100}
+    later = make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY))
+    record = later.adopt(None)  # no checkpoint: a new workdir
+    assert record["source"] == "cached" and later.next_plan() == Plan("step", 100)
+    assert record["measured_at"] == datetime.date.today().isoformat()
+    calls, records = drive(later, step_time(1.0), 100, 100)  # a short run: no measuring
+    assert records == [] and {plan for plan, _ in calls} == {Plan("step", 100)}
+    assert later.saved() == {"chosen": record["chosen"], "signature": SIGNATURE}
+    # Another key (a changed batch) measures again, as with no cache.
+    other = {**KEY, "batch": "TensorSpec(shape=(32, 4))"}
+    assert make_planner(make_config(), cache=PlanCache(str(tmp_path), other)).adopt(None) is None
+    # A checkpoint's plan on this signature comes first.
+    resumed = make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY))
+    assert resumed.adopt({"chosen": {"xla": "off", "steps_per_loop": 50},
+                          "signature": SIGNATURE})["source"] == "checkpoint"
+
+
+def test_a_corrupt_cache_file_is_one_warning_and_the_run_measures_and_rewrites_it(
+        tmp_path, caplog):
+    cache = PlanCache(str(tmp_path), KEY)
+    for corrupt in ("{not json", '{"chosen": {"xla": "step"}}', "[]"):
+        with open(cache.path, "w") as f:
+            f.write(corrupt)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            planner = make_planner(make_config(), cache=cache)
+            assert planner.adopt(None) is None
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and warnings[0].startswith(
+            f"plan cache: {cache.path} cannot be read"), warnings
+    drive(planner, step_time(1.3), 200_000, 100, call_overhead=1e-3)
+    assert cache.read()["chosen"] == planner.chosen.to_dict()
+
+
+def test_every_worker_adopts_the_plan_the_chiefs_cache_holds(tmp_path):
+    drive(make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY)), step_time(1.3),
+          200_000, 100, call_overhead=1e-3)
+    sent = []
+    chief = make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY),
+                         from_chief=lambda words: sent.append(words.copy()) or words)
+    chief_record = chief.adopt(None)
+    assert chief_record["source"] == "cached"
+    # A worker has no cache (None off the chief): it gets the chief's words.
+    worker = make_planner(make_config(), from_chief=lambda words: sent[-1])
+    assert worker.adopt(None) == chief_record
+    assert worker.next_plan() == chief.next_plan()
 
 
 def test_every_worker_follows_the_chiefs_decisions():

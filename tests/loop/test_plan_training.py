@@ -6,6 +6,7 @@ it); a model XLA cannot lower drops XLA before a step runs."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import keras
@@ -15,6 +16,7 @@ import tensorflow as tf
 from tests.support.helpers import max_abs_diff
 from tests.support.toy import ToyTrainer, toy_config
 from trainer.checkpoint.store import LATEST_DIR, read_manifest
+from trainer.telemetry import progress
 
 # Measure however short the run, in small trials, so the test stays short.
 MEASURE = {"perf.plan_min_run_s": 0.0, "perf.plan_trial_s": 0.01, "perf.plan_rounds": 3,
@@ -112,3 +114,37 @@ def test_a_model_xla_cannot_lower_drops_xla_before_any_step(tmp_path):
     fixed = HostCallbackTrainer(toy_config(**MEASURE, **{"perf.plan": "fixed"}))
     fixed.fit()
     assert max_abs_diff(weights(auto), weights(fixed)) == 0.0
+
+
+def test_a_later_short_run_of_the_same_key_adopts_the_cached_plan_at_once(tmp_path):
+    """The plan cache on real runs: a measuring run writes $XDG_CACHE_HOME/tf-trainer/plans
+    (this test's own, tests/conftest.py); a short run in a new workdir adopts its plan
+    before the first step; a changed batch or model, or perf.plan_cache='off', does not."""
+    measured = ToyTrainer(toy_config(**MEASURE), workdir=str(tmp_path / "first"))
+    measured.fit()
+    (record,) = plan_records(tmp_path / "first")
+    cache = pathlib.Path(os.environ["XDG_CACHE_HOME"]) / "tf-trainer" / "plans"
+    assert len(list(cache.glob("*.json"))) == 1
+    short = ToyTrainer(toy_config(), workdir=str(tmp_path / "second"))  # 20 steps
+    short.fit()
+    (adopted,) = plan_records(tmp_path / "second")
+    assert adopted["source"] == "cached" and adopted["chosen"] == record["chosen"]
+    assert adopted["step"] == 0  # before the first step
+    assert short.driver.planner.chosen.to_dict() == record["chosen"]
+    assert progress.plan_line(adopted).startswith(
+        f"plan: xla {record['chosen']['xla']}, steps_per_loop "
+        f"{record['chosen']['steps_per_loop']} (measured {adopted['measured_at']}, cached")
+    for trainer_class, changed in ((ToyTrainer, {"train.global_batch_size": 64}),
+                                   (WideToyTrainer, {}), (ToyTrainer, {"perf.plan_cache": "off"})):
+        other = trainer_class(toy_config(**changed))
+        other.fit()
+        assert other.driver.planner.record["source"] == "skipped", changed  # not measured
+    assert len(list(cache.glob("*.json"))) == 1
+
+
+class WideToyTrainer(ToyTrainer):
+    """Another model (wider hidden layer): another plan cache key."""
+
+    def build_model(self) -> keras.Model:
+        return keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
+                                 keras.layers.Dense(3)])

@@ -8,21 +8,20 @@ boundary and ``train.steps`` itself end a loop exactly: the number of steps per 
 is a tensor argument, so a shorter loop does not retrace.
 
 The in-graph loops are built in one place (:mod:`trainer.loop.compiled_loops`), one set
-per XLA setting of the run's execution plan. Which plan each call runs (XLA on or off,
-steps per call) is the :class:`trainer.loop.plan.Planner`'s decision; the driver reports
-every call's time to it and announces its decision as a run event.
+per XLA setting of the run's execution plan. Which plan each call runs (XLA, steps per
+call) is the :class:`trainer.loop.plan.Planner`'s decision (its cache of measured plans:
+:mod:`trainer.loop.plan_cache`); the driver reports every call's time to it.
 
 Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
-local flag; after the callbacks of every loop boundary the workers agree on the flags
-(one small all-reduce per loop on multi-worker runs, nothing on one worker), so every
-worker stops at the same step. Inside a gradient-accumulation window the stop waits for
-the window's last step. Then ``on_train_end`` runs (the final checkpoint), and
-``fit()`` returns, or raises :class:`trainer.errors.Preempted` after a preemption, with
-what the checkpoint service reported of its save (``run.report_stop_save``).
+local flag; after the callbacks of every loop boundary the workers agree on the flags (a
+small all-reduce per loop with several workers), so every worker stops at one step.
+Inside a gradient-accumulation window the stop waits for the window's last step. Then
+``on_train_end`` runs (the final checkpoint), and ``fit()`` returns, or raises
+:class:`trainer.errors.Preempted` after a preemption, with what the checkpoint service
+reported of its save (``run.report_stop_save``).
 
-The services see none of this object, only its run context (:mod:`trainer.loop.context`).
-Contexts: the driver runs on the host in cross-replica context, the steps in replica
-context.
+The services see only its run context (:mod:`trainer.loop.context`). Contexts: the
+driver runs on the host in cross-replica context, the steps in replica context.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from trainer.data.iterator_release import release
 from trainer.data.train_input import TrainInput, continuation_context
 from trainer.distribution import host_collectives
 from trainer.errors import Preempted
-from trainer.loop import eval_pass, plan as plan_lib
+from trainer.loop import eval_pass, plan as plan_lib, plan_cache
 from trainer.loop.compiled_loops import CompiledLoops, TrainableWatch, replica_spec
 from trainer.loop.metric_readout import MetricReadout
 from trainer.run_context import next_multiple
@@ -101,12 +100,12 @@ class LoopDriver:
             # not on batches of dynamic shapes (one warning says so).
             grads = (t.steps.keeps_xla_for(self.train_batch_spec())
                      and not t.overrides("train_step"))
-            workers = host_collectives.num_workers(t.strategy)
+            signature = plan_lib.signature(t.strategy, host_collectives.num_workers(t.strategy))
             self._planner = plan_lib.Planner(
                 cfg, plan_lib.Plan("grads" if grads else "off", cfg.train.steps_per_loop),
                 t.steps.xla_problem, self._xla_lowering_error,
-                lambda words: host_collectives.words_from_chief(t.strategy, words),
-                plan_lib.signature(t.strategy, workers))
+                lambda words: host_collectives.words_from_chief(t.strategy, words), signature,
+                plan_cache.for_run(t, self.train_batch_spec(), signature))
         return self._planner
 
     def _xla_lowering_error(self, setting: str) -> str | None:

@@ -37,7 +37,9 @@ may do (docs/training.md).
 
 The decision is a run event (``{"kind": "plan", ...}``: :meth:`Planner.record`) and is
 saved in checkpoints; a resumed run on the same hardware and strategy adopts it without
-measuring. Host only; the plan's loops are the driver's.
+measuring. A measured plan is also kept in the user's plan cache
+(:mod:`trainer.loop.plan_cache`): a later run of the same key, short or long, adopts it
+before its first step. Host only; the plan's loops are the driver's.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 from absl import logging
+
+from trainer.loop.plan_cache import PlanCache
 
 _TIE = 1.01  # another plan must beat the configured one by more than this to be chosen
 _BUDGET = 0.03  # the trials take at most this share of the estimated run
@@ -150,17 +154,21 @@ class Planner:
         before its plans run a step.
       from_chief: ``int32 words -> the chief's words`` (identity on one worker).
       signature: this run's :func:`signature`.
+      cache: the plan cache entry of this run's key (the chief's; None on other workers
+        or with ``perf.plan_cache="off"``): read by :meth:`adopt`, written when measured.
     """
 
     def __init__(self, config: Any, baseline: Plan, xla_problem: str | None,
                  xla_error: Callable[[str], str | None],
-                 from_chief: Callable[[np.ndarray], np.ndarray], signature: dict[str, Any]):
+                 from_chief: Callable[[np.ndarray], np.ndarray], signature: dict[str, Any],
+                 cache: PlanCache | None = None):
         self._config = config
         self.baseline = baseline
         self.xla_problem = xla_problem
         self._xla_error = xla_error
         self._from_chief = from_chief
         self._signature = signature
+        self._cache = cache
         self.plans = candidates(baseline, config.train.log_every_steps, xla_problem is None)
         self.chosen: Plan | None = None
         self.record: dict[str, Any] | None = None  # the decision (the run event's fields)
@@ -190,20 +198,36 @@ class Planner:
 
     def adopt(self, saved: dict[str, Any] | None) -> dict[str, Any] | None:
         """At the start of ``fit()`` (every worker; ``saved`` is read on the chief, None
-        elsewhere): adopts a checkpoint's plan recorded on this hardware and strategy.
-        Returns the event's fields when it decides, else None."""
+        elsewhere): adopts a checkpoint's plan recorded on this hardware and strategy,
+        else the plan cache's entry of this run's key. Returns the event's fields when it
+        decides, else None."""
         if self.decided:
             return None
+        index, source, day = self._plan_index(saved, require_signature=True), 1, 0
+        if index < 0 and self._cache is not None:
+            cached = self._cache.read()
+            index, source = self._plan_index(cached, require_signature=False), 2
+            day = int(cached["measured_at"][:10].replace("-", "")) if index >= 0 else 0
+        words = self._from_chief(np.array([index + 1, source, day], np.int32))
+        index, source, day = int(words[0]) - 1, int(words[1]), int(words[2])
+        if index < 0:
+            return None
+        if source == 1:
+            return self._decide(self.plans[index], "checkpoint", {})
+        return self._decide(self.plans[index], "cached", {
+            "measured_at": f"{day // 10000:04d}-{day // 100 % 100:02d}-{day % 100:02d}"})
+
+    def _plan_index(self, saved: dict[str, Any] | None, require_signature: bool) -> int:
+        """The index among the candidates of ``saved["chosen"]``; -1 when absent, not a
+        candidate or (``require_signature``) recorded under another signature."""
         try:
             plan = Plan.from_dict(saved["chosen"]) if saved else None
         except (KeyError, TypeError, ValueError):  # not a plan this version wrote
-            plan = None
-        usable = plan in self.plans and saved.get("signature") == self._signature
-        index = self.plans.index(plan) if usable else -1
-        index = int(self._from_chief(np.array([index + 1], np.int32))[0]) - 1
-        if index < 0:
-            return None
-        return self._decide(self.plans[index], "checkpoint", {})
+            return -1
+        if plan not in self.plans or (
+                require_signature and saved.get("signature") != self._signature):
+            return -1
+        return self.plans.index(plan)
 
     # ------------------------------------------------------------ the loop
     def next_plan(self) -> Plan:
@@ -320,13 +344,16 @@ class Planner:
         index = int(self._from_chief(np.array([index], np.int32))[0])
         measure_s = time.perf_counter() - self._started
         chosen_rate = self._table(scores)["plans"][index]["steps_per_s"] or math.inf
-        return self._decide(self.plans[index], "measured", {
+        record = self._decide(self.plans[index], "measured", {
             "ratio": scores.get(index, 1.0), "rounds": self._config.perf.plan_rounds,
             "measure_s": measure_s,
             # What measuring added to the run: its time minus the same steps at the
             # chosen plan's rate.
             "cost_s": max(0.0, measure_s - self._measured_steps / chosen_rate),
             **self._table(scores)})
+        if self._cache is not None:
+            self._cache.write(self.chosen.to_dict(), record)
+        return record
 
     def _decide(self, plan: Plan, source: str, fields: dict[str, Any]) -> dict[str, Any]:
         self.chosen = plan

@@ -99,6 +99,9 @@ def plan_line(record: dict) -> str:
                 f"in {record['measure_s']:.1f} s (set perf.plan='fixed' to skip)")
     if source == "checkpoint":
         return f"plan: {chosen}, as measured before this resume (same hardware and strategy)"
+    if source == "cached":
+        return (f"plan: {chosen} (measured {record['measured_at']}, cached; "
+                f"perf.plan_cache='off' measures again)")
     return f"plan: {chosen} as configured, not measured: {record.get('reason', source)}"
 
 
