@@ -10,6 +10,9 @@ classes in :mod:`benchmarks.throughput_impls`):
   a        this framework's ``Trainer.fit`` with its DEFAULT config (``perf.plan="auto"``,
            default ``train.steps_per_loop``): the planner times candidate plans (XLA
            on/off, steps per loop) on real steps of the first fit and keeps the fastest
+  a-short  a new ``Trainer`` of a's config run in short fits only (never measured), as a
+           user iterating runs them: it adopts the plan a measured from the plan cache
+           (this process's own, empty at start; list a before it), else keeps the config
   a-fixed  ``Trainer.fit`` with ``perf.plan="fixed"``, ``steps_per_loop=K``: the config
            as written, no XLA (``a+xla``: the same with ``perf.jit_compile=True``)
   b        a hand-written ``tf.function`` called once per step
@@ -51,6 +54,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -308,6 +312,9 @@ def main() -> None:
     if args.cold_start_child:
         cold_start_child(args.cold_start_child, args.workload, args.strategy)
         return
+    # A plan cache of this run's own (trainer/loop/plan_cache.py; its children inherit
+    # it): results never depend on plans measured before, and a-short adopts only a's.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="throughput-plans-")
     if args.all:
         runs = []
         for workload in ("mlp", "cnn", "transformer"):

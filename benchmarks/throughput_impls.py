@@ -14,7 +14,7 @@ import math
 import time
 
 K = 100  # steps per loop / per execution of the hand-written loop and fixed configs
-IMPLEMENTATIONS = ("a", "a-fixed", "a+xla", "b", "c", "c+xla", "d", "e")
+IMPLEMENTATIONS = ("a", "a-short", "a-fixed", "a+xla", "b", "c", "c+xla", "d", "e")
 REFERENCES = ("c", "c+xla")  # always run: "vs c" and "vs best" are ratios to them
 PLANNED_RUN_S = 600.0  # a's first fit: this long at the reference's step time, stopped
 #                        once the plan is decided
@@ -111,7 +111,10 @@ class Framework(_Impl):
     at the reference's step time, as a real run would be (the planner measures only
     runs longer than ``perf.plan_min_run_s`` and sizes its trials by the run's
     length), and stops it at the first loop end after the plan event (callback), then
-    warms the chosen plan up; the timed fits reuse the plan. ``plan="fixed"``:
+    warms the chosen plan up; the timed fits reuse the plan. ``plan="short"``: the
+    same default config in short fits only, as a user iterating runs them (never
+    measured): the plan the cache holds for its key (a's measurement, earlier in the
+    same process and cache), else the configured one. ``plan="fixed"``:
     ``perf.plan="fixed"``, ``steps_per_loop=K``, ``perf.jit_compile=jit``: exactly the
     config as written. ``clock``: a :func:`fit_clock` of every fit, which
     ``in_fit_s`` reads.
@@ -127,6 +130,9 @@ class Framework(_Impl):
         if self.auto:
             self.trainer = framework_trainer(workload, None, strategy=strategy,
                                              callbacks=[_stop_after_plan(), self.clock])
+        elif plan == "short":
+            self.trainer = framework_trainer(workload, None, strategy=strategy,
+                                             callbacks=[self.clock])
         else:
             self.trainer = framework_trainer(workload, K, strategy=strategy, callbacks=[
                 self.clock], **{"perf.plan": "fixed", "perf.jit_compile": jit})
@@ -205,14 +211,14 @@ class HandPerStep(_Impl):
 
 
 class HandInGraph(_Impl):
-    """A hand-written ``tf.function`` running K steps in a ``tf.range`` loop; ``xla``:
-    the replica step inside it is XLA-compiled."""
+    """A hand-written ``tf.function`` running ``per_call`` (default K) steps in a
+    ``tf.range`` loop; ``xla``: the replica step inside it is XLA-compiled."""
 
-    def __init__(self, workload, strategy, xla: bool):
+    def __init__(self, workload, strategy, xla: bool, per_call: int = K):
         import tensorflow as tf
 
         replica_step, self.iterator = _hand_written_step(workload, strategy, xla)
-        self.xla = xla
+        self.xla, self.per_call = xla, per_call
 
         @tf.function
         def loop(iterator, n):
@@ -224,8 +230,8 @@ class HandInGraph(_Impl):
     def run(self, steps: int) -> None:
         import tensorflow as tf
 
-        for _ in range(steps // K):
-            self.loop(self.iterator, tf.constant(K))
+        for _ in range(steps // self.per_call):
+            self.loop(self.iterator, tf.constant(self.per_call))
 
 
 class KerasFit(_Impl):
@@ -254,6 +260,7 @@ def build(name: str, workload, strategy) -> _Impl:
     """The implementation ``name`` (one of ``IMPLEMENTATIONS``), built, not warmed up."""
     return {
         "a": lambda: Framework(workload, strategy, "auto"),
+        "a-short": lambda: Framework(workload, strategy, "short"),
         "a-fixed": lambda: Framework(workload, strategy, "fixed"),
         "a+xla": lambda: Framework(workload, strategy, "fixed", jit=True),
         "b": lambda: HandPerStep(workload, strategy),

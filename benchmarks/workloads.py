@@ -5,7 +5,10 @@ Every workload is small enough for 2 CPU cores and fixed by the issue that asked
 * ``mlp``: 784 -> 256 -> 10, batch 64 (overhead-bound: per-step cost is tiny);
 * ``digits``: the digits model's shape (``models/digits.py``): 64 -> 128 -> 10, batch 64;
 * ``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128;
-* ``transformer``: encoder classifier, seq 128, d 128, 2 layers, 4 heads, batch 32.
+* ``transformer``: encoder classifier, seq 128, d 128, 2 layers, 4 heads, batch 32;
+* ``wide_mlp``: 784 -> 4096 -> 2048 -> 10, batch 128: 11.6 M parameters (46 MB of
+  float32 gradients per step), the communication-heavy model of the multi-host
+  benchmark (``benchmarks/multihost_throughput.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,16 @@ def _mlp() -> keras.Model:
     return keras.Sequential([
         keras.Input((784,)),
         keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(10),
+        keras.layers.Activation("linear", dtype="float32"),
+    ])
+
+
+def _wide_mlp() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((784,)),
+        keras.layers.Dense(4096, activation="relu"),
+        keras.layers.Dense(2048, activation="relu"),
         keras.layers.Dense(10),
         keras.layers.Activation("linear", dtype="float32"),
     ])
@@ -91,6 +104,7 @@ WORKLOADS = {
     "digits": Workload("digits", 64, _digits, (64,), "float32"),
     "cnn": Workload("cnn", 128, _cnn, (32, 32, 3), "float32"),
     "transformer": Workload("transformer", 32, _transformer, (128,), "int32"),
+    "wide_mlp": Workload("wide_mlp", 128, _wide_mlp, (784,), "float32"),
 }
 
 

@@ -1,0 +1,68 @@
+"""One worker of the multi-host throughput benchmark (``benchmarks/multihost_throughput.py``
+starts one per simulated host, with TF_CONFIG; without TF_CONFIG it is the one-worker
+compute baseline).
+
+    python -m benchmarks.multihost_worker --workload wide_mlp --steps 8 --rounds 3
+
+Builds MultiWorkerMirroredStrategy from TF_CONFIG (the default strategy without it) and
+two implementations on it, in this one process: ``framework`` (``Trainer.fit`` with
+the DEFAULT config: benchmarks.throughput_impls' ``a-short``, short fits never measured)
+and ``hand`` (the in-graph loop a careful user writes: ``strategy.run`` of a replica step
+whose ``optimizer.apply_gradients`` all-reduces every gradient in one batch, ``--steps``
+steps per ``tf.function`` call). Each is warmed up (traced) by one round, then they run
+``--rounds`` rounds of ``--steps`` steps, in an order rotated each round (every worker
+runs the same sequence: their collectives pair up). Task 0 prints one JSON line after
+``%%JSON%%``: examples/s per round of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="wide_mlp")
+    parser.add_argument("--steps", type=int, default=8, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--global_batch", type=int, default=0,
+                        help="0: the workload's batch (the baseline passes its half)")
+    args = parser.parse_args()
+
+    import dataclasses
+
+    import tensorflow as tf
+
+    from benchmarks.throughput_impls import Framework, HandInGraph
+    from benchmarks.workloads import WORKLOADS
+
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    strategy = (tf.distribute.MultiWorkerMirroredStrategy() if cluster
+                else tf.distribute.get_strategy())
+    workload = WORKLOADS[args.workload]
+    if args.global_batch:
+        workload = dataclasses.replace(workload, batch_size=args.global_batch)
+    impls = {"framework": Framework(workload, strategy, "short"),
+             "hand": HandInGraph(workload, strategy, xla=False, per_call=args.steps)}
+    for impl in impls.values():
+        impl.warm_up(args.steps)
+    rates: dict[str, list[float]] = {name: [] for name in impls}
+    names = list(impls)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            started = time.perf_counter()
+            impls[name].run(args.steps)
+            rates[name].append(args.steps * workload.batch_size
+                               / (time.perf_counter() - started))
+    if cluster.get("task", {}).get("index", 0) == 0:
+        print("%%JSON%%" + json.dumps({"workload": args.workload, "steps": args.steps,
+                                        "global_batch": workload.batch_size,
+                                        "workers": strategy.num_replicas_in_sync,
+                                        "rates": rates}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
