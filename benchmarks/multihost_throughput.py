@@ -10,11 +10,13 @@ on both hosts' interfaces (egress: every byte a host sends); a per-packet delay
 (``netem``) is added when the kernel has it (``--delay_ms``; this machine's kernel has no
 ``sch_netem``: the runs below are rate-limited only). Per link and workload, both hosts
 run ``benchmarks/multihost_worker.py`` (TF_CONFIG of 2 workers), which pairs the
-framework (``Trainer.fit``, default config) and the hand-written loop (one batched
-all-reduce per step, as a careful user writes it) round by round in one process.
+framework (``Trainer.fit``, default config), the framework with gradient packs
+(``distribute.grad_pack_bytes``, ``--pack_bytes``, 4 MiB by default) and the
+hand-written loop (one batched all-reduce per step, as a careful user writes it) round
+by round in one process.
 
 Printed per row: examples/s of each (median over rounds), the median per-round ratio
-framework / hand-written, and the seconds per step spent waiting in collectives,
+to the hand-written loop, and the seconds per step spent waiting in collectives,
 estimated as the step time on the link minus the compute-only step time (each host
 training the same per-worker batch by itself, both at once, measured first):
 communication that overlaps compute does not show in it.
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--workloads", default="wide_mlp,transformer")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delay_ms", type=float, default=0.1)
+    parser.add_argument("--pack_bytes", type=int, default=4 << 20,
+                        help="the framework with distribute.grad_pack_bytes=N as well (0: not)")
     parser.add_argument("--timeout_s", type=float, default=1800)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -105,7 +109,7 @@ def main() -> None:
         for name in args.workloads.split(","):
             workload = WORKLOADS[name]
             base = ["python", "-m", "benchmarks.multihost_worker", "--workload", name,
-                    "--rounds", str(args.rounds)]
+                    "--rounds", str(args.rounds), "--pack_bytes", str(args.pack_bytes)]
             for host in hosts:
                 shape(cluster, host, None, 0)
             # Compute alone: each host trains its half of the batch by itself, both at
@@ -119,18 +123,17 @@ def main() -> None:
                 got = run_workers(cluster, hosts, [*base, "--steps", str(STEPS.get(link, 6))],
                                   args.timeout_s, env)
                 rates = got["rates"]
-                ratio = statistics.median(f / h for f, h in zip(rates["framework"], rates["hand"]))
                 row = {"workload": name, "link": applied, "compute_s": compute_s,
-                       "framework": statistics.median(rates["framework"]),
-                       "hand": statistics.median(rates["hand"]), "ratio": ratio,
                        "rounds": rates}
-                for impl in ("framework", "hand"):
+                for impl, per_round in rates.items():
+                    row[impl] = statistics.median(per_round)
+                    row[f"{impl}_vs_hand"] = statistics.median(
+                        r / h for r, h in zip(per_round, rates["hand"]))
                     row[f"{impl}_wait_s"] = max(0.0, workload.batch_size / row[impl] - compute_s)
                 rows.append(row)
-                print(f"{name:<12} {applied:<22} framework {row['framework']:>9,.0f} ex/s  "
-                      f"hand {row['hand']:>9,.0f} ex/s  ratio {ratio:.2f}  collective wait "
-                      f"{row['framework_wait_s']:.3f} / {row['hand_wait_s']:.3f} s/step "
-                      f"(compute {compute_s:.3f} s/step)", flush=True)
+                print(f"{name:<12} {applied:<10} compute {compute_s:.3f} s/step; " + "; ".join(
+                    f"{impl} {row[impl]:,.0f} ex/s ({row[f'{impl}_vs_hand']:.2f}x hand, "
+                    f"wait {row[f'{impl}_wait_s']:.3f} s/step)" for impl in rates), flush=True)
     finally:
         for host in hosts:
             shape(cluster, host, None, 0)

@@ -9,7 +9,8 @@ two implementations on it, in this one process: ``framework`` (``Trainer.fit`` w
 the DEFAULT config: benchmarks.throughput_impls' ``a-short``, short fits never measured)
 and ``hand`` (the in-graph loop a careful user writes: ``strategy.run`` of a replica step
 whose ``optimizer.apply_gradients`` all-reduces every gradient in one batch, ``--steps``
-steps per ``tf.function`` call). Each is warmed up (traced) by one round, then they run
+steps per ``tf.function`` call), and with ``--pack_bytes N`` ``framework_packs`` (the
+framework with ``distribute.grad_pack_bytes=N``). Each is warmed up (traced) by one round, then they run
 ``--rounds`` rounds of ``--steps`` steps, in an order rotated each round (every worker
 runs the same sequence: their collectives pair up). Task 0 prints one JSON line after
 ``%%JSON%%``: examples/s per round of each.
@@ -30,6 +31,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--global_batch", type=int, default=0,
                         help="0: the workload's batch (the baseline passes its half)")
+    parser.add_argument("--pack_bytes", type=int, default=0,
+                        help="> 0: also 'framework_packs', the framework with "
+                             "distribute.grad_pack_bytes=N")
     args = parser.parse_args()
 
     import dataclasses
@@ -47,6 +51,9 @@ def main() -> None:
         workload = dataclasses.replace(workload, batch_size=args.global_batch)
     impls = {"framework": Framework(workload, strategy, "short"),
              "hand": HandInGraph(workload, strategy, xla=False, per_call=args.steps)}
+    if args.pack_bytes:
+        impls["framework_packs"] = Framework(workload, strategy, "short", **{
+            "distribute.grad_pack_bytes": args.pack_bytes})
     for impl in impls.values():
         impl.warm_up(args.steps)
     rates: dict[str, list[float]] = {name: [] for name in impls}

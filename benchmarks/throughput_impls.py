@@ -122,7 +122,7 @@ class Framework(_Impl):
 
     clock = None
 
-    def __init__(self, workload, strategy, plan: str, jit: bool = False):
+    def __init__(self, workload, strategy, plan: str, jit: bool = False, **overrides):
         from benchmarks.workloads import framework_trainer
 
         self.auto = plan == "auto"
@@ -130,9 +130,9 @@ class Framework(_Impl):
         if self.auto:
             self.trainer = framework_trainer(workload, None, strategy=strategy,
                                              callbacks=[_stop_after_plan(), self.clock])
-        elif plan == "short":
+        elif plan == "short":  # ``overrides``: "section.field" -> value on the config
             self.trainer = framework_trainer(workload, None, strategy=strategy,
-                                             callbacks=[self.clock])
+                                             callbacks=[self.clock], **overrides)
         else:
             self.trainer = framework_trainer(workload, K, strategy=strategy, callbacks=[
                 self.clock], **{"perf.plan": "fixed", "perf.jit_compile": jit})

@@ -102,6 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
             tpu="",  # TPU name or grpc:// address; "" = local / from the environment
             all_reduce="auto",
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
+            grad_pack_bytes=0,  # > 0: gradients all-reduced in packs of ~N bytes, last first
             device_weights=(),  # manual: batch share per device (default: equal)
             # Do every replica's and worker's copies of the variables agree? "auto": after
             # the first loop of each fit() and before each checkpoint; "every_loop"; "off".
@@ -257,8 +258,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_choice("distribute.consistency_check", config.distribute.consistency_check,
                  CONSISTENCY_CHECKS)
     _check_device_weights(config.distribute)
-    check_positive("distribute.virtual_devices", config.distribute.virtual_devices, allow_zero=True)
-    check_positive("distribute.memory_limit_mb", config.distribute.memory_limit_mb, allow_zero=True)
+    for field in ("virtual_devices", "memory_limit_mb", "grad_pack_bytes"):
+        check_positive(f"distribute.{field}", config.distribute[field], allow_zero=True)
     for pool in ("inter_op_threads", "intra_op_threads"):
         check_positive(f"distribute.{pool}", config.distribute[pool], allow_zero=True)
     _check_perf(config)

@@ -64,6 +64,16 @@ def test_workers_train_to_the_same_weights_as_one_process(args, tasks, tmp_path,
         assert_same_weights(reference_weights, tmp_path / f"weights-{task}.npz")
 
 
+def test_gradient_packs_train_to_the_weights_of_one_process(tmp_path, reference_weights):
+    """distribute.grad_pack_bytes: the gradients cross in several packs, last layers
+    first (tests/step/test_gradient_packs.py counts them), and 2 workers still train to
+    the weights of one process, as with one batched all-reduce."""
+    run = multiworker(["--workers", "2"], tmp_path, ["--config.distribute.grad_pack_bytes=4096"])
+    assert run.finish(RUN_S) == 0, run.output[-6000:]
+    for task in ("worker-0", "worker-1"):
+        assert_same_weights(reference_weights, tmp_path / f"weights-{task}.npz")
+
+
 def test_mirrored_over_virtual_devices_trains_to_the_same_weights(tmp_path, reference_weights):
     run = Launch("launch.mirrored", ["--virtual_devices", "2", CONFIG, f"--workdir={tmp_path}"])
     assert run.finish(RUN_S) == 0, run.output[-6000:]

@@ -264,14 +264,15 @@ class GradientPath:
             loss_sum, count = ctx.all_reduce(_SUM, [loss_sum, n_local])
             self._accumulate(optimizer, variables, grads, n_local)
             return loss_sum / count
-        policy, strategy = self.config.perf.sparse_reduce, self.strategy
+        reduce = (self.config.perf.sparse_reduce, self.strategy,
+                  self.config.distribute.grad_pack_bytes)
         if per_example_loss.shape[0] == self.batch.per_replica:  # statically full: C = C_static
             reduced, (loss_sum,) = sparse_gradients.all_reduce_sum(
-                grads, variables, [loss_sum], policy, strategy)
+                grads, variables, [loss_sum], *reduce)
             self._update(optimizer, variables, reduced, None)
             return loss_sum / float(self.static_count)
         reduced, (loss_sum, count) = sparse_gradients.all_reduce_sum(
-            grads, variables, [loss_sum, n_local], policy, strategy)
+            grads, variables, [loss_sum, n_local], *reduce)
         self._update(optimizer, variables, reduced, count)
         return loss_sum / count
 

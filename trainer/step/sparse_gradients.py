@@ -168,12 +168,18 @@ def _log_choice(variable, dense: bool, policy: str, strategy) -> None:
 
 @no_autograph
 def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
-                   strategy: tf.distribute.Strategy) -> tuple[list, list]:
+                   strategy: tf.distribute.Strategy, pack_bytes: int = 0
+                   ) -> tuple[list, list]:
     """Replica context: ``(grads summed over replicas, extras summed over replicas)``.
 
     ``grads`` pair with ``variables``; dense ones and ``extras`` (scalars) go through one
     batched all-reduce, sparse ones by ``policy`` (module docstring) and come back as
     ``IndexedSlices`` with unique indices, or dense where the policy densifies them.
+    ``pack_bytes`` > 0 (``distribute.grad_pack_bytes``): the batched all-reduce is
+    issued in packs of about that many bytes, the last gradients (the first the backward
+    pass computes) first, so that each pack's collective can run while the backward
+    pass goes on (TensorFlow's collective all-reduce of MultiWorkerMirroredStrategy;
+    other strategies reduce as one batch). The same sums per element either way.
     """
     ctx = tf.distribute.get_replica_context()
     sparse = {}
@@ -188,7 +194,8 @@ def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
                 sparse[i] = grad
                 continue
         dense_values.append(grad)
-    reduced = iter(ctx.all_reduce(_SUM, dense_values + list(extras)))
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=pack_bytes)
+    reduced = iter(ctx.all_reduce(_SUM, dense_values + list(extras), options=options))
     reduced_dense = [next(reduced) for _ in dense_values]
     reduced_extras = list(reduced)
     dense_iter = iter(reduced_dense)

@@ -1,0 +1,33 @@
+"""distribute.grad_pack_bytes reaches TensorFlow's collective all-reduce: on 2 real
+workers (MultiWorkerMirroredStrategy, the launcher) the gradient path's all-reduce is
+one collective without packs and several with, and the sums are the same values.
+Training to the same weights with packs: tests/launch/test_training_groups.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from tests.launch_helpers.running import Launch
+
+EXPECTED = [100900.0, 19.0, 1603600.0, 3.0]  # run_gradient_packs' sums over 2 workers
+
+
+def reduce_on_two_workers(pack_bytes: int) -> list[dict]:
+    run = Launch("launch.multiworker", ["--workers", "2", "--module",
+                                        "tests.step.run_gradient_packs",
+                                        "--pack_bytes", str(pack_bytes)])
+    assert run.finish(240) == 0, run.output[-4000:]
+    found = [json.loads(m) for m in re.findall(r"^\[worker:\d\] (\{.*\})$", run.output, re.M)]
+    assert len(found) == 2, run.output[-4000:]
+    return found
+
+
+def test_packs_split_the_all_reduce_and_keep_its_sums():
+    batched, packed = reduce_on_two_workers(0), reduce_on_two_workers(4096)
+    assert [w["collectives"] for w in batched] == [1, 1]
+    assert all(w["collectives"] >= 2 for w in packed), packed
+    for worker in batched + packed:
+        np.testing.assert_array_equal(worker["values"], EXPECTED)
