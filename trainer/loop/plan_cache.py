@@ -11,7 +11,7 @@ The key (:func:`key_fields`) is what a measurement is valid for: the trainer cla
 model's variables (paths, shapes, dtypes), one replica's train batch spec, the settings
 that change the step (precision policy, ``perf.*`` but the plan's own fields, the global
 batch, ``train.steps_per_loop`` and ``train.log_every_steps`` that bound the
-candidates, the ``model`` section) and the plan signature (strategy, replica and worker
+candidates, the ``model`` and ``distribute`` sections) and the plan signature (strategy, replica and worker
 counts, devices, CPUs, TensorFlow version). Anything else measures again.
 
 Read and written by the chief alone (the planner broadcasts its choice); a file that
@@ -59,6 +59,7 @@ def key_fields(trainer: Any, batch_spec: Any, signature: dict[str, Any]) -> dict
             "steps_per_loop": config.train.steps_per_loop,
             "log_every_steps": config.train.log_every_steps,
             "model": config.model.to_dict(),
+            "distribute": config.distribute.to_dict(),  # all-reduce, packs, sync BN ...
         },
         "signature": signature,
     }
