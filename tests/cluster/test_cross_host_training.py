@@ -147,6 +147,17 @@ def test_two_hosts_of_two_tasks_train_to_the_weights_of_one_host_of_four(cluster
           f"{speed / reference.examples_per_s:.2f})")
 
 
+def test_gradient_packs_between_two_hosts_train_to_the_weights_of_one_host(cluster, reference):
+    """distribute.grad_pack_bytes across hosts: the gradients cross in several packs
+    (tests/step/test_gradient_packs.py), the weights are one host's."""
+    workdir = cluster.shared_dir("two-hosts-packs")
+    runs = per_host(cluster, cluster.hosts[:2], 1, workdir,
+                    ["--config.distribute.grad_pack_bytes=4096"])
+    assert finish_all(runs) == [0, 0], outputs(runs)
+    assert "replicas in sync: 2" in runs[0].output, runs[0].output[-3000:]
+    assert_reference_weights(reference, workdir, 2)
+
+
 def test_two_hosts_with_local_disks_only_train_as_one_through_a_bucket(cluster, gcs, reference,
                                                                       tmp_path):
     """No shared file system: the workdir is gs://; the shared-workdir check, the
