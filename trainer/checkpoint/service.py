@@ -28,6 +28,7 @@ Contexts: host, eager, cross-replica, between ``tf.function`` calls.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -177,9 +178,11 @@ class Checkpointer(Service):
         storage fault is handled (:meth:`_storage_fault`)."""
         for name in [k for k in self.store.kinds() if kind in (None, k)]:
             step = self.store.pending(name)
+            notice = (contextlib.nullcontext() if step is None else said_while_waiting(
+                f"the checkpoint of step {step} being written to "
+                f"{os.path.join(self.store.workdir, name)} to commit"))  # none: no thread
             try:
-                with said_while_waiting(f"the checkpoint of step {step} being written to "
-                                        f"{os.path.join(self.store.workdir, name)} to commit"):
+                with notice:
                     self.store.wait(name)
             except Exception as error:  # noqa: BLE001 - only storage faults are handled
                 self._storage_fault(error, name, step, final)
