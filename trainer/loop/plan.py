@@ -352,7 +352,7 @@ class Planner:
             "cost_s": max(0.0, measure_s - self._measured_steps / chosen_rate),
             **self._table(scores)})
         if self._cache is not None:
-            self._cache.write(self.chosen.to_dict(), record)
+            self._cache.write(record)
         return record
 
     def _decide(self, plan: Plan, source: str, fields: dict[str, Any]) -> dict[str, Any]:

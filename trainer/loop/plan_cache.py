@@ -102,10 +102,10 @@ class PlanCache:
                             self.path, type(error).__name__, error)
             return None
 
-    def write(self, chosen: dict[str, Any], record: dict[str, Any]) -> None:
-        """Stores the plan ``chosen`` by a measurement (``record``: the decision's event
-        fields) atomically; a failed write is one warning."""
-        entry = {"chosen": chosen, "measured_at": datetime.datetime.now().isoformat(
+    def write(self, record: dict[str, Any]) -> None:
+        """Stores the plan a measurement chose (``record``: the decision's event fields)
+        atomically; a failed write is one warning."""
+        entry = {"chosen": record["chosen"], "measured_at": datetime.datetime.now().isoformat(
             timespec="seconds"), "ratio": record.get("ratio"), "plans": record.get("plans"),
             "fields": self.fields}
         temporary = None
