@@ -127,15 +127,12 @@ class Framework(_Impl):
 
         self.auto = plan == "auto"
         self.clock = fit_clock()
-        if self.auto:
-            self.trainer = framework_trainer(workload, None, strategy=strategy,
-                                             callbacks=[_stop_after_plan(), self.clock])
-        elif plan == "short":  # ``overrides``: "section.field" -> value on the config
-            self.trainer = framework_trainer(workload, None, strategy=strategy,
-                                             callbacks=[self.clock], **overrides)
-        else:
-            self.trainer = framework_trainer(workload, K, strategy=strategy, callbacks=[
-                self.clock], **{"perf.plan": "fixed", "perf.jit_compile": jit})
+        callbacks = [_stop_after_plan(), self.clock] if self.auto else [self.clock]
+        if plan == "fixed":
+            overrides = {"perf.plan": "fixed", "perf.jit_compile": jit, **overrides}
+        # ``overrides``: "section.field" -> value set on the config, in every mode.
+        self.trainer = framework_trainer(workload, K if plan == "fixed" else None,
+                                         strategy=strategy, callbacks=callbacks, **overrides)
         self.xla = self.trainer.steps.jit_compiled  # off with 2+ replicas (logged)
 
     def warm_up(self, steps: int, step_s: float | None = None) -> None:
