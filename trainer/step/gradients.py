@@ -151,6 +151,8 @@ class GradientPath:
         self.precision = precision_state
         self.step_counter = step_counter
         self.model = model
+        # Bytes per all-reduce pack of the NEXT trace (the execution plan's choice).
+        self.pack_bytes = int(config.distribute.grad_pack_bytes)
         self.plug(reducer or Reducer())
         # train.on_nonfinite="auto" checks only where dynamic loss scaling needs it: the
         # check gates every update on a reduction over all gradients (a tf.cond), which
@@ -264,8 +266,7 @@ class GradientPath:
             loss_sum, count = ctx.all_reduce(_SUM, [loss_sum, n_local])
             self._accumulate(optimizer, variables, grads, n_local)
             return loss_sum / count
-        reduce = (self.config.perf.sparse_reduce, self.strategy,
-                  self.config.distribute.grad_pack_bytes)
+        reduce = (self.config.perf.sparse_reduce, self.strategy, self.pack_bytes)
         if per_example_loss.shape[0] == self.batch.per_replica:  # statically full: C = C_static
             reduced, (loss_sum,) = sparse_gradients.all_reduce_sum(
                 grads, variables, [loss_sum], *reduce)
