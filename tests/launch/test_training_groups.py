@@ -152,13 +152,20 @@ def test_max_restarts_completes_after_an_injected_crash(tmp_path, reference_weig
     assert wait_until_dead(run.all_task_pids(), 5) == []
 
 
+# A wider digits model: 4.9 MB of gradients cross between the workers, enough for the
+# plan to time all-reduce packs (of 2 MiB: about a quarter) against one batch.
+WIDE = ["--config.model.hidden=16384", "--config.train.steps_per_loop=2",
+        "--config.train.log_every_steps=10"]
+PACKS = 2 << 20
+
+
 def test_every_worker_runs_the_plan_the_chief_measured(tmp_path):
     """perf.plan='auto' on 2 workers: both time the candidates on the same steps, the
     chief decides, both run its choice (a plan differing across workers would deadlock
     their collectives), and the run ends normally with the decision recorded."""
     run = multiworker(["--workers", "2"], tmp_path, [
-        "--config.train.steps=1000", "--config.train.log_every_steps=10",
-        "--config.perf.plan_min_run_s=0", "--config.perf.plan_rounds=2"])
+        *WIDE, "--config.train.steps=600", "--config.perf.plan_min_run_s=0",
+        "--config.perf.plan_rounds=2"])
     assert run.finish(RUN_S) == 0, run.output[-6000:]
     lines = [line for line in run.output.splitlines() if "plan: " in line]
     assert {line.split("]")[0] for line in lines} == {"[worker:0", "[worker:1"}, lines
@@ -167,15 +174,17 @@ def test_every_worker_runs_the_plan_the_chief_measured(tmp_path):
     assert len(chosen) == 1, lines
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     (plan,) = [r for r in records if r.get("kind") == "plan"]
-    # No XLA with 2 replicas: steps_per_loop 5 and 10, each trial 7 steps or more (3% of
-    # the run over 2 plans x 2 rounds), so both are timed in full calls.
+    # No XLA with 2 replicas: steps_per_loop 2 and 4, with and without packs, each trial
+    # 2 steps or more (3% of the run over 4 plans x 2 rounds), timed in full calls.
     assert plan["source"] == "measured", plan
-    assert [(r["xla"], r["steps_per_loop"]) for r in plan["plans"]] == [("off", 5), ("off", 10)]
+    assert [(r["xla"], r["steps_per_loop"], r["pack_bytes"]) for r in plan["plans"]] == [
+        ("off", 2, 0), ("off", 2, PACKS), ("off", 4, 0), ("off", 4, PACKS)]
     assert all(r["steps_per_s"] > 0 for r in plan["plans"]), plan
+    assert_same_weights(load_weights(tmp_path / "weights-worker-0.npz"),
+                        tmp_path / "weights-worker-1.npz")
     # The chief cached it (this test's XDG_CACHE_HOME): a short run in a new workdir
     # adopts it on both workers before its first step (the chief reads, both run it).
-    short = multiworker(["--workers", "2"], tmp_path / "short",
-                        ["--config.train.log_every_steps=10"])
+    short = multiworker(["--workers", "2"], tmp_path / "short", WIDE)
     assert short.finish(RUN_S) == 0, short.output[-6000:]
     adopted = [line for line in short.output.splitlines() if "plan: " in line]
     assert {line.split("]")[0] for line in adopted} == {"[worker:0", "[worker:1"}, adopted

@@ -11,10 +11,12 @@ import math
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from hypothesis import given, settings, strategies as st
 
 from trainer import config as config_lib
-from trainer.loop.plan import Plan, Planner, candidates
+from trainer.loop.plan import Planner
+from trainer.loop.plan_space import Plan, candidates, pack_alternatives
 from trainer.loop.plan_cache import PlanCache
 
 SIGNATURE = {"strategy": "OneDeviceStrategy", "replicas": 1, "workers": 1,
@@ -32,15 +34,18 @@ def make_config(**perf):
 
 
 def make_planner(config, xla_problem=None, xla_error=None, from_chief=None,
-                 signature=SIGNATURE, cache=None):
-    baseline = Plan("grads" if config.perf.jit_compile else "off", config.train.steps_per_loop)
+                 signature=SIGNATURE, cache=None, pack_sizes=()):
+    baseline = Plan("grads" if config.perf.jit_compile else "off", config.train.steps_per_loop,
+                    config.distribute.grad_pack_bytes)
     return Planner(config, baseline, xla_problem, xla_error or (lambda setting: None),
-                   from_chief or (lambda words: words), signature, cache)
+                   from_chief or (lambda words: words), signature, cache, pack_sizes)
 
 
-def step_time(xla_speedup):
-    """Seconds per step of a plan: 1 ms, divided by ``xla_speedup`` with XLA."""
-    return lambda plan: 1e-3 / (xla_speedup if plan.xla == "step" else 1.0)
+def step_time(xla_speedup, packs_speedup=1.0):
+    """Seconds per step of a plan: 1 ms, divided by ``xla_speedup`` with XLA and by
+    ``packs_speedup`` with all-reduce packs."""
+    return lambda plan: 1e-3 / ((xla_speedup if plan.xla == "step" else 1.0)
+                                * (packs_speedup if plan.pack_bytes else 1.0))
 
 
 def drive(planner, step_seconds, total_steps, log_every, call_overhead=0.0, decided_at=None):
@@ -74,13 +79,48 @@ def test_candidates_are_the_config_first_then_xla_and_doubled_loops():
     assert candidates(Plan("off", 80), 100, False) == [Plan("off", 80), Plan("off", 100)]
 
 
+def test_pack_sizes_are_timed_only_where_gradients_cross_hosts():
+    mib = 1 << 20
+    as_vars = [tf.Variable(tf.zeros((1024, 2048))), tf.Variable(tf.zeros((2048,)))]  # 8 MiB
+    assert pack_alternatives(0, as_vars, workers=1) == ()  # one host: nothing crosses
+    assert pack_alternatives(0, as_vars[1:], workers=2) == ()  # under 4 MiB: one pack anyway
+    assert pack_alternatives(0, as_vars, workers=2) == (3 * mib,)  # a quarter, whole MiB
+    assert pack_alternatives(4 * mib, as_vars, workers=2) == (0,)  # configured: vs one batch
+    assert candidates(Plan("off", 50), 100, False, (3 * mib,)) == [
+        Plan("off", 50), Plan("off", 50, 3 * mib), Plan("off", 100), Plan("off", 100, 3 * mib)]
+    assert Plan("off", 50, 3 * mib).describe() == (
+        "xla off, steps_per_loop 50, all-reduce packs of 3 MiB")
+    # A record written before pack sizes were planned reads as one batched all-reduce.
+    assert Plan.from_dict({"xla": "off", "steps_per_loop": 50}) == Plan("off", 50, 0)
+
+
+def test_faster_packs_are_chosen_and_each_pack_sizes_first_call_is_not_timed():
+    """A pack size's first call traces its step: however slow, it does not count."""
+    packs = 3 << 20
+    traced = set()
+
+    def seconds(plan):
+        first = plan.trace_key not in traced
+        traced.add(plan.trace_key)
+        return step_time(1.0, packs_speedup=1.2)(plan) + (5.0 if first else 0.0)
+
+    planner = make_planner(make_config(), xla_problem="two workers", pack_sizes=(packs,))
+    _, (record,) = drive(planner, seconds, 200_000, 100, call_overhead=1e-3)
+    assert record["source"] == "measured"
+    assert [(r["steps_per_loop"], r["pack_bytes"]) for r in record["plans"]] == [
+        (50, 0), (50, packs), (100, 0), (100, packs)]
+    assert record["chosen"] == {"xla": "off", "steps_per_loop": 100, "pack_bytes": packs}
+    by_plan = {Plan.from_dict(r): r["vs_baseline"] for r in record["plans"]}
+    assert 1.15 < by_plan[Plan("off", 50, packs)] < 1.25  # the trace's 5 s is not in it
+
+
 def test_a_faster_xla_is_chosen_and_reported_with_every_plans_rate():
     planner = make_planner(make_config())
     calls, records = drive(planner, step_time(1.3), 200_000, 100,
                            call_overhead=1e-3)
     (record,) = records
     assert record["source"] == "measured"
-    assert record["chosen"] == {"xla": "step", "steps_per_loop": 100}
+    assert record["chosen"] == {"xla": "step", "steps_per_loop": 100, "pack_bytes": 0}
     assert record["ratio"] > 1.3  # and fewer calls
     assert len(record["plans"]) == 4 and all(row["steps_per_s"] for row in record["plans"])
     assert all(plan == Plan("step", 100) for plan, _ in calls[-10:])
@@ -89,14 +129,15 @@ def test_a_faster_xla_is_chosen_and_reported_with_every_plans_rate():
 def test_the_configured_plan_stays_unless_another_is_measurably_faster():
     planner = make_planner(make_config())
     _, (record,) = drive(planner, step_time(1.005), 200_000, 100)
-    assert record["chosen"] == record["baseline"] == {"xla": "off", "steps_per_loop": 50}
+    assert record["chosen"] == record["baseline"] == {"xla": "off", "steps_per_loop": 50,
+                                                      "pack_bytes": 0}
 
 
 def test_a_slower_xla_is_not_chosen_and_fewer_calls_win_on_host_overhead():
     planner = make_planner(make_config())
     _, (record,) = drive(planner, step_time(0.56), 200_000, 100,
                          call_overhead=5e-3)
-    assert record["chosen"] == {"xla": "off", "steps_per_loop": 100}
+    assert record["chosen"] == {"xla": "off", "steps_per_loop": 100, "pack_bytes": 0}
 
 
 def test_steps_long_next_to_a_trial_time_only_xla_in_trial_sized_calls():
@@ -108,7 +149,7 @@ def test_steps_long_next_to_a_trial_time_only_xla_in_trial_sized_calls():
     calls, (record,) = drive(planner, heavy, 100_000, 100)
     timed = [(r["xla"], r["steps_per_loop"]) for r in record["plans"] if "dropped" not in r]
     assert timed == [("off", 50), ("step", 50)]
-    assert record["chosen"] == {"xla": "step", "steps_per_loop": 50}
+    assert record["chosen"] == {"xla": "step", "steps_per_loop": 50, "pack_bytes": 0}
     decided = calls.index((Plan("step", 50), 50))  # the first call of the chosen plan
     trial_calls = calls[2:decided]  # after the two warm-up calls
     assert trial_calls and all(steps <= 4 for _, steps in trial_calls)  # 0.2 s / 50 ms
@@ -153,7 +194,8 @@ def test_a_checkpoints_plan_is_adopted_only_on_the_same_signature():
     measured = make_planner(make_config())
     drive(measured, step_time(1.3), 200_000, 100, call_overhead=1e-3)
     saved = measured.saved()
-    assert saved == {"chosen": {"xla": "step", "steps_per_loop": 100}, "signature": SIGNATURE}
+    assert saved == {"chosen": {"xla": "step", "steps_per_loop": 100, "pack_bytes": 0},
+                     "signature": SIGNATURE}
     again = make_planner(make_config())
     assert again.adopt(saved)["source"] == "checkpoint"
     assert again.next_plan() == Plan("step", 100)
@@ -173,7 +215,8 @@ def test_a_measured_plan_is_cached_and_a_later_run_of_its_key_adopts_it_at_once(
     measured = make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY))
     drive(measured, step_time(1.3), 200_000, 100, call_overhead=1e-3)
     (stored,) = tmp_path.glob("*.json")
-    assert json.loads(stored.read_text())["chosen"] == {"xla": "step", "steps_per_loop": 100}
+    assert json.loads(stored.read_text())["chosen"] == {
+        "xla": "step", "steps_per_loop": 100, "pack_bytes": 0}
     later = make_planner(make_config(), cache=PlanCache(str(tmp_path), KEY))
     record = later.adopt(None)  # no checkpoint: a new workdir
     assert record["source"] == "cached" and later.next_plan() == Plan("step", 100)
@@ -243,30 +286,33 @@ def test_every_worker_follows_the_chiefs_decisions():
 @given(steps_per_loop=st.integers(1, 200), log_every=st.integers(1, 300),
        total=st.integers(1, 5_000), xla_speed=st.floats(0.3, 3.0),
        overhead=st.floats(0.0, 0.01), xla_allowed=st.booleans(),
-       rounds=st.integers(1, 6))
+       rounds=st.integers(1, 6), packs=st.sampled_from([(), (2 << 20,)]),
+       packs_speed=st.floats(0.5, 2.0))
 def test_plans_respect_the_cadence_and_the_budget(steps_per_loop, log_every, total, xla_speed,
-                                                  overhead, xla_allowed, rounds):
+                                                  overhead, xla_allowed, rounds, packs,
+                                                  packs_speed):
     config = make_config(steps_per_loop=steps_per_loop, log_every_steps=log_every,
                          plan_rounds=rounds)
-    planner = make_planner(config, xla_problem=None if xla_allowed else "not allowed")
+    planner = make_planner(config, xla_problem=None if xla_allowed else "not allowed",
+                           pack_sizes=packs)
     decided_at = []
-    calls, records = drive(planner, step_time(xla_speed), total, log_every, overhead,
-                           decided_at)
+    calls, records = drive(planner, step_time(xla_speed, packs_speed), total, log_every,
+                           overhead, decided_at)
     assert sum(steps for _, steps in calls) == total  # every step once, none repeated
     assert all(1 <= steps <= plan.steps_per_loop for plan, steps in calls)
-    # Plans are candidates, or a candidate's XLA setting in trial-sized calls.
-    settings = {p.xla for p in planner.plans}
+    # Plans are candidates, or a candidate's trace key in trial-sized calls.
+    keys = {p.trace_key for p in planner.plans}
     assert all(plan in planner.plans or (
-        plan.xla in settings and plan.steps_per_loop <= planner.baseline.steps_per_loop)
+        plan.trace_key in keys and plan.steps_per_loop <= planner.baseline.steps_per_loop)
         for plan, _ in calls)
     assert len(records) <= 1
     if planner.decided and records and records[0]["source"] == "measured":
         record = records[0]
         # Noiseless timings: the winner is the fastest plan, or the config on a near tie.
-        scores = {(r["xla"], r["steps_per_loop"]): r["vs_baseline"] for r in record["plans"]
+        scores = {Plan.from_dict(r): r["vs_baseline"] for r in record["plans"]
                   if r["vs_baseline"] is not None}
         best = max(scores.values())
-        chosen = (record["chosen"]["xla"], record["chosen"]["steps_per_loop"])
+        chosen = Plan.from_dict(record["chosen"])
         assert scores[chosen] == best or (best <= 1.01 and record["chosen"] == record["baseline"])
         assert math.isfinite(record["measure_s"])
     # After the decision, every call runs the chosen plan.

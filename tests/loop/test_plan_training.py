@@ -83,7 +83,7 @@ def test_short_runs_keep_the_configured_plan_and_say_why(tmp_path):
     record = t.driver.planner.record
     assert record["source"] == "skipped"
     assert "perf.plan_min_run_s=30" in record["reason"]
-    assert record["chosen"] == {"xla": "off", "steps_per_loop": 5}
+    assert record["chosen"] == {"xla": "off", "steps_per_loop": 5, "pack_bytes": 0}
     assert "plan" not in latest_manifest(tmp_path)  # nothing measured: nothing to adopt
 
 

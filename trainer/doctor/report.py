@@ -74,8 +74,9 @@ def xla_figure(plan: Report, global_batch_size: int) -> Report:
     if plan["source"] != "measured":
         return {"applicable": False,
                 "note": f"the execution plan timed no XLA: {plan.get('reason', plan['source'])}"}
-    loop = plan["baseline"]["steps_per_loop"]
-    rows = [r for r in plan["plans"] if r["steps_per_loop"] == loop]
+    loop, packs = plan["baseline"]["steps_per_loop"], plan["baseline"].get("pack_bytes", 0)
+    rows = [r for r in plan["plans"]
+            if r["steps_per_loop"] == loop and r.get("pack_bytes", 0) == packs]
     off = next((r for r in rows if r["xla"] == "off" and r.get("vs_baseline")), None)
     on = [r for r in rows if r["xla"] != "off" and r.get("vs_baseline")]
     if off is None or not on:
@@ -133,9 +134,11 @@ def _plan_rows(plan: Report, row: Callable[..., str]) -> list[str]:
                  f"perf.plan='auto' measured {plan['rounds']} rounds in "
                  f"{plan['measure_s']:.1f} s")]
     for r in plan["plans"]:
-        name = f"    xla {r['xla']}, steps_per_loop {r['steps_per_loop']}"
-        chosen = r["xla"] == plan["chosen"]["xla"] and (
-            r["steps_per_loop"] == plan["chosen"]["steps_per_loop"])
+        packs = r.get("pack_bytes", 0)
+        name = (f"    xla {r['xla']}, steps_per_loop {r['steps_per_loop']}"
+                + (f", packs of {packs / 2**20:g} MiB" if packs else ""))
+        chosen = all(r.get(k, 0) == plan["chosen"].get(k, 0)
+                     for k in ("xla", "steps_per_loop", "pack_bytes"))
         if "dropped" in r:
             lines.append(row(name, "-", r["dropped"]))
             continue

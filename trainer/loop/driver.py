@@ -8,8 +8,8 @@ boundary and ``train.steps`` itself end a loop exactly: the number of steps per 
 is a tensor argument, so a shorter loop does not retrace.
 
 The in-graph loops are built in one place (:mod:`trainer.loop.compiled_loops`), one set
-per XLA setting of the run's execution plan. Which plan each call runs (XLA, steps per
-call) is the :class:`trainer.loop.plan.Planner`'s decision (its cache of measured plans:
+per trace key (XLA setting, pack size) of the run's execution plan. Which plan each call
+runs is the :class:`trainer.loop.plan.Planner`'s decision (its cache of measured plans:
 :mod:`trainer.loop.plan_cache`); the driver reports every call's time to it.
 
 Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
@@ -41,7 +41,7 @@ from trainer.data.iterator_release import release
 from trainer.data.train_input import TrainInput, continuation_context
 from trainer.distribution import host_collectives
 from trainer.errors import Preempted
-from trainer.loop import eval_pass, plan as plan_lib, plan_cache
+from trainer.loop import eval_pass, plan as plan_lib, plan_cache, plan_space
 from trainer.loop.compiled_loops import CompiledLoops, TrainableWatch, replica_spec
 from trainer.loop.metric_readout import MetricReadout
 from trainer.run_context import next_multiple
@@ -69,9 +69,9 @@ class LoopDriver:
         self.trainer = trainer
         self.history = history
         self._train_step, self._eval_step = train_step, eval_step
-        self._loops: dict[str, CompiledLoops] = {}  # by XLA setting (trainer.loop.plan)
+        self._loops: dict[tuple, CompiledLoops] = {}  # by the plan's trace_key (XLA, packs)
         self._planner: plan_lib.Planner | None = None
-        self._last_setting = ""  # the XLA setting of this fit()'s last loop call
+        self._last_key = None  # the trace key of this fit()'s last loop call
         self._trainable = TrainableWatch()  # a layer (un)frozen: the step is traced again
         self._eval_dataset = None
         # What the restored checkpoint says about the run that wrote it (its step, worker
@@ -100,12 +100,14 @@ class LoopDriver:
             # not on batches of dynamic shapes (one warning says so).
             grads = (t.steps.keeps_xla_for(self.train_batch_spec())
                      and not t.overrides("train_step"))
-            signature = plan_lib.signature(t.strategy, host_collectives.num_workers(t.strategy))
+            workers, packs = host_collectives.num_workers(t.strategy), self._default_key[1]
+            signature = plan_space.signature(t.strategy, workers)
             self._planner = plan_lib.Planner(
-                cfg, plan_lib.Plan("grads" if grads else "off", cfg.train.steps_per_loop),
+                cfg, plan_space.Plan("grads" if grads else "off", cfg.train.steps_per_loop, packs),
                 t.steps.xla_problem, self._xla_lowering_error,
                 lambda words: host_collectives.words_from_chief(t.strategy, words), signature,
-                plan_cache.for_run(t, self.train_batch_spec(), signature))
+                plan_cache.for_run(t, self.train_batch_spec(), signature),
+                plan_space.pack_alternatives(packs, t.model.trainable_variables, workers))
         return self._planner
 
     def _xla_lowering_error(self, setting: str) -> str | None:
@@ -115,27 +117,33 @@ class LoopDriver:
             return dynamic
         if setting == "grads":
             return self.trainer.steps.xla_lowering_error(spec)
-        return self._loops_for(setting).lowering_error(spec)
+        return self._loops_for((setting, self._default_key[1])).lowering_error(spec)
 
     @property
     def loops(self) -> CompiledLoops:
         """The compiled loops of the current plan's XLA setting (evaluation uses the
         first loops built: the eval step never compiles with XLA)."""
         plan = self.planner.next_plan() if self._planner else None
-        return self._loops_for(plan.xla if plan else "grads" if self.trainer.steps.xla else "off")
+        return self._loops_for(plan.trace_key if plan else self._default_key)
 
-    def _loops_for(self, setting: str) -> CompiledLoops:
-        """The loops of XLA ``setting`` (:mod:`trainer.loop.plan`; built once); sets the
-        default step's own XLA flag, which its next trace reads."""
+    @property
+    def _default_key(self) -> tuple[str, int]:
+        """The trace key of the configured plan, before the planner exists."""
         t = self.trainer
-        t.steps.xla = setting == "grads"
-        if setting not in self._loops:
+        return "grads" if t.steps.xla else "off", t.config.distribute.grad_pack_bytes
+
+    def _loops_for(self, key: tuple[str, int]) -> CompiledLoops:
+        """The loops of a plan's trace ``key`` (XLA setting, pack bytes:
+        :mod:`trainer.loop.plan`; built once); sets what the step's next trace reads."""
+        t, (setting, packs) = self.trainer, key
+        t.steps.xla, t.gradients.pack_bytes = setting == "grads", packs
+        if key not in self._loops:
             reducer = t.gradients.reducer
-            self._loops[setting] = CompiledLoops(
+            self._loops[key] = CompiledLoops(
                 t.strategy, reducer.wrap_train(self._train_step),
                 reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss,
                 jit_step=setting == "step")
-        return self._loops[setting]
+        return self._loops[key]
 
     def ensure_built(self, dist_dataset=None, what: str = "build_train_dataset") -> None:
         """Checks the dataset's features against the model's inputs (when the model
@@ -232,7 +240,7 @@ class LoopDriver:
         """The graph of the compiled train loop as ``fit()`` traced it for the last loop
         call's plan (no retrace); None before the first ``fit()``. Its loop body calls the
         step function once: ``strategy.run`` of the train step on this worker's replicas."""
-        loops = self._loops.get(self._last_setting)
+        loops = self._loops.get(self._last_key)
         if self.input.iterator is None or loops is None:
             return self._last_fit[0]
         return loops.train.get_concrete_function(
@@ -296,7 +304,7 @@ class LoopDriver:
         t, cfg = self.trainer, self.trainer.config
         total, k = cfg.train.steps, cfg.perf.grad_accum_steps
         self.input.start(t.step)
-        self._last_setting = ""
+        self._last_key = None
         if t.has_eval_dataset():  # its mistakes (e.g. no end) surface before training
             self._eval_input()
         planner = self.planner
@@ -306,7 +314,8 @@ class LoopDriver:
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start()  # when it raises, what started has ended
         try:
-            self._announce_plan(planner.adopt(self.resumed.plan if self.resumed else None))
+            plan_lib.announce(planner.adopt(self.resumed.plan if self.resumed else None),
+                              t.events, t.step)
             if t.step >= total:
                 t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step "
                                       f"{t.step} >= train.steps={total}: nothing to train")
@@ -315,13 +324,13 @@ class LoopDriver:
                 plan = planner.next_plan()
                 num_steps = int(min(plan.steps_per_loop, total - t.step,
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
-                outputs, seconds = self._train_loop(plan.xla, num_steps)
+                outputs, seconds = self._train_loop(plan.trace_key, num_steps)
                 self.input.advance(num_steps)
                 self.last_loop = (num_steps, seconds)
                 self.last_outputs = outputs
                 t.step += num_steps
-                self._announce_plan(planner.after_call(plan, num_steps, seconds,
-                                                       total - t.step))
+                plan_lib.announce(planner.after_call(plan, num_steps, seconds,
+                                                     total - t.step), t.events, t.step)
                 window_steps += num_steps
                 window_seconds += seconds
                 if t.step in (next_log, total):
@@ -353,12 +362,12 @@ class LoopDriver:
         callbacks.on_fit_end(results)
         return results
 
-    def _train_loop(self, xla: str, num_steps: int) -> tuple[dict, float]:
-        """One call of the train loop of XLA setting ``xla`` on the fit's iterator:
+    def _train_loop(self, key: tuple[str, int], num_steps: int) -> tuple[dict, float]:
+        """One call of the train loop of the plan's trace ``key`` on the fit's iterator:
         ``(outputs, host seconds)``; a user's mistake becomes one InputError."""
         if self._trainable.changed(self.trainer.model, self.trainer.step):  # (un)frozen
             self._loops.clear()
-        loops = self._loops_for(xla)
+        loops = self._loops_for(key)
         start = time.perf_counter()
         try:
             loops.prepare(self.input.iterator)  # the first call of these loops traces the step
@@ -368,19 +377,8 @@ class LoopDriver:
             if found is None:
                 raise
             raise found from error
-        self._last_setting = xla  # traced: train_graph() will not trace
+        self._last_key = key  # traced: train_graph() will not trace
         return outputs, time.perf_counter() - start
-
-    def _announce_plan(self, record: dict | None) -> None:
-        """A decision of the planner (its fields, or None): a run event when plans were
-        measured or adopted; one log line when nothing was measured (a short run)."""
-        if record is None:
-            return
-        if record["source"] == "skipped" and not record["plans"]:
-            logging.info("plan: %s as configured, not measured: %s",
-                         plan_lib.Plan.from_dict(record["chosen"]).describe(), record["reason"])
-            return
-        self.trainer.events.plan(self.trainer.step, record)
 
     def _window_logs(self, outputs: dict, steps: int, seconds: float) -> dict[str, float]:
         """The ``on_log`` values of a window; resets the train metrics."""

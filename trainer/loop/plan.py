@@ -1,11 +1,13 @@
 """The run's execution plan (``perf.plan``): which of the equivalent ways to run the
 train loop is fastest here, measured on the run itself.
 
-A :class:`Plan` is ``(xla, steps_per_loop)``: what XLA compiles — ``"off"``: nothing;
-``"grads"``: the default train step's forward and backward pass (``perf.jit_compile``);
-``"step"``: the whole replica train step (forward, backward, gradient path, optimizer
-update, metrics: what a hand-tuned loop compiles) — and how many steps one
-``tf.function`` call runs.
+A plan (:class:`trainer.loop.plan_space.Plan`) is ``(xla, steps_per_loop, pack_bytes)``:
+what XLA compiles — ``"off"``: nothing; ``"grads"``: the default train step's forward
+and backward pass (``perf.jit_compile``); ``"step"``: the whole replica train step
+(forward, backward, gradient path, optimizer update, metrics: what a hand-tuned loop
+compiles) — how many steps one ``tf.function`` call runs, and the size of the
+gradients' all-reduce packs (``distribute.grad_pack_bytes``; 0: one batched all-reduce;
+every size gives the same sums).
 Every plan trains the same steps on the same batches with the same cadence (logging,
 evaluation, checkpoints and profiler windows still end loop calls exactly), so the
 numbers of a run do not depend on the plan, up to the reassociation of float sums XLA
@@ -19,12 +21,14 @@ may do (docs/training.md).
    that estimates the step time. The chief decides, for every worker: measure, or not
    (the run's remaining steps at that rate take less than ``perf.plan_min_run_s``;
    a checkpoint's plan recorded on the same hardware and strategy is adopted at once);
-2. candidates (:func:`candidates`): the configured XLA setting, the whole step compiled
-   where the strategy allows XLA (one replica in sync, not TPU, not manual data
-   parallelism over several devices) and no XLA, each with ``steps_per_loop`` as
+2. candidates (:mod:`trainer.loop.plan_space`): the configured XLA setting, the whole
+   step compiled where the strategy allows XLA (one replica in sync, not TPU, not manual
+   data parallelism over several devices) and no XLA, each with ``steps_per_loop`` as
    configured and doubled (at most ``train.log_every_steps``, past which calls end at
-   the logging boundary anyway). A setting whose XLA lowering fails (an op XLA cannot
-   compile) is dropped with one log line, before it runs a step;
+   the logging boundary anyway), and, with several workers (the gradients cross hosts),
+   each with the configured pack size and one other (packs of about a quarter of the
+   gradients when configured 0, else 0). A setting whose XLA lowering fails (an op XLA
+   cannot compile) is dropped with one log line, before it runs a step;
 3. rounds: every candidate runs a trial of real training steps (about
    ``perf.plan_trial_s`` seconds, at most 3 % of the estimated run over all trials),
    in an order rotated each round, ``perf.plan_rounds`` rounds; a plan's first call
@@ -46,65 +50,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import statistics
 import time
 from typing import Any, Callable
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from trainer.loop.plan_cache import PlanCache
+from trainer.loop.plan_space import Plan, candidates
 
 _TIE = 1.01  # another plan must beat the configured one by more than this to be chosen
 _BUDGET = 0.03  # the trials take at most this share of the estimated run
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """One way to run the train loop: XLA on the replica step, steps per loop call."""
-
-    xla: str  # "off" | "grads" | "step"
-    steps_per_loop: int
-
-    def describe(self) -> str:
-        return f"xla {self.xla}, steps_per_loop {self.steps_per_loop}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"xla": self.xla, "steps_per_loop": self.steps_per_loop}
-
-    @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> "Plan":
-        return cls(str(value["xla"]), int(value["steps_per_loop"]))
-
-
-XLA_SETTINGS = ("off", "grads", "step")
-
-
-def candidates(baseline: Plan, log_every_steps: int, xla_allowed: bool) -> list[Plan]:
-    """The plans worth timing, the configured ``baseline`` first (see the module doc);
-    ``xla_allowed``: the strategy lets XLA compile the replica step."""
-    cap = max(1, log_every_steps)
-    loops = [baseline.steps_per_loop]
-    if min(2 * baseline.steps_per_loop, cap) > min(baseline.steps_per_loop, cap):
-        loops.append(min(2 * baseline.steps_per_loop, cap))
-    xlas = [baseline.xla] + [x for x in ("step", "off") if x != baseline.xla and (
-        xla_allowed or x == "off")]
-    plans = [Plan(xla, n) for xla in xlas for n in loops]
-    return [baseline] + [p for p in plans if p != baseline]
-
-
-def signature(strategy: tf.distribute.Strategy, workers: int) -> dict[str, Any]:
-    """What a plan's measurement depends on: the devices, the strategy and its size, the
-    CPU count and TensorFlow's version. A checkpoint's plan is adopted only when equal."""
-    gpus = [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
-            for gpu in tf.config.list_physical_devices("GPU")]
-    kinds = sorted({d.device_type for d in tf.config.list_logical_devices()})
-    return {"strategy": type(strategy).__name__,
-            "replicas": int(strategy.num_replicas_in_sync), "workers": int(workers),
-            "devices": kinds, "gpus": gpus, "cpus": os.cpu_count(),
-            "tensorflow": tf.__version__}
 
 
 @dataclasses.dataclass
@@ -153,15 +110,17 @@ class Planner:
         with XLA setting ``"grads"`` or ``"step"``, or None; asked once per setting
         before its plans run a step.
       from_chief: ``int32 words -> the chief's words`` (identity on one worker).
-      signature: this run's :func:`signature`.
+      signature: this run's :func:`trainer.loop.plan_space.signature`.
       cache: the plan cache entry of this run's key (the chief's; None on other workers
         or with ``perf.plan_cache="off"``): read by :meth:`adopt`, written when measured.
+      pack_sizes: the all-reduce pack sizes to time besides the baseline's
+        (:func:`trainer.loop.plan_space.pack_alternatives`; alike on every worker).
     """
 
     def __init__(self, config: Any, baseline: Plan, xla_problem: str | None,
                  xla_error: Callable[[str], str | None],
                  from_chief: Callable[[np.ndarray], np.ndarray], signature: dict[str, Any],
-                 cache: PlanCache | None = None):
+                 cache: PlanCache | None = None, pack_sizes: tuple[int, ...] = ()):
         self._config = config
         self.baseline = baseline
         self.xla_problem = xla_problem
@@ -169,7 +128,8 @@ class Planner:
         self._from_chief = from_chief
         self._signature = signature
         self._cache = cache
-        self.plans = candidates(baseline, config.train.log_every_steps, xla_problem is None)
+        self.plans = candidates(baseline, config.train.log_every_steps, xla_problem is None,
+                                pack_sizes)
         self.chosen: Plan | None = None
         self.record: dict[str, Any] | None = None  # the decision (the run event's fields)
         if config.perf.plan == "fixed":
@@ -179,7 +139,7 @@ class Planner:
         self._call_cap = 0  # > 0: trial calls run at most this many steps
         self._trials: list[_Trial] = []  # to run, the current one first
         self._done: list[_Trial] = []
-        self._warm: set[str] = {baseline.xla}  # XLA settings whose loops have run
+        self._warm = {baseline.trace_key}  # trace keys whose loops have run
         self._dropped: dict[int, str] = {}
         self._started = 0.0
         self._measured_steps = 0
@@ -238,7 +198,8 @@ class Planner:
             return self.baseline
         plan = self.plans[self._trials[0].plan]
         if self._call_cap:  # steps long next to a trial: trial-sized calls
-            return Plan(plan.xla, min(plan.steps_per_loop, self._call_cap))
+            return dataclasses.replace(
+                plan, steps_per_loop=min(plan.steps_per_loop, self._call_cap))
         return plan
 
     def after_call(self, plan: Plan, steps: int, seconds: float,
@@ -254,8 +215,8 @@ class Planner:
         self._measured_steps += steps
         if self._calls == 2:
             return self._plan_trials(steps, seconds, remaining_steps)
-        if plan.xla not in self._warm:  # its loops' first call: traced and compiled
-            self._warm.add(plan.xla)
+        if plan.trace_key not in self._warm:  # its loops' first call: traced, compiled
+            self._warm.add(plan.trace_key)
             return None
         trial = self._trials[0]
         trial.add(steps, seconds, full=steps == plan.steps_per_loop)
@@ -291,7 +252,8 @@ class Planner:
                     self._dropped[i] = (
                         f"not timed: one call of {self.baseline.steps_per_loop} steps "
                         f"outlasts a trial, so its per-call overhead is amortized")
-        for setting in dict.fromkeys(p.xla for p in self.plans if p.xla not in self._warm):
+        warm = {xla for xla, _ in self._warm}
+        for setting in dict.fromkeys(p.xla for p in self.plans if p.xla not in warm):
             error = self._xla_error(setting) if setting != "off" else None
             if error is not None:
                 self._drop(setting, error)
@@ -361,3 +323,15 @@ class Planner:
                        "baseline": self.baseline.to_dict(), "ratio": 1.0, "measure_s": 0.0,
                        "plans": [], **fields}
         return self.record
+
+
+def announce(record: dict[str, Any] | None, events: Any, step: int) -> None:
+    """A decision of the planner (its fields, or None): a run event (``events.plan``)
+    when plans were measured or adopted; one log line when nothing was measured."""
+    if record is None:
+        return
+    if record["source"] == "skipped" and not record["plans"]:
+        logging.info("plan: %s as configured, not measured: %s",
+                     Plan.from_dict(record["chosen"]).describe(), record["reason"])
+        return
+    events.plan(step, record)
