@@ -2,7 +2,8 @@
 MultiWorkerMirroredStrategy loop, 2 simulated hosts x 1 worker.
 
     sudo python -m benchmarks.multihost_throughput [--links 10gbit,1gbit,100mbit]
-        [--workloads wide_mlp,transformer] [--rounds 3] [--json PATH]
+        [--workloads wide_mlp,deep_mlp,transformer] [--rounds 3] [--compression bf16]
+        [--json PATH]
 
 Needs root and the tests' simulated hosts (``tests/cluster``: network namespaces on a
 private bridge; started here if down). Each link speed is set with ``tc qdisc ... tbf``
@@ -10,8 +11,11 @@ on both hosts' interfaces (egress: every byte a host sends); a per-packet delay
 (``netem``) is added when the kernel has it (``--delay_ms``; this machine's kernel has no
 ``sch_netem``: the runs below are rate-limited only). Per link and workload, both hosts
 run ``benchmarks/multihost_worker.py`` (TF_CONFIG of 2 workers), which pairs the
-framework (``Trainer.fit``, default config), the framework with gradient packs
-(``distribute.grad_pack_bytes``, ``--pack_bytes``, 4 MiB by default) and the
+framework (``Trainer.fit``, default config, a short run: the configured plan), the
+framework whose execution plan was measured on the run (``framework_plan``: a pack
+size is one of its candidates; each group has an empty plan cache of its own), the
+framework with gradient packs (``distribute.grad_pack_bytes``, ``--pack_bytes``, 4 MiB
+by default), with ``--compression`` the framework with a compressed all-reduce, and the
 hand-written loop (one batched all-reduce per step, as a careful user writes it) round
 by round in one process.
 
@@ -84,14 +88,22 @@ def run_workers(cluster, hosts, argv: list[str], timeout: float, env: dict,
     return json.loads(line[len("%%JSON%%"):])
 
 
+def _empty_plan_cache() -> dict:
+    """The environment of one group: a plan cache of its own, empty
+    (trainer/loop/plan_cache.py), so that no link's plan is adopted on another."""
+    return {"XDG_CACHE_HOME": tempfile.mkdtemp(prefix="multihost-plans-")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--links", default="10gbit,1gbit,100mbit")
-    parser.add_argument("--workloads", default="wide_mlp,transformer")
+    parser.add_argument("--workloads", default="wide_mlp,deep_mlp,transformer")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delay_ms", type=float, default=0.1)
     parser.add_argument("--pack_bytes", type=int, default=4 << 20,
                         help="the framework with distribute.grad_pack_bytes=N as well (0: not)")
+    parser.add_argument("--compression", default="",
+                        help="bf16|fp16: the framework with distribute.grad_compression too")
     parser.add_argument("--timeout_s", type=float, default=1800)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -102,29 +114,28 @@ def main() -> None:
     cluster = SimulatedCluster(hosts=2, root=Path(DEFAULT_DIR))
     cluster.up()
     hosts = cluster.hosts[:2]
-    # An empty plan cache of this run's own (trainer/loop/plan_cache.py).
-    env = {"XDG_CACHE_HOME": tempfile.mkdtemp(prefix="multihost-plans-")}
     rows = []
     try:
         for name in args.workloads.split(","):
             workload = WORKLOADS[name]
             base = ["python", "-m", "benchmarks.multihost_worker", "--workload", name,
-                    "--rounds", str(args.rounds), "--pack_bytes", str(args.pack_bytes)]
+                    "--rounds", str(args.rounds), "--pack_bytes", str(args.pack_bytes),
+                    "--compression", args.compression]
             for host in hosts:
                 shape(cluster, host, None, 0)
             # Compute alone: each host trains its half of the batch by itself, both at
             # once (the hosts share this machine's cores, as in the group).
             alone = run_workers(cluster, hosts, [*base, "--steps", "12", "--global_batch",
                                                  str(workload.batch_size // 2)],
-                                args.timeout_s, env, group=False)
+                                args.timeout_s, _empty_plan_cache(), group=False)
             compute_s = workload.batch_size // 2 / statistics.median(alone["rates"]["hand"])
             for link in args.links.split(","):
                 applied = [shape(cluster, h, link, args.delay_ms) for h in hosts][0]
                 got = run_workers(cluster, hosts, [*base, "--steps", str(STEPS.get(link, 6))],
-                                  args.timeout_s, env)
+                                  args.timeout_s, _empty_plan_cache())
                 rates = got["rates"]
                 row = {"workload": name, "link": applied, "compute_s": compute_s,
-                       "rounds": rates}
+                       "rounds": rates, "plan": got["plan"]}
                 for impl, per_round in rates.items():
                     row[impl] = statistics.median(per_round)
                     row[f"{impl}_vs_hand"] = statistics.median(
@@ -133,7 +144,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{name:<12} {applied:<10} compute {compute_s:.3f} s/step; " + "; ".join(
                     f"{impl} {row[impl]:,.0f} ex/s ({row[f'{impl}_vs_hand']:.2f}x hand, "
-                    f"wait {row[f'{impl}_wait_s']:.3f} s/step)" for impl in rates), flush=True)
+                    f"wait {row[f'{impl}_wait_s']:.3f} s/step)" for impl in rates)
+                    + f"; plan {got['plan']}", flush=True)
     finally:
         for host in hosts:
             shape(cluster, host, None, 0)

@@ -5,12 +5,16 @@ compute baseline).
     python -m benchmarks.multihost_worker --workload wide_mlp --steps 8 --rounds 3
 
 Builds MultiWorkerMirroredStrategy from TF_CONFIG (the default strategy without it) and
-two implementations on it, in this one process: ``framework`` (``Trainer.fit`` with
-the DEFAULT config: benchmarks.throughput_impls' ``a-short``, short fits never measured)
+its implementations, in this one process: ``framework`` (``Trainer.fit`` with the
+DEFAULT config: benchmarks.throughput_impls' ``a-short``, short fits never measured),
+``framework_plan`` (the default config in a run long enough for ``perf.plan="auto"``
+to measure: ``a``; with several workers its candidates include an all-reduce pack size)
 and ``hand`` (the in-graph loop a careful user writes: ``strategy.run`` of a replica step
 whose ``optimizer.apply_gradients`` all-reduces every gradient in one batch, ``--steps``
-steps per ``tf.function`` call), and with ``--pack_bytes N`` ``framework_packs`` (the
-framework with ``distribute.grad_pack_bytes=N``). Each is warmed up (traced) by one round, then they run
+steps per ``tf.function`` call); with ``--pack_bytes N`` ``framework_packs`` (the
+framework with ``distribute.grad_pack_bytes=N``), with ``--compression bf16|fp16``
+``framework_<it>`` (``distribute.grad_compression``; fp16 under mixed_float16). Each is
+warmed up (traced; the plan measured) by one round, then they run
 ``--rounds`` rounds of ``--steps`` steps, in an order rotated each round (every worker
 runs the same sequence: their collectives pair up). Task 0 prints one JSON line after
 ``%%JSON%%``: examples/s per round of each.
@@ -34,6 +38,8 @@ def main() -> None:
     parser.add_argument("--pack_bytes", type=int, default=0,
                         help="> 0: also 'framework_packs', the framework with "
                              "distribute.grad_pack_bytes=N")
+    parser.add_argument("--compression", default="",
+                        help="bf16|fp16: also the framework with distribute.grad_compression")
     args = parser.parse_args()
 
     import dataclasses
@@ -51,9 +57,15 @@ def main() -> None:
         workload = dataclasses.replace(workload, batch_size=args.global_batch)
     impls = {"framework": Framework(workload, strategy, "short"),
              "hand": HandInGraph(workload, strategy, xla=False, per_call=args.steps)}
+    if cluster:  # the plan's candidates are the default's on one worker
+        impls["framework_plan"] = Framework(workload, strategy, "auto")
     if args.pack_bytes:
         impls["framework_packs"] = Framework(workload, strategy, "short", **{
             "distribute.grad_pack_bytes": args.pack_bytes})
+    if args.compression:
+        impls[f"framework_{args.compression}"] = Framework(workload, strategy, "short", **{
+            "distribute.grad_compression": args.compression,
+            **({"precision.policy": "mixed_float16"} if args.compression == "fp16" else {})})
     for impl in impls.values():
         impl.warm_up(args.steps)
     rates: dict[str, list[float]] = {name: [] for name in impls}
@@ -68,7 +80,10 @@ def main() -> None:
         print("%%JSON%%" + json.dumps({"workload": args.workload, "steps": args.steps,
                                         "global_batch": workload.batch_size,
                                         "workers": strategy.num_replicas_in_sync,
-                                        "rates": rates}), flush=True)
+                                        "rates": rates,
+                                        "plan": (impls["framework_plan"].plan() or {}).get(
+                                            "chosen") if "framework_plan" in impls else None
+                                        }), flush=True)
 
 
 if __name__ == "__main__":

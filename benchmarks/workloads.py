@@ -8,7 +8,10 @@ Every workload is small enough for 2 CPU cores and fixed by the issue that asked
 * ``transformer``: encoder classifier, seq 128, d 128, 2 layers, 4 heads, batch 32;
 * ``wide_mlp``: 784 -> 4096 -> 2048 -> 10, batch 128: 11.6 M parameters (46 MB of
   float32 gradients per step), the communication-heavy model of the multi-host
-  benchmark (``benchmarks/multihost_throughput.py``).
+  benchmark (``benchmarks/multihost_throughput.py``);
+* ``deep_mlp``: 784 -> 1024 x 8 -> 10, batch 128: 8.2 M parameters (33 MB of
+  gradients) over 9 layers of about the same size, the multi-host benchmark's model
+  where gradient packs have a backward pass to overlap.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def _wide_mlp() -> keras.Model:
         keras.Input((784,)),
         keras.layers.Dense(4096, activation="relu"),
         keras.layers.Dense(2048, activation="relu"),
+        keras.layers.Dense(10),
+        keras.layers.Activation("linear", dtype="float32"),
+    ])
+
+
+def _deep_mlp() -> keras.Model:
+    return keras.Sequential([
+        keras.Input((784,)),
+        *[keras.layers.Dense(1024, activation="relu") for _ in range(8)],
         keras.layers.Dense(10),
         keras.layers.Activation("linear", dtype="float32"),
     ])
@@ -105,6 +117,7 @@ WORKLOADS = {
     "cnn": Workload("cnn", 128, _cnn, (32, 32, 3), "float32"),
     "transformer": Workload("transformer", 32, _transformer, (128,), "int32"),
     "wide_mlp": Workload("wide_mlp", 128, _wide_mlp, (784,), "float32"),
+    "deep_mlp": Workload("deep_mlp", 128, _deep_mlp, (784,), "float32"),
 }
 
 
