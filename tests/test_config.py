@@ -100,3 +100,30 @@ def test_main_rejects_bad_override_before_starting(tmp_path):
     assert proc.returncode != 0
     assert "config.train.steps=0 must be a positive integer" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_unknown_grad_compression_names_the_choices():
+    with pytest.raises(ConfigError, match=r"^config\.distribute\.grad_compression='bf8' is not "
+                                          r"one of 'none', 'bf16', 'fp16'\."):
+        config_lib.validate(config_with("distribute", "grad_compression", "bf8"))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_fp16_compression_without_loss_scaling_says_what_to_do(policy):
+    config = config_with("distribute", "grad_compression", "fp16")
+    config.precision.policy = policy
+    with pytest.raises(ConfigError, match=(
+            rf"^config\.distribute\.grad_compression='fp16' needs precision\.policy="
+            rf"'mixed_float16' \(it is '{policy}'\): .*overflow to inf.* Use "
+            rf"--config\.distribute\.grad_compression=bf16 .*, or "
+            rf"--config\.precision\.policy=mixed_float16\.$")):
+        config_lib.validate(config)
+
+
+@pytest.mark.parametrize("compression, policy", [("none", "float32"), ("bf16", "float32"),
+                                                 ("bf16", "mixed_float16"),
+                                                 ("fp16", "mixed_float16")])
+def test_grad_compression_settings_that_are_valid(compression, policy):
+    config = config_with("distribute", "grad_compression", compression)
+    config.precision.policy = policy
+    config_lib.validate(config)

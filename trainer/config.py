@@ -27,6 +27,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "lamb", "lion")
 SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
 CONSISTENCY_CHECKS = ("auto", "every_loop", "off")
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring")
+GRAD_COMPRESSION = ("none", "bf16", "fp16")  # distribute.grad_compression
 FREE_FORM_SECTIONS = ("model", "data")
 LOGGERS = ("jsonl", "tensorboard", "mlflow")  # telemetry.loggers (chief only)
 
@@ -43,17 +44,14 @@ def get_config() -> ml_collections.ConfigDict:
             steps=1000,  # total optimizer steps (global batches) of the run
             steps_per_loop=50,  # steps run inside one tf.function call (in-graph loop)
             log_every_steps=100,  # logging window, rounded up to whole loops
-            # What a NaN/inf all-reduced gradient does: "skip" the update on every replica,
-            # "stop" with an error, "rollback" to the last checkpoint (trainer.services.nonfinite),
-            # or "auto": skip under mixed_float16 (loss scaling needs it), otherwise no
-            # check (the update is applied, as in keras fit; faster).
+            # A NaN/inf all-reduced gradient: "skip" the update on every replica, "stop",
+            # "rollback" (trainer.services.nonfinite); "auto": skip under mixed_float16.
             on_nonfinite="auto",
             rollback_after=1,  # "rollback": after this many non-finite steps in a row
             loss_upper_bound=0.0,  # "rollback" also when a loop's loss exceeds it; 0: off
             max_rollbacks=3,  # then stop with an error
             deterministic=True,  # tf.data deterministic order (exact resume needs it)
-            # Stop when an eval metric has not improved by more than min_delta for
-            # `patience` evaluations in a row (trainer.services.early_stopping); metric "": off.
+            # Stop when eval/METRIC improved by <= min_delta `patience` times in a row; "": off.
             early_stopping=ml_collections.ConfigDict(
                 dict(metric="", mode="min", patience=0, min_delta=0.0)),
         )
@@ -76,9 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
             momentum=0.9,  # sgd / rmsprop only
             weight_decay=0.0,
             clipnorm=0.0,  # > 0: clip by GLOBAL norm of the all-reduced gradients
-            # > 0: keep an exponential moving average of the weights (trainer.step.ema), used
-            # by evaluate(), the best-checkpoint metric and export().
-            ema_decay=0.0,
+            ema_decay=0.0,  # > 0: an EMA of the weights for evaluate(), best, export()
             ema_every_steps=1,  # N > 1: move the EMA every N updates by ema_decay**N
             lr_scaling="none",  # "none" | "linear" (against reference_batch_size)
             reference_batch_size=0,
@@ -95,21 +91,19 @@ def get_config() -> ml_collections.ConfigDict:
             memory_growth=False,
             log_placement=False,
             memory_limit_mb=0,  # > 0: cap this process's memory on each GPU
-            # TF's thread pools, sized before its runtime starts; 0: TF sizes them itself.
-            # Measured per run by `python -m trainer.doctor --sections=threads`.
+            # TF's thread pools, sized before its runtime starts (trainer.doctor measures).
             inter_op_threads=0,
             intra_op_threads=0,
             tpu="",  # TPU name or grpc:// address; "" = local / from the environment
             all_reduce="auto",
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
             grad_pack_bytes=0,  # > 0: gradients all-reduced in packs of ~N bytes, last first
+            grad_compression="none",  # "bf16" | "fp16": dense gradients all-reduced in 16 bits
             device_weights=(),  # manual: batch share per device (default: equal)
-            # Do every replica's and worker's copies of the variables agree? "auto": after
-            # the first loop of each fit() and before each checkpoint; "every_loop"; "off".
+            # Do all copies of the variables agree? "auto": after the first loop of each
+            # fit() and before each checkpoint; "every_loop"; "off".
             consistency_check="auto",
-            # True: every BatchNormalization layer normalises by the global batch's
-            # statistics (an all-reduce per layer per step), as on one replica.
-            sync_batch_norm=False,
+            sync_batch_norm=False,  # True: BatchNormalization by the global batch's statistics
         )
     )
     config.perf = ml_collections.ConfigDict(
@@ -117,11 +111,8 @@ def get_config() -> ml_collections.ConfigDict:
             jit_compile=False,
             grad_accum_steps=1,
             recompute=False,
-            # IndexedSlices gradients (embeddings, gathers) across replicas: "auto" | "dense"
-            # | "gather" (trainer.step.sparse_gradients says what each costs).
-            sparse_reduce="auto",
-            # "auto": time candidate plans (XLA settings, steps per loop) on the first
-            # steps and keep the fastest (trainer.loop.plan); "fixed": exactly this config.
+            sparse_reduce="auto",  # IndexedSlices across replicas: "auto" | "dense" | "gather"
+            # "auto": time candidate plans on the first steps (trainer.loop.plan); "fixed".
             plan="auto",
             plan_min_run_s=30.0,  # runs estimated shorter are not measured
             plan_trial_s=0.2,  # about this long per candidate and round
@@ -136,17 +127,13 @@ def get_config() -> ml_collections.ConfigDict:
             best_metric="",  # e.g. "eval/accuracy": keep the best N as well
             best_mode="max",  # "max" | "min"
             async_save=True,
-            # True: aligned .npy files written with O_DIRECT (trainer.checkpoint.array_files: less
-            # CPU per async save; numpy reads them, plain orbax not). False: orbax's own.
-            fast_io=False,
-            # Multi-worker: every task waits up to this long at start for a file the chief
-            # writes, so an unshared workdir is an error (trainer.checkpoint.shared_workdir).
+            fast_io=False,  # True: O_DIRECT .npy files (trainer.checkpoint.array_files)
+            # Multi-worker: each task waits this long for the chief's file (unshared: error).
             shared_workdir_timeout_s=30.0,
-            # One run per workdir (trainer.checkpoint.lease): a holder gone this long without
-            # renewing its lease is taken over (a dead pid on this host at once). 0: off.
+            # One run per workdir (trainer.checkpoint.lease): a silent holder's lease is
+            # taken over after this long (a dead pid on this host at once). 0: off.
             lease_s=30.0,
-            # After SIGTERM the checkpoint always commits; records unwritten this long after
-            # the signal are dropped, so the process exits within the platform's notice.
+            # After SIGTERM: records unwritten this long are dropped (the checkpoint commits).
             preemption_grace_s=30.0,
         )
     )
@@ -164,9 +151,8 @@ def get_config() -> ml_collections.ConfigDict:
             # ... computed every N-th optimizer update (at least once per logging window),
             # every update when optimizer.clipnorm > 0 (clipping computes it anyway)
             grad_norm_every=10,
-            # Where the records go: "jsonl" (workdir/metrics.jsonl), "tensorboard"
-            # (workdir/train, workdir/eval), "mlflow" (MLFLOW_TRACKING_URI; pip install
-            # 'tf-trainer[mlflow]').
+            # "jsonl" (workdir/metrics.jsonl), "tensorboard" (workdir/train, workdir/eval),
+            # "mlflow" (MLFLOW_TRACKING_URI; pip install 'tf-trainer[mlflow]').
             loggers=("jsonl", "tensorboard"),
             peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu, hfu (0: table)
         )
@@ -258,10 +244,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     check_choice("distribute.consistency_check", config.distribute.consistency_check,
                  CONSISTENCY_CHECKS)
     _check_device_weights(config.distribute)
-    for field in ("virtual_devices", "memory_limit_mb", "grad_pack_bytes"):
+    for field in ("virtual_devices", "memory_limit_mb", "grad_pack_bytes", "inter_op_threads",
+                  "intra_op_threads"):
         check_positive(f"distribute.{field}", config.distribute[field], allow_zero=True)
-    for pool in ("inter_op_threads", "intra_op_threads"):
-        check_positive(f"distribute.{pool}", config.distribute[pool], allow_zero=True)
+    check_choice("distribute.grad_compression", config.distribute.grad_compression,
+                 GRAD_COMPRESSION)
+    _check_fp16_compression(config)
     _check_perf(config)
     check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
     cp = config.checkpoint
@@ -291,6 +279,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
              ">= 0 (one device's peak TFLOPS; 0: from trainer.telemetry.flops's table)")
     require("telemetry.alert_drop", tel.alert_drop, 0 < tel.alert_drop < 1,
              "a fraction in (0, 1), e.g. 0.3 for a 30% drop")
+
+
+def _check_fp16_compression(config: ml_collections.ConfigDict) -> None:
+    """``distribute.grad_compression="fp16"`` needs dynamic loss scaling (mixed_float16)."""
+    policy = config.precision.policy
+    if config.distribute.grad_compression == "fp16" and policy != "mixed_float16":
+        raise ConfigError(
+            f"config.distribute.grad_compression='fp16' needs precision.policy='mixed_float16' "
+            f"(it is {policy!r}): float16 spans only ~6e-8 to 65504, so a summed gradient can "
+            f"overflow to inf or round to 0, and only dynamic loss scaling skips such a step and "
+            f"lowers its scale. Use --config.distribute.grad_compression=bf16 (float32's "
+            f"range), or --config.precision.policy=mixed_float16.")
 
 
 def _check_perf(config: ml_collections.ConfigDict) -> None:
