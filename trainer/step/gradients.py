@@ -266,7 +266,8 @@ class GradientPath:
             loss_sum, count = ctx.all_reduce(_SUM, [loss_sum, n_local])
             self._accumulate(optimizer, variables, grads, n_local)
             return loss_sum / count
-        reduce = (self.config.perf.sparse_reduce, self.strategy, self.pack_bytes)
+        reduce = (self.config.perf.sparse_reduce, self.strategy, self.pack_bytes,
+                  self.config.distribute.grad_compression)
         if per_example_loss.shape[0] == self.batch.per_replica:  # statically full: C = C_static
             reduced, (loss_sum,) = sparse_gradients.all_reduce_sum(
                 grads, variables, [loss_sum], *reduce)

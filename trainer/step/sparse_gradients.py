@@ -33,6 +33,16 @@ collective". So the gradient path reduces sparse gradients itself, by the policy
 Every sparse gradient leaves here with UNIQUE indices, so its global norm (clipping,
 the logged gradient norm) is the norm of the dense gradient on any replica count.
 
+Compression (``distribute.grad_compression``, :func:`all_reduce_sum`): "bf16" / "fp16"
+cast the float32 dense gradients to bfloat16 / float16 for the all-reduce and the sums
+back to float32 (lossy: 8 / 11 significant bits). The extras (loss sum, example count)
+and the gradients that arrived sparse or are not float32 stay as they are, exact, in a
+second batched all-reduce (a collective batch concatenates its values, which must share
+a dtype). One replica communicates nothing: nothing is cast. "fp16" is only allowed with dynamic loss
+scaling (``trainer.config``): the gradients reduced here are the SCALED ones, so a sum
+that overflows float16 is inf, and the finiteness check after it skips the step and
+lowers the scale.
+
 Contexts: :func:`all_reduce_sum` runs in REPLICA context while a step is traced.
 """
 
@@ -45,6 +55,7 @@ from trainer.runtime.tracing import no_autograph
 from trainer.step.update_context import in_update_context
 
 _SUM = tf.distribute.ReduceOp.SUM
+WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}  # distribute.grad_compression
 _MIN_CAPACITY = 64
 # "auto" with a dynamic row count: tables up to this many elements go dense. Measured on
 # 2 Mirrored CPU replicas (benchmarks/sparse_reduce.py): a 2,000 x 16 table trains 1.18x
@@ -166,10 +177,41 @@ def _log_choice(variable, dense: bool, policy: str, strategy) -> None:
                  how, policy)
 
 
+def _log_compression(ctx, strategy, compression: str, wire, compressed: int,
+                     exact: int) -> None:
+    """One log line per trace of the step with compression on (from each process's first
+    replica): what is cast."""
+    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+    if replica is not None and replica % len(strategy.extended.worker_devices):
+        return
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        logging.info("distribute.grad_compression=%s: 1 replica, nothing is communicated, "
+                     "nothing is cast.", compression)
+        return
+    logging.info("distribute.grad_compression=%s: %d dense gradients are all-reduced in %s "
+                 "over %d replicas (lossy); %d others (sparse, or not float32) as they are, "
+                 "the loss sum and the example count in float32.", compression, compressed,
+                 wire.name, replicas, exact)
+
+
+def _sum_per_wire_dtype(ctx, values: list, wires: list, options) -> list:
+    """Replica context: ``values`` summed over replicas, each sent as its ``wires`` dtype
+    (None: as it is) and cast back; one batched all-reduce per wire dtype, in the order
+    of first appearance (the same on every replica)."""
+    out = [None] * len(values)
+    for wire in dict.fromkeys(wires):
+        group = [i for i, w in enumerate(wires) if w == wire]
+        sent = [values[i] if wire is None else tf.cast(values[i], wire) for i in group]
+        for i, total in zip(group, ctx.all_reduce(_SUM, sent, options=options)):
+            out[i] = total if wire is None else tf.cast(total, values[i].dtype)
+    return out
+
+
 @no_autograph
 def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
-                   strategy: tf.distribute.Strategy, pack_bytes: int = 0
-                   ) -> tuple[list, list]:
+                   strategy: tf.distribute.Strategy, pack_bytes: int = 0,
+                   compression: str = "none") -> tuple[list, list]:
     """Replica context: ``(grads summed over replicas, extras summed over replicas)``.
 
     ``grads`` pair with ``variables``; dense ones and ``extras`` (scalars) go through one
@@ -180,12 +222,18 @@ def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
     pass computes) first, so that each pack's collective can run while the backward
     pass goes on (TensorFlow's collective all-reduce of MultiWorkerMirroredStrategy;
     other strategies reduce as one batch). The same sums per element either way.
+    ``compression`` "bf16" / "fp16" (``distribute.grad_compression``, more than one
+    replica): the float32 dense gradients are all-reduced in that type, the rest in a
+    second batch (module docstring).
     """
     ctx = tf.distribute.get_replica_context()
+    replicas = strategy.num_replicas_in_sync
+    wire = WIRE_DTYPES.get(compression) if replicas > 1 else None
     sparse = {}
-    dense_values = []
+    dense_values, wires = [], []
     for i, (grad, variable) in enumerate(zip(grads, variables)):
-        if isinstance(grad, tf.IndexedSlices):
+        arrived_sparse = isinstance(grad, tf.IndexedSlices)
+        if arrived_sparse:
             dense = chooses_dense(policy, grad, variable, strategy)
             _log_choice(variable, dense, policy, strategy)
             if dense:
@@ -194,12 +242,17 @@ def all_reduce_sum(grads: list, variables: list, extras: list, policy: str,
                 sparse[i] = grad
                 continue
         dense_values.append(grad)
+        wires.append(wire if grad.dtype == tf.float32 and not arrived_sparse else None)
+    if compression != "none":
+        compressed = sum(w is not None for w in wires)
+        _log_compression(ctx, strategy, compression, wire, compressed, len(grads) - compressed)
     options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=pack_bytes)
-    reduced = iter(ctx.all_reduce(_SUM, dense_values + list(extras), options=options))
+    extras = list(extras)
+    reduced = iter(_sum_per_wire_dtype(ctx, dense_values + extras,
+                                       wires + [None] * len(extras), options))
     reduced_dense = [next(reduced) for _ in dense_values]
     reduced_extras = list(reduced)
     dense_iter = iter(reduced_dense)
-    replicas = strategy.num_replicas_in_sync
     out = [_gather(sparse[i], variables[i], replicas) if i in sparse else next(dense_iter)
            for i in range(len(grads))]
     return out, reduced_extras
