@@ -43,3 +43,20 @@ def test_compressed_packs_cross_in_bfloat16_and_the_scalar_stays_exact():
         assert worker["values"][-1] == EXPECTED[-1]  # the scalar: float32, exact
         np.testing.assert_allclose(worker["values"][:-1], EXPECTED[:-1], rtol=1e-2)
         assert worker["values"][:-1] != EXPECTED[:-1]  # the gradients were cast
+
+
+def test_trainers_differing_only_in_the_gradient_path_share_one_strategy():
+    """Pack size and compression shape the step, not the devices: a second Trainer in
+    the process that changes only them gets the first one's strategy (two Mirrored
+    strategies over the same devices would clash)."""
+    from trainer import config as config_lib
+    from trainer.distribution import strategies
+
+    config = config_lib.get_config()
+    config.distribute.strategy = "one_device"
+    first = strategies.build_strategy(config.distribute)
+    config.distribute.grad_pack_bytes = 4 << 20
+    config.distribute.grad_compression = "bf16"
+    assert strategies.build_strategy(config.distribute) is first
+    config.distribute.memory_growth = True  # a device setting: another strategy
+    assert strategies.build_strategy(config.distribute) is not first

@@ -286,7 +286,7 @@ def resolve_strategy_name(dcfg: ml_collections.ConfigDict) -> str:
 _STRATEGIES: dict[str, tf.distribute.Strategy] = {}
 #: ``distribute`` fields read by the Trainer, not by the strategy it runs on.
 NOT_STRATEGY_FIELDS = ("consistency_check", "sync_batch_norm", "device_weights",
-                       "grad_compression")
+                       "grad_compression", "grad_pack_bytes")
 
 
 def build_strategy(dcfg: ml_collections.ConfigDict) -> tf.distribute.Strategy:
