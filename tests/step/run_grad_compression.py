@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
+    import tensorflow as tf
     from absl import logging
 
     from tests.support import toy
@@ -79,11 +80,16 @@ def main() -> None:
         "overflow_fp16": (_overflow_trainer(),
                           {**overflow, "distribute.grad_compression": "fp16"}),
     }
+    default_strategy = set()
+    if args.replicas == 1:  # a Trainer given TensorFlow's default strategy (no devices list)
+        runs["bf16_default_strategy"] = runs["bf16"]
+        default_strategy.add("bf16_default_strategy")
     out, facts = {}, {}
     for name, (cls, overrides) in runs.items():
         config = toy.on_replicas(toy.toy_config(**{"perf.plan": "fixed", **overrides}),
                                  args.replicas)
-        t = cls(config)
+        t = (cls(config, strategy=tf.distribute.get_strategy()) if name in default_strategy
+             else cls(config))
         assert t.strategy.num_replicas_in_sync == args.replicas
         t.fit()
         weights = t.model.get_weights()

@@ -54,9 +54,10 @@ def test_two_replicas_train_close_to_the_exact_sum_but_not_bit_equal(runs, compr
         f"{compressed} on 2 replicas is bit-equal to the exact run: nothing was cast"
 
 
-@pytest.mark.parametrize("compressed", [*CASES, "overflow_fp16"])
+@pytest.mark.parametrize("compressed", [*CASES, "overflow_fp16", "bf16_default_strategy"])
 def test_one_replica_casts_nothing(runs, compressed):
-    reference = {**CASES, "overflow_fp16": "overflow_none"}[compressed]
+    reference = {**CASES, "overflow_fp16": "overflow_none",
+                 "bf16_default_strategy": "none"}[compressed]
     for a, b in zip(weights(runs, 1, reference), weights(runs, 1, compressed)):
         np.testing.assert_array_equal(a, b)
 

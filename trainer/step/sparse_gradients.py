@@ -181,13 +181,13 @@ def _log_compression(ctx, strategy, compression: str, wire, compressed: int,
                      exact: int) -> None:
     """One log line per trace of the step with compression on (from each process's first
     replica): what is cast."""
-    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
-    if replica is not None and replica % len(strategy.extended.worker_devices):
-        return
     replicas = strategy.num_replicas_in_sync
-    if replicas == 1:
+    if replicas == 1:  # (the default strategy has no worker_devices)
         logging.info("distribute.grad_compression=%s: 1 replica, nothing is communicated, "
                      "nothing is cast.", compression)
+        return
+    replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+    if replica is not None and replica % len(strategy.extended.worker_devices):
         return
     logging.info("distribute.grad_compression=%s: %d dense gradients are all-reduced in %s "
                  "over %d replicas (lossy); %d others (sparse, or not float32) as they are, "
