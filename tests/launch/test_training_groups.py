@@ -153,7 +153,7 @@ def test_max_restarts_completes_after_an_injected_crash(tmp_path, reference_weig
 
 
 # A wider digits model: 4.9 MB of gradients cross between the workers, enough for the
-# plan to time all-reduce packs (of 2 MiB: about a quarter) against one batch.
+# plan to time all-reduce packs (of 2 MiB: half the largest gradient) against one batch.
 WIDE = ["--config.model.hidden=16384", "--config.train.steps_per_loop=2",
         "--config.train.log_every_steps=10"]
 PACKS = 2 << 20

@@ -84,8 +84,11 @@ def test_pack_sizes_are_timed_only_where_gradients_cross_hosts():
     as_vars = [tf.Variable(tf.zeros((1024, 2048))), tf.Variable(tf.zeros((2048,)))]  # 8 MiB
     assert pack_alternatives(0, as_vars, workers=1) == ()  # one host: nothing crosses
     assert pack_alternatives(0, as_vars[1:], workers=2) == ()  # under 4 MiB: one pack anyway
-    assert pack_alternatives(0, as_vars, workers=2) == (3 * mib,)  # a quarter, whole MiB
+    assert pack_alternatives(0, as_vars, workers=2) == (4 * mib,)  # half the largest
     assert pack_alternatives(4 * mib, as_vars, workers=2) == (0,)  # configured: vs one batch
+    # Nine layers of 1 MiB: packs of an eighth of all (1.1 MiB), not half a layer.
+    layers = [tf.Variable(tf.zeros((512, 512))) for _ in range(9)]
+    assert pack_alternatives(0, layers, workers=2) == (9 * mib // 8,)
     assert candidates(Plan("off", 50), 100, False, (3 * mib,)) == [
         Plan("off", 50), Plan("off", 50, 3 * mib), Plan("off", 100), Plan("off", 100, 3 * mib)]
     assert Plan("off", 50, 3 * mib).describe() == (

@@ -26,8 +26,8 @@ may do (docs/training.md).
    data parallelism over several devices) and no XLA, each with ``steps_per_loop`` as
    configured and doubled (at most ``train.log_every_steps``, past which calls end at
    the logging boundary anyway), and, with several workers (the gradients cross hosts),
-   each with the configured pack size and one other (packs of about a quarter of the
-   gradients when configured 0, else 0). A setting whose XLA lowering fails (an op XLA
+   each with the configured pack size and one other (when configured 0: packs of half
+   the largest gradient, at least an eighth of all; else 0). A setting whose XLA lowering fails (an op XLA
    cannot compile) is dropped with one log line, before it runs a step;
 3. rounds: every candidate runs a trial of real training steps (about
    ``perf.plan_trial_s`` seconds, at most 3 % of the estimated run over all trials),

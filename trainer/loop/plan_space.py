@@ -28,7 +28,7 @@ class Plan:
         return self.xla, self.pack_bytes
 
     def describe(self) -> str:
-        packs = (f", all-reduce packs of {self.pack_bytes / _MIB:g} MiB"
+        packs = (f", all-reduce packs of {self.pack_bytes / _MIB:.3g} MiB"
                  if self.pack_bytes else "")
         return f"xla {self.xla}, steps_per_loop {self.steps_per_loop}{packs}"
 
@@ -45,15 +45,19 @@ class Plan:
 
 def pack_alternatives(configured: int, variables: list, workers: int) -> tuple[int, ...]:
     """The pack sizes worth timing besides the ``configured`` one: none on one worker
-    (the replicas' gradients do not cross hosts) or for gradients under 4 MiB; else
-    packs of about a quarter of the gradients of ``variables`` (whole MiB) when
-    ``configured`` is 0, one batched all-reduce (0) otherwise."""
-    gradient_bytes = sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
-    if workers <= 1 or gradient_bytes < 4 * _MIB:
+    (the replicas' gradients do not cross hosts) or for gradients under 4 MiB. Else,
+    when ``configured`` is 0, packs of half the largest gradient of ``variables`` but
+    at least an eighth of all (TensorFlow starts a pack once the last one holds more
+    than this: each of the largest layers crosses in a pack of its own, as soon as the
+    backward pass has computed it, and there are at most 8 packs or so); one batched
+    all-reduce (0) otherwise."""
+    sizes = [math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables]
+    total = sum(sizes)
+    if workers <= 1 or total < 4 * _MIB:
         return ()
     if configured:
         return (0,)
-    return (-(-gradient_bytes // (4 * _MIB)) * _MIB,)
+    return (max(max(sizes) // 2, -(-total // 8)),)
 
 
 def candidates(baseline: Plan, log_every_steps: int, xla_allowed: bool,
