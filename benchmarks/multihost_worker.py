@@ -76,14 +76,14 @@ def main() -> None:
             impls[name].run(args.steps)
             rates[name].append(args.steps * workload.batch_size
                                / (time.perf_counter() - started))
+    planned = impls["framework_plan"].plan() if "framework_plan" in impls else None
     if cluster.get("task", {}).get("index", 0) == 0:
         print("%%JSON%%" + json.dumps({"workload": args.workload, "steps": args.steps,
                                         "global_batch": workload.batch_size,
                                         "workers": strategy.num_replicas_in_sync,
                                         "rates": rates,
-                                        "plan": (impls["framework_plan"].plan() or {}).get(
-                                            "chosen") if "framework_plan" in impls else None
-                                        }), flush=True)
+                                        "plan": planned["chosen"] if planned else None}),
+              flush=True)
 
 
 if __name__ == "__main__":

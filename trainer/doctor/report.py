@@ -136,9 +136,10 @@ def _plan_rows(plan: Report, row: Callable[..., str]) -> list[str]:
     for r in plan["plans"]:
         packs = r.get("pack_bytes", 0)
         name = (f"    xla {r['xla']}, steps_per_loop {r['steps_per_loop']}"
-                + (f", packs of {packs / 2**20:g} MiB" if packs else ""))
-        chosen = all(r.get(k, 0) == plan["chosen"].get(k, 0)
-                     for k in ("xla", "steps_per_loop", "pack_bytes"))
+                + (f", all-reduce packs of {packs / 2**20:.3g} MiB" if packs else ""))
+        chosen = (r["xla"], r["steps_per_loop"], r.get("pack_bytes", 0)) == (
+            plan["chosen"]["xla"], plan["chosen"]["steps_per_loop"],
+            plan["chosen"].get("pack_bytes", 0))
         if "dropped" in r:
             lines.append(row(name, "-", r["dropped"]))
             continue

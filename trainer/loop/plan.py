@@ -27,8 +27,9 @@ may do (docs/training.md).
    configured and doubled (at most ``train.log_every_steps``, past which calls end at
    the logging boundary anyway), and, with several workers (the gradients cross hosts),
    each with the configured pack size and one other (when configured 0: packs of half
-   the largest gradient, at least an eighth of all; else 0). A setting whose XLA lowering fails (an op XLA
-   cannot compile) is dropped with one log line, before it runs a step;
+   the largest gradient, at least an eighth of all; else 0). A setting whose XLA
+   lowering fails (an op XLA cannot compile) is dropped with one log line, before it
+   runs a step;
 3. rounds: every candidate runs a trial of real training steps (about
    ``perf.plan_trial_s`` seconds, at most 3 % of the estimated run over all trials),
    in an order rotated each round, ``perf.plan_rounds`` rounds; a plan's first call
