@@ -1,7 +1,7 @@
 """The shape of the code: layers, private names, lazy imports and module size.
 
-The layer order itself is import-linter's contract (``.importlinter``, run here and in
-CI); the rules import-linter cannot express are checked on the source with ``ast``.
+The layer order itself is import-linter's contract (``.importlinter``, run here as a
+subprocess: CI checks it only through this test); the rules import-linter cannot express are checked on the source with ``ast``.
 """
 
 from __future__ import annotations
