@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from unittest import mock
 
 import pytest
@@ -30,10 +29,16 @@ def no_dev(tmp_path):
 
 def run_tpu(args, env_extra=None):
     env = dict(NO_TPU_ENV, PYTHONPATH=REPO, **(env_extra or {}))
-    start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "launch.tpu", *args], env=env, cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
-    return result, time.monotonic() - start
+    return subprocess.run([sys.executable, "-m", "launch.tpu", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def imported(stderr: str) -> set[str]:
+    """The top-level modules a process run with ``PYTHONPROFILEIMPORTTIME=1`` imported
+    (from the ``import time: ... | module`` lines it wrote to stderr)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("import time:")]
+    assert lines, "no import-time lines: PYTHONPROFILEIMPORTTIME was not honoured"
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in lines}
 
 
 def echoed(result):
@@ -91,15 +96,15 @@ def test_resolve_rejects_malformed_addresses(address, no_dev):
 
 
 def test_connect_without_tpu_fails_fast_without_importing_tensorflow():
-    code = ("import sys, time; from tf_cluster import tpu\n"
-            "start = time.monotonic()\n"
+    """Fast means: it fails on the detection alone, before TensorFlow is imported (the
+    import is the slow part; the time it takes is not asserted here)."""
+    code = ("import sys; from tf_cluster import tpu\n"
             "try:\n    tpu.connect_tpu('')\n"
             "except tpu.TPUNotFoundError as e:\n"
-            "    print('ERR', round(time.monotonic() - start, 3), 'tensorflow' in sys.modules, e)\n")
+            "    print('ERR', 'tensorflow' in sys.modules, e)\n")
     result = subprocess.run([sys.executable, "-c", code], env=dict(NO_TPU_ENV, PYTHONPATH=REPO),
                             capture_output=True, text=True, timeout=60, cwd=REPO)
-    _, seconds, tf_loaded, message = result.stdout.split(" ", 3)
-    assert float(seconds) < 5
+    _, tf_loaded, message = result.stdout.split(" ", 2)
     assert tf_loaded == "False"
     assert "no TPU found" in message
 
@@ -126,19 +131,20 @@ def test_connect_resolves_connects_and_initialises_in_order(tf_mocks):
                      ("initialize", resolver)]
 
 
-def test_connect_that_hangs_raises_within_the_bound_naming_address_and_step(tf_mocks):
+def test_connect_that_hangs_raises_at_its_timeout_naming_address_and_step(tf_mocks):
+    """The error comes while the initialisation still hangs: connect_tpu gave up at its
+    timeout instead of waiting for the hung call (which returns only when released)."""
     _, _, init = tf_mocks
-    release = threading.Event()
-    init.side_effect = lambda r: release.wait(30)
-    start = time.monotonic()
+    release, returned = threading.Event(), threading.Event()
+    init.side_effect = lambda r: (release.wait(300), returned.set())
     try:
         with pytest.raises(tpu_lib.TPUConnectError,
                            match=r"TPU 'grpc://10.9.9.9:8470' did not answer within 0.5 s "
                                  r"\(still initialising"):
             tpu_lib.connect_tpu("grpc://10.9.9.9:8470", timeout_s=0.5)
+        assert init.called and not returned.is_set()
     finally:
         release.set()
-    assert time.monotonic() - start < 5
 
 
 def test_connect_failure_is_reported_with_the_step(tf_mocks):
@@ -166,15 +172,18 @@ def test_trainer_builds_tpu_strategy_from_the_connected_resolver(tf_mocks):
 
 
 def test_cli_without_tpu_fails_fast_with_advice():
-    result, seconds = run_tpu(["--config=models/configs/digits.py", "--workdir=/tmp/x"])
+    """Fast means: without importing TensorFlow (the time is not asserted)."""
+    result = run_tpu(["--config=models/configs/digits.py", "--workdir=/tmp/x"],
+                     {"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 1
     assert "no TPU found" in result.stderr
     assert "--config.distribute.strategy=auto or mirrored" in result.stderr
-    assert seconds < 5
+    modules = imported(result.stderr)
+    assert "launch" in modules and "tensorflow" not in modules
 
 
 def test_cli_runs_the_trainer_on_the_tpu_with_bfloat16_by_default():
-    result, _ = run_tpu(["--module", "tests.launch_helpers.echo_argv", "--config=c.py"],
+    result = run_tpu(["--module", "tests.launch_helpers.echo_argv", "--config=c.py"],
                         {"COLAB_TPU_ADDR": "10.0.0.2:8470"})
     assert result.returncode == 0, result.stderr
     assert echoed(result)["argv"] == [
@@ -184,7 +193,7 @@ def test_cli_runs_the_trainer_on_the_tpu_with_bfloat16_by_default():
 
 
 def test_cli_keeps_the_users_precision_policy():
-    result, _ = run_tpu(["--tpu", "my-tpu", "--module", "tests.launch_helpers.echo_argv",
+    result = run_tpu(["--tpu", "my-tpu", "--module", "tests.launch_helpers.echo_argv",
                          "--config.precision.policy=float32"])
     assert result.returncode == 0, result.stderr
     assert echoed(result)["argv"] == ["--config.precision.policy=float32",
@@ -193,6 +202,6 @@ def test_cli_keeps_the_users_precision_policy():
 
 
 def test_cli_refuses_a_strategy_flag():
-    result, _ = run_tpu(["--tpu", "my-tpu", "--config.distribute.strategy=mirrored"])
+    result = run_tpu(["--tpu", "my-tpu", "--config.distribute.strategy=mirrored"])
     assert result.returncode == 2
     assert "set by this launcher; use --tpu instead" in result.stderr
