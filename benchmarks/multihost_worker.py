@@ -27,6 +27,8 @@ import json
 import os
 import time
 
+PART_OF = "benchmarks.multihost_throughput"  # started by it, one per host: not listed alone
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

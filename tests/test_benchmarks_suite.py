@@ -1,0 +1,106 @@
+"""The benchmarks as one suite (``python -m benchmarks``) and their one table format.
+
+No TensorFlow starts here: listing reads the modules' source, the table needs none.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+
+from benchmarks import suite, table
+from tests.support.helpers import REPO, subprocess_env
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def runnable_modules() -> set[str]:
+    """Computed here from the files, apart from the suite's own reading: a module with a
+    top-level ``def main(`` and an ``if __name__ == "__main__":`` line, less those that
+    declare ``PART_OF`` (a worker another benchmark starts)."""
+    names = set()
+    for path in BENCHMARKS.glob("*.py"):
+        source = path.read_text()
+        if (re.search(r"^def main\(", source, re.M)
+                and re.search(r"^if __name__ == [\"']__main__[\"']:", source, re.M)
+                and not re.search(r"^PART_OF = ", source, re.M)
+                and not path.name.startswith("_")):
+            names.add(path.stem)
+    return names
+
+
+def listed() -> dict[str, str]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "tensorflow" not in proc.stderr.lower()
+    rows = [line for line in proc.stdout.splitlines() if line and not line.startswith(" ")]
+    return {line.split()[0]: line for line in rows[:-1]}
+
+
+def test_list_names_every_module_that_runs_a_main():
+    rows = listed()
+    assert set(rows) == runnable_modules()
+    # the known ones, the two in flight included once their files exist
+    expected = {"throughput", "checkpoint", "controls", "multihost_throughput", "chaos_run"}
+    expected |= {name for name in ("bucket_checkpoint", "device_check")
+                 if (BENCHMARKS / f"{name}.py").exists()}
+    assert expected <= set(rows)
+    assert not {"workloads", "throughput_impls", "multihost_worker", "suite", "table"} & set(rows)
+
+
+def test_list_says_which_need_root_and_gives_each_summary():
+    rows = listed()
+    for name in ("multihost_throughput", "chaos_run"):
+        assert rows[name].split()[1] == "root", rows[name]
+    assert rows["throughput"].split()[1] != "root"
+    assert "the framework vs the loops a user would write instead" in rows["throughput"]
+
+
+def test_discovery_rules_on_a_directory_of_its_own(tmp_path):
+    main = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n'
+    (tmp_path / "bench_a.py").write_text('"""A bench.\n\nMore."""\n' + main)
+    (tmp_path / "bench_root.py").write_text('"""Shaped links.\n\nNeeds root: tc."""\n' + main)
+    (tmp_path / "worker.py").write_text('"""W."""\nPART_OF = "benchmarks.bench_a"\n' + main)
+    (tmp_path / "helper.py").write_text('"""Helpers."""\ndef main():\n    pass\n')
+    found = {b.name: b for b in suite.discover(tmp_path)}
+    assert set(found) == {"bench_a", "bench_root"}
+    assert found["bench_a"] == suite.Benchmark("bench_a", "A bench.", needs_root=False)
+    assert found["bench_root"].needs_root
+
+
+def test_a_benchmark_needing_root_is_skipped_and_counted_without_root():
+    benchmark = suite.Benchmark("bucket_checkpoint", "x", needs_root=True)
+    out = io.StringIO()
+    assert suite.run([benchmark], [], is_root=False, out=out) == 1
+    assert "skipped: benchmarks.bucket_checkpoint needs root" in out.getvalue()
+
+
+def test_unknown_name_is_one_line_naming_the_list():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "no_such_bench"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == ("no benchmark named no_such_bench: "
+                                   "`python -m benchmarks --list` lists them")
+
+
+def test_table_has_the_machine_line_and_paired_ratios():
+    rows = [table.from_rounds("c", [100.0, 200.0, 150.0], "ex/s", [100.0, 200.0, 150.0]),
+            table.from_rounds("a", [120.0, 180.0, 300.0], "ex/s", [100.0, 200.0, 150.0]),
+            table.Row("restore", 3.27, "s", spread=(2.82, 3.36)),
+            table.Row("e", None, "ex/s", note="failed: InvalidArgumentError")]
+    text = table.format_table("throughput, mlp / default", rows, baseline="c")
+    lines = text.splitlines()
+    assert lines[0] == "### throughput, mlp / default"
+    assert lines[1].startswith("machine: ") and "cores" in lines[1]
+    assert f"TensorFlow {table.tensorflow_version()}" in lines[1]
+    assert re.search(r"; \d{4}-\d\d-\d\d \d\d:\d\d UTC; load ", lines[1])
+    assert lines[2] == ("| what | value | unit | vs c [min..max] | spread (min..max) "
+                        "| note |")
+    assert lines[4] == "| c | 150 | ex/s | 1.00 [1.00..1.00] | 100..200 |  |"
+    # per-round ratios 1.2, 0.9, 2.0: median 1.2, the median of the values is 180
+    assert lines[5] == "| a | 180 | ex/s | 1.20 [0.90..2.00] | 120..300 |  |"
+    assert lines[6] == "| restore | 3.27 | s | - | 2.82..3.36 |  |"
+    assert lines[7] == "| e | - | ex/s | - | - | failed: InvalidArgumentError |"
