@@ -22,6 +22,8 @@ import os
 import statistics
 import time
 
+from benchmarks.table import Row, format_table
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODES = ("off", "auto", "every_loop")
@@ -62,6 +64,7 @@ def measure(workload_name: str, rounds: int, steps: int, replicas: int) -> dict:
     for mode in MODES:
         ratios = [v / o for v, o in zip(rates[mode], rates["off"])]
         results[mode] = {"examples_per_s": statistics.median(rates[mode]),
+                         "spread": (min(rates[mode]), max(rates[mode])),
                          "vs_off": statistics.median(ratios),
                          "range": (min(ratios), max(ratios))}
     return results
@@ -74,15 +77,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args()
-    print(f"{'workload':<12}{'mode':<12}{'ex/s':>10}{'vs off':>22}{'check ms':>10}"
-          f"{'variables':>11}")
     for name in args.workloads.split(","):
         result = measure(name, args.rounds, args.steps, args.replicas)
-        for mode in MODES:
-            row = result[mode]
-            print(f"{name:<12}{mode:<12}{row['examples_per_s']:>10,.0f}"
-                  f"{row['vs_off']:>10.3f} ({row['range'][0]:.2f}-{row['range'][1]:.2f})"
-                  f"{result['check_ms']:>10.2f}{result['variables']:>11}", flush=True)
+        rows = [Row(mode, result[mode]["examples_per_s"], "ex/s", result[mode]["vs_off"],
+                    result[mode]["range"], result[mode]["spread"]) for mode in MODES]
+        rows.append(Row("one check", result["check_ms"], "ms",
+                        note=f"{result['variables']} variables, median of 20"))
+        print(format_table(f"consistency_check: {name}, {args.replicas} Mirrored replicas, "
+                           f"{args.rounds} rounds x {args.steps} steps", rows, "off"),
+              flush=True)
 
 
 if __name__ == "__main__":

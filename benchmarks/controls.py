@@ -29,6 +29,8 @@ import os
 import statistics
 import time
 
+from benchmarks.table import Row, format_table
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 DECAY = 0.999
@@ -81,6 +83,7 @@ def measure(workload_name: str, rounds: int, steps: int, modes: list[str]) -> di
     results = {}
     for mode, clocks in rates.items():
         row = {"examples_per_s": statistics.median(clocks["wall"]),
+               "spread": (min(clocks["wall"]), max(clocks["wall"])),
                "best_vs_plain": max(clocks["wall"]) / max(rates["plain"]["wall"])}
         for clock, values in clocks.items():
             ratios = [v / p for v, p in zip(values, rates["plain"][clock])]
@@ -101,16 +104,15 @@ def main() -> None:
     args = parser.parse_args()
     modes = list(MODES) + (list(EMA_VARIANTS) if args.ema_variants else [])
     results = {}
-    print(f"{'workload':<12}{'mode':<12}{'ex/s':>10}{'vs plain (wall)':>26}"
-          f"{'vs plain (cpu)':>26}{'best':>8}")
     for name in args.workloads.split(","):
         results[name] = measure(name, args.rounds, args.steps, modes)
-        for mode, row in results[name].items():
-            cells = "".join(
-                f"{row[f'vs_plain_{c}']:>10.3f} ({row[f'range_{c}'][0]:.2f}-"
-                f"{row[f'range_{c}'][1]:.2f})" for c in ("wall", "cpu"))
-            print(f"{name:<12}{mode:<12}{row['examples_per_s']:>10,.0f}{cells}"
-                  f"{row['best_vs_plain']:>8.3f}", flush=True)
+        rows = [Row(mode, row["examples_per_s"], "ex/s", row["vs_plain_wall"],
+                    row["range_wall"], row["spread"],
+                    note=f"cpu time: {row['vs_plain_cpu']:.3f} [{row['range_cpu'][0]:.2f}.."
+                         f"{row['range_cpu'][1]:.2f}]; best rounds {row['best_vs_plain']:.3f}")
+                for mode, row in results[name].items()]
+        print(format_table(f"controls: {name}, {args.rounds} rounds x {args.steps} steps",
+                           rows, "plain"), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
+
+from benchmarks.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -70,9 +71,10 @@ def main() -> None:
             start = time.perf_counter()
             functions[name]()
             times[name].append((time.perf_counter() - start) / args.updates * 1e6)
-    print(f"{'update':<8}{'median us':>11}{'best us':>9}")
-    for name, values in times.items():
-        print(f"{name:<8}{statistics.median(values):>11.1f}{min(values):>9.1f}")
+    rows = [from_rounds(name, values, "us", times["ops"], note="per update")
+            for name, values in times.items()]
+    print(format_table(f"ema_update: {args.rounds} rounds x {args.updates} updates", rows,
+                       "ops"))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ import os
 import statistics
 import time
 
+from benchmarks import table
+from benchmarks.table import Row
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 K = 50  # steps per loop
@@ -76,7 +79,8 @@ def measure(workload_name: str, rounds: int, seconds: float) -> dict:
     for name, values in rates.items():
         ratios = [v / m for v, m in zip(values, rates["mirrored"])]
         results[name] = {"examples_per_s": statistics.median(values), "min": min(values),
-                         "max": max(values), "ratio_to_mirrored": statistics.median(ratios)}
+                         "max": max(values), "ratio_to_mirrored": statistics.median(ratios),
+                         "ratio_range": (min(ratios), max(ratios))}
     step_ms = 1e3 * workload.batch_size / results["manual"]["examples_per_s"]
     return {"workload": workload_name, "batch": workload.batch_size, "steps_per_round": steps,
             "rounds": rounds, "implementations": results,
@@ -125,18 +129,20 @@ def overlap(t, rounds: int, steps: int = K) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def format_table(runs: list[dict]) -> str:
-    lines = [f"{'workload':<12}{'implementation':<16}{'examples/s':>12}{'min':>10}{'max':>10}"
-             f"{'x mirrored':>12}"]
-    for run in runs:
-        for name, r in run["implementations"].items():
-            lines.append(f"{run['workload']:<12}{name:<16}{r['examples_per_s']:>12.0f}"
-                         f"{r['min']:>10.0f}{r['max']:>10.0f}{r['ratio_to_mirrored']:>12.2f}")
-        o = run["overlap"]
-        lines.append(f"{run['workload']:<12}overlap (forward+backward, ms/step): device 0 "
-                     f"alone {o['device0_ms']:.2f}, device 1 alone {o['device1_ms']:.2f}, both "
-                     f"{o['both_ms']:.2f}; full manual step {o['step_ms']:.2f}")
-    return "\n".join(lines)
+def format_table(run: dict) -> str:
+    """One workload's table: the implementations against ``mirrored``, then the overlap
+    probe's milliseconds per step."""
+    rows = [Row(name, r["examples_per_s"], "ex/s", r["ratio_to_mirrored"], r["ratio_range"],
+                (r["min"], r["max"])) for name, r in run["implementations"].items()]
+    o = run["overlap"]
+    rows += [Row("overlap: device 0 alone", o["device0_ms"], "ms", note="forward+backward"),
+             Row("overlap: device 1 alone", o["device1_ms"], "ms", note="forward+backward"),
+             Row("overlap: both", o["both_ms"], "ms",
+                 note="close to the sum: sequential; to the max: concurrent"),
+             Row("full manual step", o["step_ms"], "ms")]
+    return table.format_table(f"manual: {run['workload']} (batch {run['batch']}), 2 virtual "
+                              f"CPU devices, {run['rounds']} rounds x {run['steps_per_round']} "
+                              "steps", rows, "mirrored")
 
 
 def main() -> None:
@@ -147,7 +153,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     runs = [measure(w, args.rounds, args.seconds) for w in args.workloads.split(",")]
-    print(format_table(runs))
+    print("\n\n".join(format_table(run) for run in runs))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(runs, f, indent=2)

@@ -29,6 +29,9 @@ import statistics
 import sys
 import time
 
+from benchmarks import table
+from benchmarks.table import Row
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 VARIANTS = {  # name: (precision.policy, perf.jit_compile)
@@ -82,20 +85,19 @@ def bench_workload(name: str, rounds: int, steps: int, strategy: str) -> list[di
         if rates:
             row.update(median=statistics.median(rates), min=min(rates), max=max(rates))
             if base:
-                row["ratio"] = statistics.median(a / b for a, b in zip(rates, base))
+                ratios = [a / b for a, b in zip(rates, base)]
+                row.update(ratio=statistics.median(ratios), ratio_range=(min(ratios), max(ratios)))
     return list(rows.values())
 
 
-def format_table(rows: list[dict]) -> str:
-    lines = [f"{'workload':9} {'variant':15} {'examples/s':>11} {'min':>9} {'max':>9} "
-             f"{'vs float32':>10}"]
-    for row in rows:
-        if "error" in row:
-            lines.append(f"{row['workload']:9} {row['variant']:15} FAILED {row['error']}")
-            continue
-        lines.append(f"{row['workload']:9} {row['variant']:15} {row['median']:11,.0f} "
-                     f"{row['min']:9,.0f} {row['max']:9,.0f} {row.get('ratio', float('nan')):10.2f}")
-    return "\n".join(lines)
+def format_table(title: str, rows: list[dict]) -> str:
+    """The rows of :func:`bench_workload` in the benchmarks' table, ratios to float32."""
+    return table.format_table(title, [
+        Row(f"{row['workload']} {row['variant']}", None, "ex/s", note=f"failed: {row['error']}")
+        if "error" in row else
+        Row(f"{row['workload']} {row['variant']}", row["median"], "ex/s", row.get("ratio"),
+            row.get("ratio_range"), (row["min"], row["max"]))
+        for row in rows], "float32")
 
 
 def main() -> None:
@@ -114,8 +116,8 @@ def main() -> None:
         steps = args.steps if name in ("mlp", "digits") else max(STEPS_PER_LOOP, args.steps // 4)
         rows += bench_workload(name, args.rounds, steps, args.strategy)
         print(f"{name} done", file=sys.stderr, flush=True)
-    print(f"strategy: {args.strategy}; median of {args.rounds} rounds, warm-up excluded")
-    print(format_table(rows))
+    print(format_table(f"precision: strategy {args.strategy}, median of {args.rounds} rounds, "
+                       "warm-up excluded", rows))
 
 
 if __name__ == "__main__":

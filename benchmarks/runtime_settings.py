@@ -32,12 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks import table
+from benchmarks.table import Row, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -84,10 +86,10 @@ def thread_child(workload_name: str, setting: str, strategy_name: str) -> None:
 
 
 def _summary(rates: dict[str, list[float]], reference: str) -> dict:
-    return {name: {"examples_per_s": statistics.median(values), "min": min(values),
-                   "max": max(values), f"vs_{reference}": statistics.median(
-                       v / r for v, r in zip(values, rates[reference]))}
-            for name, values in rates.items()}
+    return {name: {"examples_per_s": row.value, "min": row.spread[0], "max": row.spread[1],
+                   f"vs_{reference}": row.ratio, "ratio_range": row.ratio_spread}
+            for name, row in ((name, from_rounds(name, values, "ex/s", rates[reference]))
+                              for name, values in rates.items())}
 
 
 def measure_threads(workload_name: str, strategy_name: str, settings: list[str],
@@ -194,13 +196,11 @@ def measure_input(model_name: str, rounds: int, seconds: float, data_dir: str) -
 
 
 def format_table(title: str, results: dict, reference: str) -> str:
-    lines = [f"{title:24s} {'setting':15s} {'ex/s':>9s} {'min':>9s} {'max':>9s} "
-             f"{'vs ' + reference:>9s}"]
-    for row, settings in results.items():
-        for name, r in settings.items():
-            lines.append(f"{row:24s} {name:15s} {r['examples_per_s']:9.0f} {r['min']:9.0f} "
-                         f"{r['max']:9.0f} {r['vs_' + reference]:9.2f}")
-    return "\n".join(lines)
+    """One row per workload and setting, ratios to ``reference`` (the same workload's)."""
+    return table.format_table(title, [
+        Row(f"{row} {name}", r["examples_per_s"], "ex/s", r["vs_" + reference],
+            r["ratio_range"], (r["min"], r["max"]))
+        for row, settings in results.items() for name, r in settings.items()], reference)
 
 
 def main() -> None:
@@ -226,13 +226,15 @@ def main() -> None:
         results = {f"{w}/{args.strategy}": measure_threads(
             w, args.strategy, settings, args.rounds, args.seconds)
             for w in args.workloads.split(",")}
-        print("threads (inter/intra; 0/0 = TF's default), framework, perf.plan='fixed'")
-        print(format_table("workload", results, settings[0]))
+        print(format_table(f"runtime_settings threads (inter/intra; 0/0 = TF's default), "
+                           f"framework, perf.plan='fixed', {args.rounds} rounds x "
+                           f"{args.seconds:g} s", results, settings[0]))
     else:
         results = {f"jpeg/{m}": measure_input(m, args.rounds, args.seconds, args.data_dir)
                    for m in args.models.split(",")}
-        print("input pipeline options, framework end to end, JPEG decode + augment")
-        print(format_table("workload", results, "default"))
+        print(format_table(f"runtime_settings input: pipeline options, framework end to "
+                           f"end, JPEG decode + augment, {args.rounds} rounds x "
+                           f"{args.seconds:g} s", results, "default"))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -45,6 +45,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import table
+from benchmarks.table import Row
 from benchmarks.throughput_impls import Framework
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -176,15 +178,12 @@ def measure(sizes: list[str], rounds: int, steps: dict[str, int], warmup: int) -
     return results
 
 
-def format_table(results: dict) -> str:
-    lines = [f"{'table':13s} {'policy':7s} {'resolved':24s} {'ex/s':>8s} {'min':>8s} "
-             f"{'max':>8s}  vs dense [min..max]"]
-    for r in results.values():
-        table = f"{r['vocab']:,}x{r['dim']}"
-        lines.append(f"{table:13s} {r['policy']:7s} {r['resolved']:24s} "
-                     f"{r['examples_per_s']:8,.0f} {r['min']:8,.0f} {r['max']:8,.0f}  "
-                     f"{r['vs_dense']:.2f} [{r['vs_dense_min']:.2f}..{r['vs_dense_max']:.2f}]")
-    return "\n".join(lines)
+def format_table(title: str, results: dict) -> str:
+    """One row per table size and policy, ratios to the same size's ``dense``."""
+    return table.format_table(title, [
+        Row(f"{r['vocab']:,}x{r['dim']} {r['policy']}", r["examples_per_s"], "ex/s",
+            r["vs_dense"], (r["vs_dense_min"], r["vs_dense_max"]), (r["min"], r["max"]),
+            note=f"resolved: {r['resolved']}") for r in results.values()], "dense")
 
 
 def main() -> None:
@@ -214,12 +213,11 @@ def main() -> None:
     started = time.perf_counter()
     steps = {"large": args.steps, "small": args.small_steps}
     results = measure(sizes, args.rounds, steps, args.warmup)
-    print(f"perf.sparse_reduce, text classifier, Trainer.fit on 2 Mirrored replicas "
-          f"(virtual CPU devices), perf.plan='fixed', batch 32, Adam; {args.rounds} rounds x "
-          f"{args.steps} (large) / {args.small_steps} (small) steps per policy "
-          f"({time.perf_counter() - started:.0f} s in all); vs dense: median per-round "
-          f"ratio to dense")
-    print(format_table(results))
+    print(format_table(f"sparse_reduce: perf.sparse_reduce, text classifier, Trainer.fit on 2 "
+                       f"Mirrored replicas (virtual CPU devices), perf.plan='fixed', batch 32, "
+                       f"Adam; {args.rounds} rounds x {args.steps} (large) / "
+                       f"{args.small_steps} (small) steps per policy "
+                       f"({time.perf_counter() - started:.0f} s in all)", results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

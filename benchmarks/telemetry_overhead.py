@@ -30,6 +30,8 @@ import statistics
 import tempfile
 import time
 
+from benchmarks.table import Row, format_table
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODES = ("off", "on_no_probes", "on")
@@ -130,6 +132,7 @@ def run(rounds: int, steps: int) -> dict:
         ratios = [v / o for v, o in zip(rates[mode], rates["off"])]
         clock, probes = spent[mode], probe_seconds(mode)
         out["modes"][mode] = {"examples_per_s": statistics.median(rates[mode]),
+                              "spread": (min(rates[mode]), max(rates[mode])),
                               "ratio_to_off": statistics.median(ratios),
                               "min_ratio": min(ratios), "max_ratio": max(ratios),
                               "callback_share": (clock["callbacks"] - probes) / clock["fit"],
@@ -144,14 +147,13 @@ def main() -> None:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     result = run(args.rounds, args.steps)
-    print(f"telemetry overhead, MLP batch {result['batch']}, {result['steps_per_round']} steps "
-          f"per round x {result['rounds']} rounds (window 100 steps, 50 per loop call)")
-    print(f"  {'mode':<14}{'examples/s':>12}{'vs off':>9}{'range':>16}"
-          f"{'callbacks':>11}{'probes':>9}")
-    for mode, m in result["modes"].items():
-        print(f"  {mode:<14}{m['examples_per_s']:>12,.0f}{m['ratio_to_off']:>9.3f}"
-              f"{m['min_ratio']:>8.3f}-{m['max_ratio']:.3f}"
-              f"{m['callback_share']:>10.2%}{m['probe_share']:>9.2%}")
+    rows = [Row(mode, m["examples_per_s"], "ex/s", m["ratio_to_off"],
+                (m["min_ratio"], m["max_ratio"]), m["spread"],
+                note=f"callbacks {m['callback_share']:.2%}, probes {m['probe_share']:.2%} "
+                     "of the fit's time") for mode, m in result["modes"].items()]
+    print(format_table(f"telemetry_overhead: MLP batch {result['batch']}, "
+                       f"{result['rounds']} rounds x {result['steps_per_round']} steps "
+                       "(window 100 steps, 50 per loop call)", rows, "off"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
