@@ -58,6 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import table
+from benchmarks.table import Row
 from benchmarks.throughput_impls import (IMPLEMENTATIONS, K, PLANNED_RUN_S, REFERENCES, build,
                                          setup_devices)
 
@@ -239,22 +241,21 @@ def cold_start(workload_name: str, strategy_name: str, names=COLD_START,
     return out
 
 
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _row(run: dict, name: str, res: dict) -> str:
-    cold = run.get("cold_start", {}).get(name, {})
-    prefix = f"{run['workload']:<12}{run['strategy']:<11}{name:<8}"
+def _row(run: dict, name: str, res: dict) -> Row:
+    """One implementation's row: examples/s, the median per-round ratio to best and its
+    range; the note holds the ratio to c, the XLA state, cold start and peak RSS."""
     if "error" in res:
-        return f"{prefix}failed: {res['error']}"
-    xla = f"c+xla {res['xla_rounds']}/{len(res['per_round'])}" if name == "best" else str(
-        res["xla"])
-    cold_s = f"{cold['seconds']:.1f}" if "seconds" in cold else ""
-    rss = f"{cold['peak_rss_mb']:.0f}" if "peak_rss_mb" in cold else ""
-    return (f"{prefix}{xla:<11}{res['examples_per_s']:>10.0f}{res['min']:>10.0f}"
-            f"{res['max']:>10.0f}{_ratio(res['ratio_to_c']):>7}"
-            f"{_ratio(res['ratio_to_best']):>9}{cold_s:>8}{rss:>8}")
+        return Row(name, None, "ex/s", note=f"failed: {res['error']}")
+    cold = run.get("cold_start", {}).get(name, {})
+    notes = [] if res["ratio_to_c"] is None else [f"vs c {res['ratio_to_c']:.2f}"]
+    notes.append(f"c+xla faster in {res['xla_rounds']}/{len(res['per_round'])} rounds"
+                 if name == "best" else f"xla {res['xla']}")
+    if "seconds" in cold:
+        notes.append(f"cold start {cold['seconds']:.1f} s, peak RSS {cold['peak_rss_mb']:.0f} MB")
+    ratios = res["ratios_to_best"]
+    return Row(name, res["examples_per_s"], "ex/s", res["ratio_to_best"],
+               (min(ratios), max(ratios)) if ratios else None, (res["min"], res["max"]),
+               "; ".join(notes))
 
 
 def format_plan(run: dict) -> str:
@@ -278,13 +279,15 @@ def format_plan(run: dict) -> str:
 
 
 def format_table(runs: list[dict]) -> str:
-    """The table (``best``: per round the faster of c and c+xla, and in how many rounds
-    c+xla was it), then one plan line per workload x strategy."""
-    lines = [f"{'workload':<12}{'strategy':<11}{'impl':<8}{'xla':<11}{'ex/s':>10}"
-             f"{'min':>10}{'max':>10}{'vs c':>7}{'vs best':>9}{'cold s':>8}{'rss MB':>8}"]
-    for run in runs:
-        lines += [_row(run, name, res) for name, res in run["implementations"].items()]
-    return "\n".join(lines + [format_plan(run) for run in runs])
+    """One table per workload x strategy, ratios to ``best`` (per round the faster of c
+    and c+xla; its row says in how many rounds c+xla was it), each followed by the line
+    of the plan a chose."""
+    return "\n\n".join(
+        table.format_table(f"throughput: {run['workload']} / {run['strategy']}, "
+                           f"{run['rounds']} rounds x {run['steps_per_round']} steps",
+                           [_row(run, name, res) for name, res in run["implementations"].items()],
+                           "best") + "\n" + format_plan(run)
+        for run in runs)
 
 
 def main() -> None:
