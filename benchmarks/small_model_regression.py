@@ -42,13 +42,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from benchmarks import table
+from benchmarks.table import Row
 from benchmarks.throughput import measure
 
 ROWS = ("mlp/default", "mlp/mirrored2")
-
-
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}..{max(values):.2f}]"
 
 
 def _us_per_call(fn: Callable[[], object], repeats: int) -> float:
@@ -120,6 +118,7 @@ def run_row(row: str, rounds: int, seconds: float, repeats: int) -> dict:
     batch, steps = WORKLOADS[workload].batch_size, run["steps_per_round"]
     best_step_s = batch / reference["examples_per_s"]
     return {"row": row, "rounds": rounds, "steps_per_round": steps,
+            "a_per_round": a["per_round"], "a_in_fit_per_round": a["in_fit"]["per_round"],
             "per_fit": [v / r for v, r in zip(a["per_round"], reference["per_round"])],
             "in_fit": [v / r for v, r in zip(a["in_fit"]["per_round"],
                                               reference["per_round"])],
@@ -130,37 +129,46 @@ def run_row(row: str, rounds: int, seconds: float, repeats: int) -> dict:
             "costs": call_costs(built["a"], 4 * run["steps_per_round"], best_step_s, repeats)}
 
 
-def format_row(result: dict) -> list[str]:
-    """The ratio line and the cost table of one row."""
+def _ratio_row(what: str, values: list[float], ratios: list[float]) -> Row:
+    return Row(what, statistics.median(values), "ex/s", statistics.median(ratios),
+               (min(ratios), max(ratios)), (min(values), max(values)))
+
+
+def format_row(result: dict) -> str:
+    """One row's table: a per fit and in fit against best, then the cost table of one
+    more fit of a."""
     costs = result["costs"]
     parts = costs["parts_us"]
     rest = costs["host_us"] - sum(parts.values())
     plan = result["plan"]["chosen"] if result["plan"] else None
-    lines = [f"{result['row']:<15}{_spread(result['per_fit']):>22}"
-             f"{_spread(result['in_fit']):>22}   ({result['rounds']} rounds of "
+    start_end = result["start_end_s"]
+    rows = [_ratio_row("a per fit", result["a_per_round"], result["per_fit"]),
+            _ratio_row("a in fit", result["a_in_fit_per_round"], result["in_fit"]),
+            Row(f"compiled call ({costs['steps_per_call']:.0f} steps, median of "
+                f"{costs['calls']} calls)", 1e3 * costs["call_s"], "ms",
+                costs["best_step_s"] / costs["call_step_s"],
+                note=f"{1e6 * costs['call_step_s']:.1f} us/step, best's "
+                     f"{1e6 * costs['best_step_s']:.1f}: the ratio is best's step time "
+                     "over the call's"),
+            Row("host work between two calls", costs["host_us"], "us",
+                note=f"{100 * costs['host_us'] / (1e6 * costs['call_s']):.2f} % of the call")]
+    rows += [Row(f"- {name}", us, "us") for name, us in parts.items()]
+    rows += [Row("- the rest (services on_loop_end, ...)", rest, "us"),
+             Row("first call of the fit", 1e3 * costs["first_call_s"], "ms",
+                 note=f"from step {costs['start_step']}: a new iterator would skip that "
+                      "many batches first; the kept one does not"),
+             Row("this fit's start", 1e3 * costs["start_s"], "ms",
+                 note="fit() to the end of on_fit_start"),
+             Row("this fit's end", 1e3 * costs["end_s"], "ms",
+                 note="the last on_loop_end to fit()'s return"),
+             Row("per fit of a: start + end", statistics.median(start_end), "s",
+                 spread=(min(start_end), max(start_end)),
+                 note=f"the iterator continued from step {result['first_step']}+")]
+    title = (f"small_model_regression: {result['row']}, {result['rounds']} rounds of "
              f"{result['steps_per_round']} steps; a's plan: " + (
-                 f"xla {plan['xla']}, {plan['steps_per_loop']} steps per call)" if plan
-                 else "no plan event)"),
-             f"  per loop call of a ({costs['steps_per_call']:.0f} steps, median of "
-             f"{costs['calls']} calls):",
-             f"    compiled call {1e3 * costs['call_s']:9.2f} ms = "
-             f"{1e6 * costs['call_step_s']:.1f} us/step; best {1e6 * costs['best_step_s']:.1f}"
-             f" us/step (the call at {costs['best_step_s'] / costs['call_step_s']:.2f}x "
-             f"best's speed)",
-             f"    host work     {costs['host_us']:9.0f} us = "
-             f"{100 * costs['host_us'] / (1e6 * costs['call_s']):.2f} % of the call"]
-    lines += [f"      {name:<36}{us:8.1f} us" for name, us in parts.items()]
-    lines.append(f"      {'the rest (services on_loop_end, ...)':<36}{rest:8.1f} us")
-    lines.append(f"    first call of the fit {1e3 * costs['first_call_s']:9.2f} ms (from step "
-                 f"{costs['start_step']}: a new iterator would skip that many batches "
-                 f"first; the kept one does not)")
-    lines.append(f"    this fit's start {1e3 * costs['start_s']:.1f} ms (fit() to the end of "
-                 f"on_fit_start), end {1e3 * costs['end_s']:.1f} ms (the last on_loop_end "
-                 f"to fit()'s return)")
-    lines.append(f"  per fit of a: start + end {_spread(result['start_end_s'])} s (the "
-                 f"iterator continued from step {result['first_step']}+, the services' "
-                 f"start and end, the iterator kept)")
-    return lines
+                 f"xla {plan['xla']}, {plan['steps_per_loop']} steps per call" if plan
+                 else "no plan event"))
+    return table.format_table(title, rows, "best")
 
 
 def main() -> None:
@@ -180,7 +188,6 @@ def main() -> None:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         parser.error(f"--rows: unknown {unknown}; choose from {','.join(ROWS)}")
-    print(f"{'row':<15}{'per fit (a / best)':>22}{'in fit (a / best)':>22}", flush=True)
     for row in rows:
         print(f"running {row} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(
@@ -191,8 +198,7 @@ def main() -> None:
         if proc.returncode:
             print(proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{row}: the child process failed ({proc.returncode})")
-        print("\n".join(format_row(json.loads(proc.stdout.strip().splitlines()[-1]))),
-              flush=True)
+        print(format_row(json.loads(proc.stdout.strip().splitlines()[-1])) + "\n", flush=True)
 
 
 if __name__ == "__main__":
