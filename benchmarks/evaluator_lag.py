@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchmarks.table import Row, format_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,17 +55,20 @@ def main() -> int:
              if r["kind"] == "train"]
     evaluated = _records(os.path.join(workdir, "eval", "metrics.jsonl"))
     committed = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
-    print(f"{args.steps} steps, a checkpoint every {args.every}; workdir {workdir}")
-    print(f"{'step':>6} {'chief step then':>16} {'lag (steps)':>12} {'commit->result s':>17}")
-    lags = []
+    lags, rows = [], []
     for record in evaluated:
         chief = max([r["step"] for r in train if r["time"] <= record["time"]], default=0)
         mtime = os.stat(os.path.join(workdir, "checkpoints", str(record["step"]))).st_mtime
         lags.append(chief - record["step"])
-        print(f"{record['step']:>6} {chief:>16} {lags[-1]:>12} {record['time'] - mtime:>17.2f}")
+        rows.append(Row(f"checkpoint {record['step']}: commit -> result", record["time"] - mtime,
+                        "s", note=f"lag {lags[-1]} steps (the chief at step {chief})"))
     skipped = sorted(set(committed) - {r["step"] for r in evaluated})
-    print(f"evaluated {len(evaluated)} of {len(committed)} checkpoints; skipped {skipped}; "
-          f"lag max {max(lags, default=0)}, median {sorted(lags)[len(lags) // 2] if lags else 0}")
+    if lags:
+        rows.append(Row("lag", statistics.median(lags), "steps", spread=(min(lags), max(lags)),
+                        note=f"evaluated {len(evaluated)} of {len(committed)} checkpoints; "
+                             f"skipped {skipped or 'none'}"))
+    print(format_table(f"evaluator_lag: {args.steps} steps, a checkpoint every {args.every}; "
+                       f"workdir {workdir}", rows))
     return 0
 
 

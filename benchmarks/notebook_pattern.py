@@ -23,6 +23,8 @@ import tempfile
 import threading
 import time
 
+from benchmarks.table import Row, format_table
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -93,19 +95,24 @@ def main() -> int:
         child(args.child, args.steps)
         return 0
     run_child(1, 10)  # prepares the digits TFDS files once, outside the timing
+    rows = []
     for run in range(args.runs):
         fresh = run_child(1, args.steps)
         many = run_child(args.trainers, args.steps)
         base = fresh["fits"][0]["seconds"]
-        print(f"run {run}: fresh process: fit {base:.2f} s, gc max "
-              f"{fresh['fits'][0]['gc_max_s']:.2f} s, exit {fresh['exit_s']:.2f} s, "
-              f"retracing warnings {fresh['retracing']}")
-        for fit in many["fits"]:
-            print(f"  trainer {fit['fit'] + 1}/{args.trainers}: fit {fit['seconds']:.2f} s "
-                  f"({fit['seconds'] / base:.2f}x fresh), gc max {fit['gc_max_s']:.2f} s, "
-                  f"threads {fit['threads']}")
-        print(f"  {args.trainers} trainers: exit {many['exit_s']:.2f} s, retracing "
-              f"warnings {many['retracing']}, exit code {many['returncode']}")
+        rows += [Row(f"run {run}: fresh process fit", base, "s", 1.0,
+                     note=f"gc max {fresh['fits'][0]['gc_max_s']:.2f} s"),
+                 Row(f"run {run}: fresh process exit", fresh["exit_s"], "s",
+                     note=f"retracing warnings {fresh['retracing']}")]
+        rows += [Row(f"run {run}: trainer {fit['fit'] + 1}/{args.trainers} fit", fit["seconds"],
+                     "s", fit["seconds"] / base,
+                     note=f"gc max {fit['gc_max_s']:.2f} s, threads {fit['threads']}")
+                 for fit in many["fits"]]
+        rows.append(Row(f"run {run}: {args.trainers} trainers exit", many["exit_s"], "s",
+                        note=f"retracing warnings {many['retracing']}, exit code "
+                             f"{many['returncode']}"))
+    print(format_table(f"notebook_pattern: {args.trainers} digits Trainers of {args.steps} steps "
+                       "in one process against a fresh process's one", rows, "fresh fit"))
     return 0
 
 

@@ -61,7 +61,7 @@ def number(x: float) -> str:
     """Thousands separated above 100, three significant digits below."""
     if abs(x) >= 100:
         return f"{x:,.0f}"
-    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:#.3g}"
 
 
 def tensorflow_version() -> str:
@@ -106,10 +106,11 @@ def _cells(row: Row) -> list[str]:
     return [row.what, value, row.unit, ratio, _range(row.spread), row.note]
 
 
-def format_table(title: str, rows: Sequence[Row], baseline: str) -> str:
+def format_table(title: str, rows: Sequence[Row], baseline: str | None = None) -> str:
     """The table: a ``###`` title, the machine line, then one line per row; ratios are
-    to ``baseline`` (named in the column's header)."""
-    header = [c.format(baseline=baseline) for c in COLUMNS]
+    to ``baseline`` (named in the column's header; None: a table without ratios)."""
+    header = [c.format(baseline=baseline) if baseline else c.replace("vs {baseline}", "ratio")
+              for c in COLUMNS]
     lines = [f"### {title}", machine(), "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]

@@ -104,3 +104,12 @@ def test_table_has_the_machine_line_and_paired_ratios():
     assert lines[5] == "| a | 180 | ex/s | 1.20 [0.90..2.00] | 120..300 |  |"
     assert lines[6] == "| restore | 3.27 | s | - | 2.82..3.36 |  |"
     assert lines[7] == "| e | - | ex/s | - | - | failed: InvalidArgumentError |"
+
+
+def test_a_table_without_baseline_has_no_ratio_column_name():
+    text = table.format_table("evaluator_lag", [table.Row("lag", 25.0, "steps", spread=(0, 50)),
+                                                table.Row("commit -> result", 1.0, "s")])
+    lines = text.splitlines()
+    assert lines[2] == "| what | value | unit | ratio [min..max] | spread (min..max) | note |"
+    assert lines[4] == "| lag | 25.0 | steps | - | 0.00..50.0 |  |"
+    assert lines[5] == "| commit -> result | 1.00 | s | - | - |  |"
