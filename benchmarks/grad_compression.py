@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+from benchmarks import table
+from benchmarks.table import Row
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {  # name: (precision.policy, distribute.grad_compression, reference variant)
     "none": ("float32", "none", ""),
@@ -99,21 +102,20 @@ def weight_diffs(rows: list[dict], files: dict[str, str]) -> None:
         row["rel_dw"] = row["max_dw"] / max(float(np.max(np.abs(b))) for b in theirs)
 
 
-def format_table(rows: list[dict]) -> str:
-    lines = [f"{'variant':20} {'train loss':>10} {'eval loss':>9} {'eval acc':>8} "
-             f"{'max|w-w_ref|':>12} {'relative':>9} {'ref':20} {'skipped':>7} "
-             f"{'loss scale':>10} {'fit s':>6}"]
-    for row in rows:
-        if "error" in row:
-            lines.append(f"{row['variant']:20} FAILED {row['error'][:100]}")
-            continue
-        dw = (f"{row['max_dw']:12.3g} {row['rel_dw']:9.2g}" if "max_dw" in row
-              else f"{'-':>12} {'-':>9}")
-        lines.append(
-            f"{row['variant']:20} {row['train_loss']:10.5f} {row['eval_loss']:9.5f} "
-            f"{row['eval_accuracy']:8.4f} {dw} {row['ref']:20} {row['skipped']:7d} "
-            f"{row['loss_scale']:10g} {row['seconds']:6.1f}")
-    return "\n".join(lines)
+def format_table(title: str, rows: list[dict]) -> str:
+    """One row per variant: how far its weights ended from its reference run's (max
+    |w - w_ref|), what it ended with in the note (not a timing: no ratios)."""
+    def row(r: dict) -> Row:
+        if "error" in r:
+            return Row(r["variant"], None, "max|w-w_ref|", note=f"failed: {r['error'][:100]}")
+        ends = (f"train loss {r['train_loss']:.5f}, eval loss {r['eval_loss']:.5f}, eval acc "
+                f"{r['eval_accuracy']:.4f}; skipped {r['skipped']}, loss scale "
+                f"{r['loss_scale']:g}; fit {r['seconds']:.1f} s")
+        if "max_dw" not in r:
+            return Row(r["variant"], None, "max|w-w_ref|", note=f"the reference; {ends}")
+        return Row(r["variant"], r["max_dw"], "max|w-w_ref|",
+                   note=f"ref {r['ref']}, {r['rel_dw']:.2g} of its max|w|; {ends}")
+    return table.format_table(title, [row(r) for r in rows])
 
 
 def main() -> None:
@@ -135,8 +137,8 @@ def main() -> None:
         rows.append(run_variant(variant, args.steps, files[variant]))
         print(f"{variant} done", file=sys.stderr, flush=True)
     weight_diffs(rows, files)
-    print(f"digits job, 2 Mirrored replicas (virtual CPU devices), {args.steps} steps, seed 0")
-    print(format_table(rows))
+    print(format_table(f"grad_compression: digits job, 2 Mirrored replicas (virtual CPU "
+                       f"devices), {args.steps} steps, seed 0", rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

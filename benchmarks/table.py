@@ -12,7 +12,7 @@ A Markdown table, so a run's output pastes into the README as it is:
 or ``s``, or ``ms`` / ``us`` for small times); ``vs BASELINE`` the median of the
 per-round ratios to the baseline row's value in the same round (paired, so a drift of
 the machine between rounds cancels) with their range; ``spread`` the range of the value
-over rounds. ``-`` where a column does not apply. Needs no TensorFlow (the version is
+over rounds. ``-`` where a column does not apply; a ``|`` in a cell is escaped. Needs no TensorFlow (the version is
 read from the installed package unless TensorFlow is already imported).
 """
 
@@ -113,5 +113,6 @@ def format_table(title: str, rows: Sequence[Row], baseline: str | None = None) -
               for c in COLUMNS]
     lines = [f"### {title}", machine(), "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in _cells(row)) + " |"
+              for row in rows]
     return "\n".join(lines)

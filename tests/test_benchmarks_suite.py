@@ -108,8 +108,10 @@ def test_table_has_the_machine_line_and_paired_ratios():
 
 def test_a_table_without_baseline_has_no_ratio_column_name():
     text = table.format_table("evaluator_lag", [table.Row("lag", 25.0, "steps", spread=(0, 50)),
-                                                table.Row("commit -> result", 1.0, "s")])
+                                                table.Row("commit -> result", 1.0, "s"),
+                                                table.Row("bf16", 0.05, "max|dw|")])
     lines = text.splitlines()
     assert lines[2] == "| what | value | unit | ratio [min..max] | spread (min..max) | note |"
     assert lines[4] == "| lag | 25.0 | steps | - | 0.00..50.0 |  |"
     assert lines[5] == "| commit -> result | 1.00 | s | - | - |  |"
+    assert lines[6] == "| bf16 | 0.0500 | max\\|dw\\| | - | - |  |"  # a pipe cannot end a cell
