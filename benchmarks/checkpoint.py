@@ -59,6 +59,7 @@ import time
 
 from benchmarks import checkpoint_checksums
 from benchmarks.checkpoint_checksums import PAUSE_S, WRITERS
+from benchmarks.table import Row, format_table
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -255,46 +256,52 @@ def main() -> None:
         result[f"{writer}_async_window_stall_s"] = stall
         result[f"{writer}_async_window_stall_pct_of_interval"] = 100 * stall / interval_s
 
-    print(f"model: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
-          f"(weights + Adam slots), step {result['step_ms']:.0f} ms, save every "
-          f"{args.interval} steps ({interval_s:.1f} s)")
-    print("  one save (not a run's first)   loop held   committed after   process CPU")
-    for name, _, _ in SAVES:
-        print(f"  {name:30s} {median[f'{name}_hold_s']:7.2f} s {median[f'{name}_total_s']:13.2f} s "
-              f"{median[f'{name}_cpu_s']:12.2f} s")
-    print(f"  restore (read + assign)  {median['restore_s']:7.2f} s")
+    rows = [Row("step", result["step_ms"], "ms",
+                note=f"a save every {args.interval} steps ({interval_s:.1f} s)")]
+    for name, _, _ in SAVES:  # one save, not a run's first
+        rows += [Row(f"{name} save: loop held", median[f"{name}_hold_s"], "s"),
+                 Row(f"{name} save: committed after", median[f"{name}_total_s"], "s"),
+                 Row(f"{name} save: process CPU", median[f"{name}_cpu_s"], "s",
+                     note="every thread, until committed")]
+    rows.append(Row("restore (read + assign)", median["restore_s"], "s"))
     for name in ("async", "async_tensorstore"):
-        cpu_s = median[f"{name}_cpu_s"]
-        result[f"{name}_cpu_pct_of_interval"] = 100 * cpu_s / interval_s
-        print(f"  {name} save's CPU (what it can take from a training that keeps every core "
-              f"busy): {cpu_s:.2f} s = {100 * cpu_s / interval_s:.1f}% of the interval")
-    print(f"  process CPU of one async save: .npy O_DIRECT writer / orbax tensorstore writer = "
-          f"{median['async_cpu_s'] / median['async_tensorstore_cpu_s']:.2f}")
+        result[f"{name}_cpu_pct_of_interval"] = 100 * median[f"{name}_cpu_s"] / interval_s
+    rows.append(Row("process CPU of one async save, .npy writer", median["async_cpu_s"], "s",
+                    median["async_cpu_s"] / median["async_tensorstore_cpu_s"],
+                    note=f"{result['async_cpu_pct_of_interval']:.1f}% of the interval (what it "
+                         "can take from a training that keeps every core busy)"))
     for name in ARMS:
-        print(f"  {name:17s} stall per save {result[f'{name}_stall_s']:5.2f} s = "
-              f"{result[f'{name}_stall_pct_of_interval']:5.1f}% of a {args.interval}-step "
-              f"interval (goal for async: < 2%); extra CPU per save "
-              f"{result[f'{name}_extra_cpu_s_per_save']:.2f} s; per round "
-              f"{[round(x, 2) for x in result[f'{name}_stall_s_per_round']]}")
+        rows.append(Row(
+            f"{name} stall per save, side by side", result[f"{name}_stall_s"], "s",
+            _ratio(result["async_stall_s"], result["async_tensorstore_stall_s"])
+            if name == "async" else None,
+            note=f"{result[f'{name}_stall_pct_of_interval']:.1f}% of the interval (goal for "
+                 f"async: < 2%); extra CPU per save {result[f'{name}_extra_cpu_s_per_save']:.2f}"
+                 f" s; per round {[round(x, 2) for x in result[f'{name}_stall_s_per_round']]}"))
     for writer in WRITERS:
-        print(f"  async stall per save, one run, {writer:11s} writer: "
-              f"{result[f'{writer}_async_window_stall_s']:.2f} s = "
-              f"{result[f'{writer}_async_window_stall_pct_of_interval']:.1f}% of the interval "
-              f"(hold {median['async_hold_s']:.2f} s + background-write contention, "
-              f"median of {len(window[writer])} window pairs: "
-              f"{[round(x, 2) for x in window[writer]]})")
-    for method, key in (("side by side", "{}_stall_s"), ("one run", "{}_async_window_stall_s")):
-        new, old = (result[key.format(n)] for n in (("async", "async_tensorstore")
-                    if method == "side by side" else WRITERS))
-        print(f"  async stall, {method}: .npy O_DIRECT writer / orbax tensorstore writer = "
-              f"{new:.2f} / {old:.2f} s = {new / old if old > 0 else float('nan'):.2f}")
-    print(f"  median of {args.rounds} rounds; fit() times per round: " + ", ".join(
+        rows.append(Row(
+            f"async stall per save, one run, {writer} writer",
+            result[f"{writer}_async_window_stall_s"], "s",
+            _ratio(result["npy_async_window_stall_s"], result["tensorstore_async_window_stall_s"])
+            if writer == "npy" else None,
+            note=f"{result[f'{writer}_async_window_stall_pct_of_interval']:.1f}% of the interval"
+                 f" (hold {median['async_hold_s']:.2f} s + background-write contention, median "
+                 f"of {len(window[writer])} window pairs: {[round(x, 2) for x in window[writer]]})"))
+    print(format_table(
+        f"checkpoint: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
+        f"(weights + Adam slots), median of {args.rounds} rounds; ratios: the .npy O_DIRECT "
+        "writer over orbax's tensorstore writer", rows, "tensorstore writer"))
+    print("fit() times per round: " + ", ".join(
         f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
     result.update(checkpoint_checksums.report(costs, result["state_mb"]))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def _ratio(new: float, old: float) -> float | None:
+    return new / old if old > 0 else None
 
 
 def _checksums_only(args) -> None:

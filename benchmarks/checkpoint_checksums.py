@@ -19,6 +19,8 @@ import statistics
 import time
 from typing import Callable
 
+from benchmarks.table import Row, format_table
+
 PAUSE_S = 5.0  # before a timed save: a VM's kernel returns freed memory after ~2 s
 WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.checkpoint.array_files); False
 
@@ -164,23 +166,27 @@ def cost(trainer, rounds: int, fit: Callable) -> dict[str, list[float]]:
 def report(costs: dict[str, list[float]], state_mb: float) -> dict:
     """Prints the medians of :func:`cost` (and the earlier way's); returns them all."""
     median = {k: statistics.median(v) for k, v in costs.items()}
-    print(f"  checksums (CRC32C, google-crc32c), {state_mb:.0f} MB state, median of "
-          f"{len(costs['npy_save_s'])} rounds; the CRC32C of the arrays in memory alone "
-          f"{median['crc_work_s']:.3f} s:")
+    rows = []
     for writer in WRITERS:
         save, crc = median[f"{writer}_save_s"], median[f"{writer}_crc_s"]
         restore, verify = median[f"{writer}_restore_s"], median[f"{writer}_verify_s"]
         median[f"{writer}_crc_pct_of_save"] = 100 * crc / save
         median[f"{writer}_verify_pct_of_restore"] = 100 * verify / restore
-        print(f"  {writer:11s} writer: sync save {save:.2f} s, checksums add {crc:.3f} s = "
-              f"{100 * crc / save:.1f}% (goal <= 5%; per round "
-              f"{[round(x, 3) for x in costs[f'{writer}_crc_s']]}); restore {restore:.2f} s, "
-              f"the check adds {verify:.3f} s = {100 * verify / restore:.1f}% (per round "
-              f"{[round(x, 3) for x in costs[f'{writer}_verify_s']]})")
+        rows += [Row(f"{writer} writer: sync save", save, "s"),
+                 Row(f"{writer} writer: checksums add", crc, "s",
+                     note=f"{100 * crc / save:.1f}% of the save (goal <= 5%); per round "
+                          f"{[round(x, 3) for x in costs[f'{writer}_crc_s']]}"),
+                 Row(f"{writer} writer: restore", restore, "s"),
+                 Row(f"{writer} writer: the check adds", verify, "s",
+                     note=f"{100 * verify / restore:.1f}% of the restore; per round "
+                          f"{[round(x, 3) for x in costs[f'{writer}_verify_s']]}")]
     seq, reread = median["npy_sequential_crc_s"], median["npy_reread_check_s"]
-    print(f"  npy         writer, the earlier way, same rounds: the CRC before each write "
-          f"{seq:.3f} s = {100 * seq / median['npy_save_s']:.1f}% of the save; the check "
-          f"reading every file again {reread:.3f} s = "
-          f"{100 * reread / median['npy_restore_s']:.1f}% of the restore")
+    rows += [Row("npy writer, the earlier way: the CRC before each write", seq, "s",
+                 note=f"{100 * seq / median['npy_save_s']:.1f}% of the save, same rounds"),
+             Row("npy writer, the earlier way: the check reading every file again", reread,
+                 "s", note=f"{100 * reread / median['npy_restore_s']:.1f}% of the restore"),
+             Row("the CRC32C of the arrays in memory alone", median["crc_work_s"], "s")]
+    print(format_table(f"checkpoint checksums (CRC32C, google-crc32c), {state_mb:.0f} MB "
+                       f"state, median of {len(costs['npy_save_s'])} rounds", rows))
     return {**{f"checksum_{k}": v for k, v in costs.items()},
             **{f"checksum_{k}_median": v for k, v in median.items()}}
