@@ -79,6 +79,7 @@ class GcsEmulator:
         shutil.rmtree(self.dir / "data", ignore_errors=True)
         (self.dir / "requests.jsonl").unlink(missing_ok=True)
         (self.dir / "faults.json").unlink(missing_ok=True)
+        (self.dir / "latency.json").unlink(missing_ok=True)
         log = open(self.dir / "emulator.log", "w")
         emulator = Path(__file__).with_name("gcs_emulator.py")
         proc = subprocess.Popen(
@@ -110,14 +111,28 @@ class GcsEmulator:
                 "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
                 "GOOGLE_CLOUD_PROJECT": "tfsim", "NO_GCE_CHECK": "True"}
 
-    def inject(self, status: int, count: int, path_contains: str) -> None:
-        """The next ``count`` requests whose path contains ``path_contains`` answer
-        ``status`` instead of being served (``faults.json``, read by the emulator)."""
+    def inject(self, status: int, count: int, path_contains: str,
+               methods: tuple[str, ...] | None = None) -> None:
+        """The next ``count`` requests whose path, or URL-encoded object name (also a
+        multipart upload's), contains ``path_contains`` (and whose method is in
+        ``methods``, default any) answer ``status`` instead of being served
+        (``faults.json``, read by the emulator)."""
         spec = {"id": time.time_ns(), "status": status, "count": count,
-                "path_contains": path_contains}
+                "path_contains": path_contains, "methods": list(methods or ())}
         tmp = self.dir / "faults.json.tmp"
         tmp.write_text(json.dumps(spec))
         tmp.replace(self.dir / "faults.json")
+
+    def set_latency(self, ms: float | None) -> None:
+        """Every answer from now on comes ``ms`` later (None: back to the emulator's
+        ``--latency_ms``)."""
+        path = self.dir / "latency.json"
+        if ms is None:
+            path.unlink(missing_ok=True)
+            return
+        tmp = self.dir / "latency.json.tmp"
+        tmp.write_text(json.dumps({"ms": ms}))
+        tmp.replace(path)
 
     def requests(self) -> list[dict]:
         path = self.dir / "requests.jsonl"

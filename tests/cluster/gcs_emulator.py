@@ -15,17 +15,21 @@ tests.
 What it adds for the tests:
 
 * **a request log**: one JSON line per answer in ``DIR/requests.jsonl``:
-  ``{"client", "port", "method", "path", "status", "t", "read_s", "wait_s",
-  "handle_s", "bytes"}`` (``t`` the wall-clock start; seconds reading the body, waiting
-  for the API lock, and handling; the body's size);
+  ``{"client", "port", "method", "path", "object", "status", "t", "end", "read_s",
+  "wait_s", "handle_s", "bytes"}`` (``object`` the object named, also a multipart
+  upload's; ``t`` and ``end`` the wall-clock start and answer; seconds reading the
+  body, waiting for the API lock, and handling; the body's size);
 * **latency**: ``--latency_ms`` is slept before each answer, outside the lock (a slow
-  link's round trip, for ``benchmarks/bucket_checkpoint.py``);
+  link's round trip, for ``benchmarks/bucket_checkpoint.py``); ``DIR/latency.json``
+  (``{"ms": N}``, written by :meth:`tests.cluster.gcs.GcsEmulator.set_latency`)
+  changes it while the emulator runs;
 * **a forbidden bucket**: every request naming a ``--forbidden_bucket`` answers ``403``
   with the error GCS gives a caller without permission;
 * **injected outages**: ``DIR/faults.json`` (``{"id", "status", "count",
-  "path_contains"}``, written by :meth:`tests.cluster.gcs.GcsEmulator.inject`) makes the
-  next ``count`` requests whose path contains ``path_contains`` answer ``status`` (e.g.
-  503) instead of being served; the file is re-read when it changes, a new ``id``
+  "path_contains", "methods"}``, written by :meth:`tests.cluster.gcs.GcsEmulator.inject`)
+  makes the next ``count`` requests (of ``methods``, default any) whose path or
+  URL-encoded object name contains ``path_contains`` answer ``status`` (e.g. 503)
+  instead of being served; the file is re-read when it changes, a new ``id``
   restarts the count.
 
 Why ``gcp-storage-emulator`` (pure Python, PyPI) and not ``fake-gcs-server``: the
@@ -82,6 +86,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 from http import HTTPStatus, server
 from pathlib import Path
 from urllib.parse import unquote
@@ -197,8 +202,10 @@ class _Faults:
         self.spec: dict = {}
         self.left = 0
 
-    def status_for(self, path: str) -> int | None:
-        """The status to answer instead of serving ``path`` (counted), or None."""
+    def status_for(self, path: str, name: str | None = None, method: str = "GET"
+                   ) -> int | None:
+        """The status to answer instead of serving ``path`` (counted), or None.
+        ``name``: the object the request names (matched URL-encoded as well)."""
         try:
             mtime = os.stat(self.path).st_mtime_ns
         except FileNotFoundError:
@@ -209,10 +216,50 @@ class _Faults:
             if spec.get("id") != self.spec.get("id"):
                 self.left = int(spec.get("count", 0))
             self.spec = spec
-        if self.left > 0 and self.spec.get("path_contains", "") in path:
+        where = path + " " + urllib.parse.quote(name or "", safe="")
+        methods = self.spec.get("methods") or [method]
+        if self.left > 0 and self.spec.get("path_contains", "") in where and method in methods:
             self.left -= 1
             return int(self.spec.get("status", 503))
         return None
+
+
+class _Latency:
+    """The delay before each answer: ``--latency_ms``, or ``{"ms": N}`` of
+    ``DIR/latency.json`` while that file exists (re-read on change)."""
+
+    def __init__(self, path: Path, default_s: float):
+        self.path, self.default_s = path, default_s
+        self.mtime, self.value_s = None, default_s
+
+    def seconds(self) -> float:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return self.default_s
+        if mtime != self.mtime:
+            self.mtime = mtime
+            self.value_s = float(json.loads(self.path.read_text() or "{}").get("ms", 0)) / 1e3
+        return self.value_s
+
+
+_UPLOAD_NAME = re.compile(rb'"name"\s*:\s*"([^"]+)"')
+
+
+def object_of(path: str, raw: bytes = b"") -> str | None:
+    """The object a request names: in its path (``/o/NAME``, ``/b/B/NAME`` for media
+    links), in its query (``name=``), or in the metadata part of a multipart upload."""
+    parsed = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(parsed.query)
+    if "name" in query:
+        return query["name"][0]
+    match = re.search(r"/o/([^/?]+)", parsed.path)
+    if match:
+        return urllib.parse.unquote(match.group(1))
+    if query.get("uploadType") == ["multipart"]:
+        found = _UPLOAD_NAME.search(raw[:4096])
+        return found.group(1).decode() if found else None
+    return None
 
 
 class _Handler(emulator.RequestHandler):
@@ -222,7 +269,7 @@ class _Handler(emulator.RequestHandler):
 
     tls = False
     log_file = None
-    latency_s = 0.0
+    latency: _Latency | None = None
     forbidden: frozenset = frozenset()
     faults: _Faults | None = None
     protocol_version = "HTTP/1.1"  # keep-alive: one TLS handshake per connection
@@ -237,8 +284,9 @@ class _Handler(emulator.RequestHandler):
             sys.stderr.write(f"{self.client_address[0]} {self.command} {self.path}: {error}\n")
             self.close_connection, self._in_route = True, False
             return
-        self._timing.update(read_s=round(time.time() - started, 4), bytes=len(raw))
-        time.sleep(self.latency_s)  # a slow link's round trip (no lock held)
+        self._timing.update(read_s=round(time.time() - started, 4), bytes=len(raw),
+                            object=object_of(self.path, raw), t=round(started, 4))
+        time.sleep(self.latency.seconds() if self.latency else 0.0)  # a round trip (no lock)
         method = self.headers.get("x-http-method-override") or method
         waited = time.time()
         with _API_LOCK:
@@ -252,7 +300,8 @@ class _Handler(emulator.RequestHandler):
     def _answer(self, method: str, raw: bytes) -> None:
         request, response = _Request(self, method, raw), emulator.Response(self)
         bucket = _bucket_of(request.path)
-        injected = self.faults.status_for(self.path) if self.faults else None
+        injected = (self.faults.status_for(self.path, self._timing.get("object"), method)
+                    if self.faults else None)
         if injected:
             return _error(response, HTTPStatus(injected), "injected by the test (faults.json)")
         if bucket in self.forbidden:
@@ -297,7 +346,8 @@ class _Handler(emulator.RequestHandler):
     def _write_log(self, code: int | str = "-") -> None:
         record = {"client": self.client_address[0], "port": self.server.server_address[1],
                   "method": self.command, "path": self.path,
-                  "status": getattr(self, "_status", code), **getattr(self, "_timing", {})}
+                  "status": getattr(self, "_status", code), **getattr(self, "_timing", {}),
+                  "end": round(time.time(), 4)}
         with _LOG_LOCK:
             self.log_file.write(json.dumps(record) + "\n")
             self.log_file.flush()
@@ -419,10 +469,11 @@ def main(argv: list[str] | None = None) -> None:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(args.dir / "server.pem", args.dir / "server.key")
     faults = _Faults(args.dir / "faults.json")
+    latency = _Latency(args.dir / "latency.json", args.latency_ms / 1e3)
 
     def handler(tls: bool):
         return type("Handler", (_Handler,), {"tls": tls, "log_file": log_file,
-                                              "latency_s": args.latency_ms / 1e3,
+                                              "latency": latency,
                                               "forbidden": frozenset(args.forbidden_bucket),
                                               "faults": faults,
                                               "__init__": _bind_storage(storage)})

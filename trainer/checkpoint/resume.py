@@ -30,7 +30,7 @@ from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.store import Unreadable
 from trainer.checkpoint.store import candidates as _all_candidates
-from trainer.checkpoint.store import read_manifest, read_state, verify
+from trainer.checkpoint.store import read_manifest, read_state, readable, verify
 from trainer.data import resume as data_resume
 from trainer.distribution import host_collectives
 from trainer.run_context import RunContext
@@ -41,23 +41,26 @@ _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the rea
 def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
 
-    Then its files are checked against their checksums (:class:`Unreadable` naming the
-    file; none: an earlier version, said once); the ``.npy`` array files by the CRC of
+    A step in a bucket is first copied to a local directory (one listing, the objects
+    in parallel: :func:`~trainer.checkpoint.store.readable`), so the restore costs a
+    few round trips plus its bytes. Then its files are checked against their checksums
+    (:class:`Unreadable` naming the file; none: an earlier version, said once); the ``.npy`` array files by the CRC of
     the bytes just read, the others read again. A failed read, or a manifest that does
     not fit, is :class:`Unreadable` when a file does not match (naming both)."""
-    try:
-        manifest = read_manifest(path)
-        checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
-        state, known = read_state(path, manifest)
-    except (Unreadable, CheckpointError) as error:
+    with readable(path) as local:  # a step in a bucket: downloaded once, read here
         try:
-            verify(path)
-        except Unreadable as damaged:
-            raise Unreadable(f"{error}; {damaged}" if isinstance(error, Unreadable)
-                             else str(damaged)) from error
-        raise
-    if not verify(path, known):
-        inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
+            manifest = read_manifest(local)
+            checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
+            state, known = read_state(local, manifest)
+        except (Unreadable, CheckpointError) as error:
+            try:
+                verify(local)
+            except Unreadable as damaged:
+                raise Unreadable(f"{error}; {damaged}" if isinstance(error, Unreadable)
+                                 else str(damaged)) from error
+            raise
+        if not verify(local, known):
+            inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
     return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
 
 

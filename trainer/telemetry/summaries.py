@@ -117,6 +117,7 @@ class SummaryWriters:
             1, thread_name_prefix="telemetry-writer")
         self._pending: list[concurrent.futures.Future] = []
         self._dropped = 0
+        self._closing = False  # close() uploads what a stop signal held back
 
     def _local(self, path: str, name: str) -> str:
         """Where ``path`` is written: itself, or ``name`` in the staging directory."""
@@ -124,8 +125,11 @@ class SummaryWriters:
 
     def _upload(self, output: str) -> None:  # on the writer thread
         """In a bucket: composes what the local files of ``output`` gained onto their
-        objects (an event file made since the last call gets its object)."""
-        if not self._staging:
+        objects (an event file made since the last call gets its object). After a stop
+        signal, nothing is uploaded until :meth:`close`: the bucket's round trips belong
+        to the stop's checkpoint until it is committed."""
+        if not self._staging or (signals.seconds_since_signal() is not None
+                                 and not self._closing):
             return
         if output == "jsonl":
             if self._jsonl_object:
@@ -240,6 +244,7 @@ class SummaryWriters:
         have passed since the stop signal are dropped with one warning, the files are
         left as they are, and their number is returned (the writer thread ends on its
         own; the process may exit before)."""
+        self._closing = True
         since = signals.seconds_since_signal()
         if grace_s is not None and since is not None:
             _, late = concurrent.futures.wait(self._pending, timeout=max(grace_s - since, 0.0))
