@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.table import Row, format_table
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +133,8 @@ def _rounds(makers: dict, rounds: int, seconds: float, reference: str) -> dict:
     for name, values in rates.items():
         ratios = [v / h for v, h in zip(values, rates[reference])]
         out[name] = {"examples_per_s": statistics.median(values), "min": min(values),
-                     "max": max(values), f"vs_{reference}": statistics.median(ratios)}
+                     "max": max(values), f"vs_{reference}": statistics.median(ratios),
+                     "ratio_range": (min(ratios), max(ratios))}
     return out
 
 
@@ -258,27 +261,33 @@ def main(argv=None) -> int:
     report = {"examples": args.examples, "files": args.files, "batch": BATCH}
     if "paths" in sections:
         report["paths"] = compare_paths(builder, args.rounds, args.seconds)
-        print("\n(1) one pipeline, decode + augment from TFRecord files")
-        for name, r in report["paths"].items():
-            print(f"  {name:<18}{r['examples_per_s']:>10,.0f} ex/s  (min {r['min']:,.0f}, "
-                  f"max {r['max']:,.0f})  {r['vs_hand_tuned']:.2f}x hand-tuned")
+        print(format_table(
+            f"input_scale (1): one pipeline, decode + augment from {args.files} TFRecord "
+            f"files, batch {BATCH}, {args.rounds} rounds x {args.seconds:g} s",
+            [Row(name, r["examples_per_s"], "ex/s", r["vs_hand_tuned"], r["ratio_range"],
+                 (r["min"], r["max"])) for name, r in report["paths"].items()],
+            "hand_tuned") + "\n")
     if "sharding" in sections:
         report["sharding"] = s = compare_sharding(args.data_dir, args.examples, args.files)
-        print("\n(2) 2 workers (2 processes), each delivering "
-              f"{s['data']['examples_per_worker']} examples")
-        for name in ("data", "file"):
-            print(f"  {name + ' sharding':<18}{s[name]['examples_per_s_per_worker']:>10,.0f} "
-                  f"ex/s/worker  {s[name]['mb_read_per_worker']:8.1f} MB read/worker")
-        print(f"  file / data: {s['file_vs_data']['examples_per_s']:.2f}x examples/s, "
-              f"{s['file_vs_data']['bytes_read']:.2f}x bytes read")
+        ratios = {"data": (1.0, 1.0), "file": (s["file_vs_data"]["examples_per_s"],
+                                                s["file_vs_data"]["bytes_read"])}
+        print(format_table(
+            f"input_scale (2): 2 workers (2 processes), each delivering "
+            f"{s['data']['examples_per_worker']} examples",
+            [Row(f"{name} sharding", s[name]["examples_per_s_per_worker"], "ex/s per worker",
+                 ratios[name][0], note=f"{s[name]['mb_read_per_worker']:.1f} MB read per "
+                                       f"worker ({ratios[name][1]:.2f}x data sharding's)")
+             for name in ("data", "file")], "data sharding") + "\n")
     if "service" in sections:
         report["service"] = v = compare_service(builder, args.service_workers, args.rounds,
                                                 args.seconds)
-        print(f"\n(3) tf.data service, {v['service_workers']} service workers on this machine")
-        print(f"  local   {v['local_examples_per_s']:>10,.0f} ex/s\n"
-              f"  service {v['service_examples_per_s']:>10,.0f} ex/s  "
-              f"({v['service_vs_local']:.2f}x local)")
-    print("\n" + json.dumps(report))
+        print(format_table(
+            f"input_scale (3): the tf.data service, {v['service_workers']} service workers on "
+            "this machine",
+            [Row("local", v["local_examples_per_s"], "ex/s", 1.0),
+             Row("service", v["service_examples_per_s"], "ex/s", v["service_vs_local"])],
+            "local") + "\n")
+    print(json.dumps(report))
     return 0
 
 
