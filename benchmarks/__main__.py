@@ -1,6 +1,7 @@
 """The benchmarks as one suite.
 
-    python -m benchmarks [--list]                  every benchmark, its summary, "root" if it needs it
+    python -m benchmarks [--list]                  every benchmark, its summary, "root"
+                                                   if it needs it
     python -m benchmarks NAME [NAME ...] [-- ARGS] run those, one after another, each as
                                                    python -m benchmarks.NAME ARGS
     python -m benchmarks --all [-- ARGS]           run every benchmark (those needing root

@@ -23,6 +23,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.table import Row, format_table
+
+
+def format_summary(title: str, max_dw: float, wall_s: float, reference_s: float,
+                   goodput: dict[str, float]) -> str:
+    """The campaign's table: max|dw| against the uninterrupted run, the wall time against
+    the uninterrupted run's, and the goodput overall and per fault kind."""
+    rows = [Row("max|dw| vs the uninterrupted run", max_dw, "max|dw|"),
+            Row("wall time, all attempts", wall_s, "s", wall_s / reference_s),
+            Row("wall time, uninterrupted", reference_s, "s", 1.0)]
+    rows += [Row(f"goodput, {kind}", value, "goodput",
+                 note="productive training time / wall time")
+             for kind, value in sorted(goodput.items())]
+    return format_table(title, rows, "uninterrupted")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -63,12 +78,10 @@ def main() -> None:
         diff = max_abs_diff(load_weights(Path(tmp) / "ref" / "weights-local-0.npz"),
                             load_weights(Path(tmp) / "run" / "weights-worker-0.npz"))
     goodput = chaos.goodput(campaign.attempts, args.steps, reference_s / args.steps)
-    print(f"\n{args.faults + 1} faults ({', '.join(sorted({*faults, chaos.LAST}))}), "
-          f"{len(campaign.attempts)} attempts, {args.steps} steps: max|dw| vs the "
-          f"uninterrupted run {diff:.1e}; wall {sum(a.wall_s for a in campaign.attempts):.0f} s "
-          f"vs {reference_s:.0f} s uninterrupted")
-    for kind, value in sorted(goodput.items()):
-        print(f"  goodput {kind:<24} {value:.2f}")
+    title = (f"chaos_run: {args.faults + 1} faults ({', '.join(sorted({*faults, chaos.LAST}))}), "
+             f"{len(campaign.attempts)} attempts, {args.steps} steps, seed {args.seed}")
+    print("\n" + format_summary(title, diff, sum(a.wall_s for a in campaign.attempts),
+                                reference_s, goodput))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "args": vars(args), "faults": faults, "max_abs_dw": diff, "goodput": goodput,

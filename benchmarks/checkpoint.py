@@ -286,7 +286,8 @@ def main() -> None:
             if writer == "npy" else None,
             note=f"{result[f'{writer}_async_window_stall_pct_of_interval']:.1f}% of the interval"
                  f" (hold {median['async_hold_s']:.2f} s + background-write contention, median "
-                 f"of {len(window[writer])} window pairs: {[round(x, 2) for x in window[writer]]})"))
+                 f"of {len(window[writer])} window pairs: "
+                 f"{[round(x, 2) for x in window[writer]]})"))
     print(format_table(
         f"checkpoint: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
         f"(weights + Adam slots), median of {args.rounds} rounds; ratios: the .npy O_DIRECT "

@@ -39,6 +39,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from benchmarks.table import Row, format_table
+
 STEPS = {"10gbit": 12, "3gbit": 8, "1gbit": 6, "300mbit": 4, "100mbit": 3}
 
 
@@ -94,6 +96,21 @@ def _empty_plan_cache() -> dict:
     return {"XDG_CACHE_HOME": tempfile.mkdtemp(prefix="multihost-plans-")}
 
 
+def format_row(row: dict) -> str:
+    """One workload x link: each implementation's examples/s (median over rounds) and the
+    per-round ratio to ``hand``; the note gives the seconds per step spent waiting in
+    collectives (the step time minus the compute-only step time)."""
+    hand = row["rounds"]["hand"]
+    rows = []
+    for impl, per_round in row["rounds"].items():
+        ratios = [r / h for r, h in zip(per_round, hand)]
+        rows.append(Row(impl, row[impl], "ex/s", row[f"{impl}_vs_hand"],
+                        (min(ratios), max(ratios)), (min(per_round), max(per_round)),
+                        note=f"wait {row[f'{impl}_wait_s']:.3f} s/step"))
+    return format_table(f"multihost_throughput: {row['workload']}, link {row['link']}, compute "
+                        f"{row['compute_s']:.3f} s/step; plan {row['plan']}", rows, "hand")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--links", default="10gbit,1gbit,100mbit")
@@ -142,10 +159,7 @@ def main() -> None:
                         r / h for r, h in zip(per_round, rates["hand"]))
                     row[f"{impl}_wait_s"] = max(0.0, workload.batch_size / row[impl] - compute_s)
                 rows.append(row)
-                print(f"{name:<12} {applied:<10} compute {compute_s:.3f} s/step; " + "; ".join(
-                    f"{impl} {row[impl]:,.0f} ex/s ({row[f'{impl}_vs_hand']:.2f}x hand, "
-                    f"wait {row[f'{impl}_wait_s']:.3f} s/step)" for impl in rates)
-                    + f"; plan {got['plan']}", flush=True)
+                print(format_row(row) + "\n", flush=True)
     finally:
         for host in hosts:
             shape(cluster, host, None, 0)

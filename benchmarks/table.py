@@ -12,8 +12,9 @@ A Markdown table, so a run's output pastes into the README as it is:
 or ``s``, or ``ms`` / ``us`` for small times); ``vs BASELINE`` the median of the
 per-round ratios to the baseline row's value in the same round (paired, so a drift of
 the machine between rounds cancels) with their range; ``spread`` the range of the value
-over rounds. ``-`` where a column does not apply; a ``|`` in a cell is escaped. Needs no TensorFlow (the version is
-read from the installed package unless TensorFlow is already imported).
+over rounds. ``-`` where a column does not apply; a ``|`` in a cell is escaped. Needs no
+TensorFlow (the version is read from the installed package unless TensorFlow is already
+imported).
 """
 
 from __future__ import annotations
