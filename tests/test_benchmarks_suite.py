@@ -115,3 +115,28 @@ def test_a_table_without_baseline_has_no_ratio_column_name():
     assert lines[4] == "| lag | 25.0 | steps | - | 0.00..50.0 |  |"
     assert lines[5] == "| commit -> result | 1.00 | s | - | - |  |"
     assert lines[6] == "| bf16 | 0.0500 | max\\|dw\\| | - | - |  |"  # a pipe cannot end a cell
+
+
+def test_the_root_only_benchmarks_format_their_results_in_the_table():
+    """multihost_throughput and chaos_run need simulated hosts: their formatting is
+    checked here on sample results."""
+    from benchmarks import chaos_run, multihost_throughput
+
+    text = multihost_throughput.format_row({
+        "workload": "deep_mlp", "link": "1gbit", "compute_s": 0.07, "plan": "3.89 MiB",
+        "rounds": {"hand": [300.0, 290.0], "framework": [390.0, 290.0]},
+        "hand": 295.0, "hand_vs_hand": 1.0, "hand_wait_s": 0.36,
+        "framework": 340.0, "framework_vs_hand": 1.15, "framework_wait_s": 0.3})
+    lines = text.splitlines()
+    assert lines[0] == ("### multihost_throughput: deep_mlp, link 1gbit, compute 0.070 s/step; "
+                        "plan 3.89 MiB")
+    assert lines[2].startswith("| what | value | unit | vs hand [min..max] |")
+    assert lines[5] == ("| framework | 340 | ex/s | 1.15 [1.00..1.30] | 290..390 "
+                        "| wait 0.300 s/step |")
+
+    lines = chaos_run.format_summary("chaos_run", 1.2e-7, 374.0, 181.0,
+                                     {"overall": 0.48}).splitlines()
+    assert lines[4] == ("| max\\|dw\\| vs the uninterrupted run | 1.20e-07 | max\\|dw\\| "
+                        "| - | - |  |")
+    assert lines[5] == "| wall time, all attempts | 374 | s | 2.07 | - |  |"
+    assert lines[7].startswith("| goodput, overall | 0.480 | goodput |")
