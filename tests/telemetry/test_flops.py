@@ -136,6 +136,12 @@ def test_peak_table_matches_gpu_names_and_dtypes():
     assert next(k for k in table if k in "NVIDIA H100 80GB HBM3") == "H100"
     assert next(k for k in table if k in "NVIDIA A100-SXM4-40GB") == "A100"
     assert next(k for k in table if k in "NVIDIA L40S") == "L40S"
+    assert next(k for k in table if k in "NVIDIA H200") == "H200"
+    assert next(k for k in table if k in "NVIDIA H200 NVL") == "H200 NVL"
+    assert next(k for k in table if k in "NVIDIA L4") == "L4"
+    assert next(k for k in table if k in "Tesla T4") == "T4"
+    assert next(k for k in table if k in "v5litepod-8") == "v5litepod"
+    assert table["H200"]["bfloat16"] == table["H100"]["bfloat16"] == 989.4
     assert table["A100"]["tf32"] > table["A100"]["float32"]
 
 

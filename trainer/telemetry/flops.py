@@ -56,13 +56,22 @@ from trainer.run_context import RunContext
 from trainer.runtime import keras_compat
 
 #: Dense (no sparsity) peak TFLOPS of ONE device by compute dtype, from the vendors'
-#: datasheets. Keys are matched as substrings of the GPU name TensorFlow reports (first
-#: match wins) or of ``TPU_ACCELERATOR_TYPE``. ``"tf32"`` is the float32 peak on
-#: Ampere and later, where TensorFlow runs float32 matmuls in TF32 by default. TPU
-#: entries are per TensorFlow device (v2/v3: one core, half a chip).
+#: datasheets (which print tensor-core figures "with sparsity": half of those here).
+#: Keys are matched as substrings of the GPU name TensorFlow reports (first match
+#: wins) or of ``TPU_ACCELERATOR_TYPE``. ``"tf32"`` is the float32 peak on Ampere and
+#: later, where TensorFlow runs float32 matmuls in TF32 by default. TPU entries are per
+#: TensorFlow device (v2/v3: one core, half a chip; v4 and later: one chip). Sources:
+#: H100 https://www.nvidia.com/en-us/data-center/h100/ (SXM; PCIe),
+#: H200 https://www.nvidia.com/en-us/data-center/h200/ (SXM: the H100 SXM's compute;
+#: NVL), A100 https://www.nvidia.com/en-us/data-center/a100/,
+#: L4 https://www.nvidia.com/en-us/data-center/l4/,
+#: T4 https://www.nvidia.com/en-us/data-center/tesla-t4/,
+#: TPU https://cloud.google.com/tpu/docs/v4 and https://cloud.google.com/tpu/docs/v5e.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 PCIe": {"float32": 51.2, "tf32": 378.0, "bfloat16": 756.0, "float16": 756.0},
     "H100": {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4},
+    "H200 NVL": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+    "H200": {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4},
     "A100": {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
     "L40S": {"float32": 91.6, "tf32": 183.0, "bfloat16": 362.0, "float16": 362.0},
     "A10": {"float32": 31.2, "tf32": 62.5, "bfloat16": 125.0, "float16": 125.0},
