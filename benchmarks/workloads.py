@@ -11,7 +11,10 @@ Every workload is small enough for 2 CPU cores and fixed by the issue that asked
   benchmark (``benchmarks/multihost_throughput.py``);
 * ``deep_mlp``: 784 -> 1024 x 8 -> 10, batch 128: 8.2 M parameters (33 MB of
   gradients) over 9 layers of about the same size, the multi-host benchmark's model
-  where gradient packs have a backward pass to overlap.
+  where gradient packs have a backward pass to overlap;
+* ``transformer_tiny`` (seq 32, d 32, 1 layer, 2 heads, batch 16) and ``cnn_tiny`` (the
+  cnn at batch 16): the device check's sizes on a CPU (``benchmarks/device_check.py``
+  dry mode), where float16 is emulated.
 """
 
 from __future__ import annotations
@@ -118,6 +121,10 @@ WORKLOADS = {
     "transformer": Workload("transformer", 32, _transformer, (128,), "int32"),
     "wide_mlp": Workload("wide_mlp", 128, _wide_mlp, (784,), "float32"),
     "deep_mlp": Workload("deep_mlp", 128, _deep_mlp, (784,), "float32"),
+    "transformer_tiny": Workload(
+        "transformer_tiny", 16, lambda: _transformer(seq=32, d=32, layers=1, heads=2), (32,),
+        "int32"),
+    "cnn_tiny": Workload("cnn_tiny", 16, _cnn, (32, 32, 3), "float32"),
 }
 
 
