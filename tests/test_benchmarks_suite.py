@@ -51,6 +51,13 @@ def test_list_names_every_module_that_runs_a_main():
     assert not {"workloads", "throughput_impls", "multihost_worker", "suite", "table"} & set(rows)
 
 
+def test_every_listed_benchmark_has_its_command_in_the_readme():
+    readme = (BENCHMARKS / "README.md").read_text()
+    missing = [b.name for b in suite.discover()
+               if not re.search(rf"python -m benchmarks\.{b.name}\b", readme)]
+    assert not missing, f"benchmarks/README.md has no section running {missing}"
+
+
 def test_list_says_which_need_root_and_gives_each_summary():
     rows = listed()
     for name in ("multihost_throughput", "chaos_run"):
