@@ -111,7 +111,7 @@ def run(benchmarks: Sequence[Benchmark], args: Sequence[str], *, is_root: bool,
         print(f"\n=== {' '.join(['python', *command[1:]])}", file=out, flush=True)
         if benchmark.needs_root and not is_root:
             print(f"skipped: {benchmark.module} needs root (simulated hosts): "
-                  f"run it with sudo", file=out, flush=True)
+                  "run it with sudo", file=out, flush=True)
             failed += 1
             continue
         code = subprocess.run(command, cwd=HERE.parent, check=False).returncode
@@ -122,4 +122,5 @@ def run(benchmarks: Sequence[Benchmark], args: Sequence[str], *, is_root: bool,
 
 
 def running_as_root() -> bool:
+    """Whether this process may make network namespaces and shape links."""
     return os.geteuid() == 0
