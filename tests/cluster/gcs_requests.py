@@ -26,7 +26,8 @@ PHASES = ("listing", "metadata", "data upload", "commit", "read", "delete", "tel
 _TELEMETRY = ("metrics.jsonl", "/train/", "/eval/")
 
 
-def _listed_prefix(record: dict) -> str | None:
+def listed_prefix(record: dict) -> str | None:
+    """The prefix a listing request asks for, or None."""
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(record["path"]).query)
     return query.get("prefix", [None])[0]
 
@@ -34,7 +35,7 @@ def _listed_prefix(record: dict) -> str | None:
 def belongs(record: dict, prefix: str) -> bool:
     """Whether ``record`` is a request about the run under ``prefix`` (its objects, or
     a listing inside it)."""
-    name = record.get("object") or _listed_prefix(record) or ""
+    name = record.get("object") or listed_prefix(record) or ""
     return name.startswith(prefix)
 
 
@@ -47,7 +48,7 @@ def phase(record: dict) -> str:
     if any(t in name for t in _TELEMETRY) or path.split("?")[0].endswith("/compose"):
         return "telemetry"
     if not name:
-        return "listing" if _listed_prefix(record) is not None else "other"
+        return "listing" if listed_prefix(record) is not None else "other"
     if method == "DELETE":
         return "delete"
     if "/upload/" in path or method in ("PUT", "POST"):

@@ -126,13 +126,12 @@ class SummaryWriters:
     def _upload(self, output: str) -> None:  # on the writer thread
         """In a bucket: composes what the local files of ``output`` gained onto their
         objects (an event file made since the last call gets its object). After a stop
-        signal, nothing is uploaded until :meth:`close`: the bucket's round trips belong
-        to the stop's checkpoint until it is committed."""
-        if not self._staging or (signals.seconds_since_signal() is not None
-                                 and not self._closing):
+        signal, nothing more is uploaded until :meth:`close` (an object's sync already
+        under way ends): the bucket's round trips belong to the stop's checkpoint."""
+        if not self._staging:
             return
         if output == "jsonl":
-            if self._jsonl_object:
+            if self._jsonl_object and self._may_upload():
                 self._jsonl_object.sync()
             return
         for local_dir, remote_dir in self._remote_dirs.items():
@@ -141,7 +140,11 @@ class SummaryWriters:
                 if path not in self._event_objects:
                     self._event_objects[path] = ComposedObject(path, f"{remote_dir}/{name}")
         for target in self._event_objects.values():
-            target.sync()
+            if self._may_upload():
+                target.sync()
+
+    def _may_upload(self) -> bool:
+        return self._closing or signals.seconds_since_signal() is None
 
     def _submit(self, write: Callable[[], None]) -> None:
         self._pending = [f for f in self._pending if not f.done()]
