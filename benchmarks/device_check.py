@@ -20,9 +20,11 @@ and a hang costs only that check): its timeout is its share of the budget that i
 longer fits in what is left is ``skipped`` (``budget: ...``), and a check that overruns
 its timeout is killed and FAILs (``timeout: ...``).
 
-Dry mode (``--dry``, or no GPU/TPU found): every check runs at a tiny size on the CPU
-(2 virtual CPU devices where it needs two), GPUs hidden; speed figures are reported,
-not judged; the rows that need a GPU are ``skipped`` and say what they would prove.
+Dry mode (``--dry``, or no GPU found): every check runs at a tiny size on the CPU (2
+virtual CPU devices where it needs two), GPUs hidden; speed figures are reported, not
+judged; the rows that need a GPU are ``skipped`` and say what they would prove. The
+``tpu`` check runs where :func:`tf_cluster.tpu.tpu_attached` finds a TPU (not with
+``--dry``), and says "no TPU" elsewhere.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def accelerator_present() -> tuple[bool, bool]:
     """``(gpu, tpu)`` without loading TensorFlow: an NVIDIA device node, a TPU
     (:func:`tf_cluster.tpu.tpu_attached`)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpu = Path("/dev/nvidia0").exists() and visible not in ("", "-1")
+    gpu = any(Path("/dev").glob("nvidia[0-9]*")) and visible not in ("", "-1")
     return gpu, tpu_attached()
 
 
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the whole check, TensorFlow start-ups included")
     parser.add_argument("--out", help="also write the rows as JSON here")
     parser.add_argument("--dry", action="store_true",
-                        help="tiny sizes on the CPU (the default when no GPU/TPU is found)")
+                        help="tiny sizes on the CPU (the default when no GPU is found)")
     parser.add_argument("--checks", default=",".join(WEIGHTS),
                         help=f"comma-separated subset of {','.join(WEIGHTS)}")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -169,20 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--checks: unknown {unknown}; choose from {','.join(WEIGHTS)}")
     start = time.monotonic()
     gpu, tpu = accelerator_present()
-    dry = args.dry or not (gpu or tpu)
-    rows = plan(names, args.budget_s, dry, tpu and not args.dry)
+    dry, tpu = args.dry or not gpu, tpu and not args.dry
+    rows = plan(names, args.budget_s, dry, tpu)
     elapsed = time.monotonic() - start
     failed = [r["check"] for r in rows if r["status"] == "FAIL"]
-    ran = [r for r in rows if r["status"] == "ok"]
-    mode = "dry (CPU, tiny sizes)" if dry else "TPU" if tpu else "GPU"
+    holds = not failed and any(r["status"] == "ok" for r in rows)
+    mode = ("dry (CPU, tiny sizes)" if dry else "GPU") + ("; TPU found" if tpu else "")
     print(f"device check: {mode}; {elapsed:.0f} s of a {args.budget_s:g} s budget")
     print(format_table(rows))
-    holds = bool(ran) and not failed
-    print(f"{'all checks hold' if holds else 'FAILED: ' + ', '.join(failed) or 'nothing ran'}")
+    print("all checks hold" if holds else
+          f"FAILED: {', '.join(failed)}" if failed else "nothing ran")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
-            "mode": "dry" if dry else "tpu" if tpu else "gpu", "budget_s": args.budget_s,
+            "mode": "dry" if dry else "gpu", "tpu": tpu, "budget_s": args.budget_s,
             "elapsed_s": elapsed, "ok": holds, "columns": COLUMNS, "rows": rows}, indent=2))
     return 0 if holds else 1
 

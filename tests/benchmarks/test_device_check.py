@@ -82,6 +82,15 @@ def test_xla_the_plan_and_the_hand_written_loop(tmp_path):
     assert "perf.plan=auto chose xla=" in rows["xla/plan"]["detail"]
 
 
+def test_a_gpu_the_command_found_but_tensorflow_does_not_see_fails_the_devices_row():
+    """A child started without --dry is on a host where the command found a GPU; here
+    TensorFlow (tensorflow-cpu) sees none, as on a GPU host with the CPU build."""
+    rows = {r["check"]: r for r in device_check.run_child("devices", False, timeout_s=300)}
+    assert rows["devices"]["status"] == "FAIL"
+    assert "TensorFlow sees only" in rows["devices"]["detail"]
+    assert "tf-trainer[gpu]" in rows["devices"]["detail"]
+
+
 def test_a_check_that_would_not_fit_is_skipped_and_the_rest_get_the_budget_left():
     now = [0.0]
     given = {}
