@@ -20,9 +20,12 @@ import pytest
 import tensorflow as tf
 
 from tests.support import toy
+from tests.support.checkpoint_service import HeldStore, ServiceRun, set_step, weights_of
 from tests.conftest import subprocess_env
 from trainer.checkpoint import state as checkpoint_state
+from trainer.checkpoint.service import Checkpointer
 from trainer.checkpoint.state import CheckpointError
+from trainer.checkpoint.store import LATEST_DIR
 from trainer.config import ConfigError, validate
 
 
@@ -95,31 +98,33 @@ def test_restore_of_an_earlier_step(trained):
     assert not np.array_equal(fresh.model.get_weights()[0], trained.model.get_weights()[0])
 
 
-def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path,
-                                                                      monkeypatch):
-    """Every array write is held back 0.5 s (longer than the next 5 toy steps), so a
-    save that refilled the snapshot buffers before the previous write finished would
-    put step 10's values into step 5's checkpoint."""
-    import time
-
-    from trainer.checkpoint import array_files
-
-    original = array_files.write_npy
-    writes = []
-
-    def slow(path, array):
-        time.sleep(0.5)
-        writes.append(path)
-        original(path, array)
-
-    monkeypatch.setattr(array_files, "write_npy", slow)
+def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path):
+    """The race, forced: the store holds the async write of step 5 in flight until it is
+    waited for, and then writes the arrays it was handed, the service's snapshot buffers.
+    The save of step 10 reuses those buffers: had it refilled them before waiting for
+    step 5's write, step 5's checkpoint would hold step 10's values."""
     config = adam_config(**{"train.steps": 10, "checkpoint.every_steps": 5,
                             "checkpoint.fast_io": True})
-    toy.ToyTrainer(config, str(tmp_path)).fit()
-    assert writes  # the slowed writer is the one in use
-    restored = toy.ToyTrainer(config, str(tmp_path))
-    assert restored.restore(step=5) == 5
-    assert_same_state(restored, fresh_run(5))
+    workdir = str(tmp_path)
+    trainer = toy.ToyTrainer(config, workdir)
+    trainer.context.ensure_built()
+    store = HeldStore(workdir, config.checkpoint, "")
+    store.slow = True
+    service = Checkpointer(config, workdir, True, store=store)
+    run = ServiceRun(trainer, workdir)
+    service.on_fit_start(run)
+    set_step(trainer, 5)
+    service.on_loop_end(run)
+    assert store.in_flight(LATEST_DIR) == 5 and store.written == []  # held: the race is on
+    set_step(trainer, 10)
+    service.on_loop_end(run)
+    assert store.written == [5]  # step 10's save waited for step 5's write (10's is held)
+    service.on_fit_end(run, {})
+    assert store.written == [5, 10] and run.announced == [5, 10]
+    for step in (5, 10):
+        restored = toy.ToyTrainer(config, workdir)
+        assert restored.restore(step=step) == step
+        assert weights_of(restored) == step
 
 
 @pytest.mark.parametrize("fast_io", [False, True])

@@ -34,6 +34,25 @@ def holder_file(workdir, holder: lease_lib.Holder) -> None:
     (workdir / lease_lib.FILE).write_text(json.dumps(vars(holder)))
 
 
+def assert_held_by(workdir, lease: lease_lib.WorkdirLease) -> None:
+    """The lease file in ``workdir`` names ``lease``'s holder: this process, now."""
+    holder = json.loads((workdir / lease_lib.FILE).read_text())
+    assert (holder["host"], holder["pid"], holder["started"]) == (
+        socket.gethostname(), os.getpid(), lease.holder.started), holder
+
+
+class SteppingClock:
+    """A monotonic clock for a lease (its ``clock=``) that advances ``step`` seconds at
+    each reading; ``readings``: what it returned, in order."""
+
+    def __init__(self, step: float):
+        self.step, self.readings = step, []
+
+    def __call__(self) -> float:
+        self.readings.append(len(self.readings) * self.step)
+        return self.readings[-1]
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -77,19 +96,23 @@ def test_the_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path
         lease.on_fit_start(run_in(tmp_path))
     assert "waiting up to" not in caplog.text  # the pid is known dead: taken at once
     assert "Took over the workdir lease" in caplog.text and "that is gone" in caplog.text
+    assert_held_by(tmp_path, lease)
     lease.on_fit_end(run_in(tmp_path), {})
 
 
 def test_another_hosts_lease_not_renewed_is_taken_over_after_lease_s(tmp_path, caplog):
     holder_file(tmp_path, lease_lib.Holder("a-preempted-vm", 4242, time.time() - 600))
-    lease = lease_lib.WorkdirLease(LEASE_S, chief=True)
-    started = time.monotonic()
+    clock = SteppingClock(LEASE_S / 4)  # lease_s passes on its 5th reading
+    lease = lease_lib.WorkdirLease(LEASE_S, chief=True, clock=clock)
     with caplog.at_level(logging.WARNING):
         lease.on_fit_start(run_in(tmp_path))
-    assert time.monotonic() - started >= LEASE_S  # it watched the lease that long
+    # It watched the unchanged lease for lease_s by its clock, and took it over only then.
+    assert clock.readings[-1] - clock.readings[0] >= LEASE_S, clock.readings
+    assert clock.readings[-2] - clock.readings[0] < LEASE_S, clock.readings
     assert "held by host a-preempted-vm, pid 4242" in caplog.text  # said while it waits
     assert "waiting up to 1 s" in caplog.text or "waiting up to 2 s" in caplog.text
     assert "Took over the workdir lease" in caplog.text
+    assert_held_by(tmp_path, lease)
     lease.on_fit_end(run_in(tmp_path), {})
 
 
@@ -97,7 +120,9 @@ def test_an_unreadable_lease_is_taken_over(tmp_path):
     (tmp_path / lease_lib.FILE).write_text("{half a lea")
     lease = lease_lib.WorkdirLease(30.0, chief=True)
     lease.on_fit_start(run_in(tmp_path))
+    assert_held_by(tmp_path, lease)
     lease.on_fit_end(run_in(tmp_path), {})
+    assert not (tmp_path / lease_lib.FILE).exists()  # released as its own
 
 
 def test_a_holder_whose_lease_was_taken_stops_before_its_next_save(tmp_path, held):

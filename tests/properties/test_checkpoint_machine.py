@@ -18,107 +18,32 @@ Invariants:
   once the service's writes are (unless corrupted by the test after that);
 * a restart restores the newest checkpoint that verifies, whatever was skipped,
   failed or corrupted before;
-* a step whose copy on disk is corrupt is replaced when it is saved again.
+* a step whose copy on disk is corrupt is replaced when it is saved again;
+* a ``StorageError`` comes only from a write the machine made fail (its cause is the
+  error the store injected), never from anything else.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 
-import numpy as np
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.properties import profiles
 from tests.support import toy
+from tests.support.checkpoint_service import HeldStore, ServiceRun, set_step, weights_of
 from trainer.checkpoint import inventory, resume
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.service import Checkpointer
 from trainer.checkpoint.state import CheckpointError
-from trainer.checkpoint.store import LATEST_DIR, CheckpointStore
+from trainer.checkpoint.store import LATEST_DIR
 from trainer.errors import StorageError
 
 EVERY = 2  # checkpoint.every_steps; each loop of the machine ends on a save step
 TOTAL = 40
-
-
-class SlowStore(CheckpointStore):
-    """A store whose async writes can be held in flight (``slow``: a write completes
-    only when it is waited for, as on a slow bucket) and whose next write fails with
-    a full disk (``fail_next``)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.slow, self.fail_next = False, False
-        self._held: dict[str, tuple] = {}
-
-    def save(self, kind, step, state, manifest, metrics=None, wait=False):
-        if self.fail_next:
-            self.fail_next = False
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.workdir)
-        if self.slow and not wait:
-            self._held[kind] = (step, state, manifest, metrics)
-            return
-        super().save(kind, step, state, manifest, metrics, wait)
-
-    def _held_step(self, kind):
-        return self._held[kind][0] if kind in self._held else None
-
-    def in_flight(self, kind):
-        return self._held_step(kind) or super().in_flight(kind)
-
-    def pending(self, kind):
-        return self._held_step(kind) or super().pending(kind)
-
-    def kinds(self):
-        return sorted({*super().kinds(), *self._held})
-
-    def wait(self, kind=None):
-        for name in [k for k in list(self._held) if kind in (None, k)]:
-            step, state, manifest, metrics = self._held.pop(name)
-            super().save(name, step, state, manifest, metrics, wait=True)
-        super().wait(kind)
-
-    def discard(self, kind):
-        self._held.pop(kind, None)
-        super().discard(kind)
-
-
-class Run:
-    """The trainer's run context in ``workdir``, with the stop reports and
-    announcements recorded."""
-
-    def __init__(self, trainer, workdir: str):
-        self._context, self._trainer, self.workdir = trainer.context, trainer, workdir
-        self.announced: list[int] = []
-        self.reports: list[tuple[int | None, str]] = []
-        self.stopped_by = None
-
-    def __getattr__(self, name):
-        return getattr(self._context, name)
-
-    @property
-    def step(self) -> int:
-        return self._trainer.step
-
-    def announce_checkpoint(self, step: int) -> None:
-        self.announced.append(step)
-
-    def report_stop_save(self, saved, last_good) -> None:
-        self.reports.append((saved, last_good))
-
-
-def weights_of(trainer) -> float:
-    return float(np.asarray(trainer.model.trainable_variables[0].numpy()).flat[0])
-
-
-def set_step(trainer, step: int) -> None:
-    trainer.step = step
-    variable = trainer.model.trainable_variables[0]
-    variable.assign(np.full(variable.shape, float(step), np.float32))
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +68,10 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
 
         def start(self) -> None:
             cfg = self.trainer.config
-            self.store = SlowStore(self.workdir, cfg.checkpoint, "")
+            self.store = HeldStore(self.workdir, cfg.checkpoint, "")
             self.service = Checkpointer(cfg, self.workdir, True, store=self.store,
                                         deferral=SaveDeferral(EVERY, wait_s=0))
-            self.run = Run(self.trainer, self.workdir)
+            self.run = ServiceRun(self.trainer, self.workdir)
             self.service.on_fit_start(self.run)
 
         def committed(self) -> dict[int, str]:
@@ -156,8 +81,8 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
         def end_fit(self) -> None:
             try:
                 self.service.on_fit_end(self.run, {})
-            except StorageError:
-                pass
+            except StorageError as error:  # only from a write this machine made fail
+                assert self.store.caused(error), error
             self.last_event.update((step, "announced") for step in self.run.announced)
             states = self.committed()
             for step, event in self.last_event.items():
@@ -173,7 +98,8 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
                 set_step(self.trainer, self.trainer.step + EVERY)
                 try:
                     self.service.on_loop_end(self.run)
-                except StorageError:  # two failed saves in a row: the run stops
+                except StorageError as error:  # two failed saves in a row: the run stops
+                    assert self.store.caused(error), error
                     self.end_fit()
                     self.restart()
                     return
@@ -211,7 +137,8 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
             self.run.stopped_by = "preemption"
             try:
                 self.service.on_train_end(self.run)
-            except StorageError:
+            except StorageError as error:
+                assert self.store.caused(error), error
                 assert not self.run.reports  # a failed stop save reports nothing saved
             else:  # no storage fault: the stop's step is saved, whatever came before
                 (saved, last_good), = self.run.reports
