@@ -222,3 +222,49 @@ def test_float16_warning_names_the_devices_and_their_half_type(devices, expected
     warning = precision.float16_warning("mixed_float16", devices)
     assert warning is None if expected is None else expected in warning
     assert precision.float16_warning("mixed_bfloat16", devices or ["CPU"]) is None
+
+
+class UserLossScaleTrainer(toy.ToyTrainer):
+    """build_optimizer returns what TensorFlow's mixed-precision guide teaches."""
+
+    def build_optimizer(self):
+        return keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.05), initial_scale=1024.0, dynamic_growth_steps=3)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "float32"])
+def test_a_users_loss_scale_optimizer_is_taken_apart_with_one_info_line(policy, caplog):
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="absl")
+    config = toy.toy_config(**{"precision.policy": policy, "train.steps": 12,
+                               "train.steps_per_loop": 4, "telemetry.progress": "off"})
+    t = UserLossScaleTrainer(config)
+    assert type(t.optimizer) is keras.optimizers.SGD  # the inner optimizer trains
+    said = [r.getMessage() for r in caplog.records if "LossScaleOptimizer" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert said[0].startswith("UserLossScaleTrainer.build_optimizer returned a "
+                              "LossScaleOptimizer: training with its inner SGD; ")
+    if policy == "mixed_float16":  # its settings are the framework's loss scaling
+        assert "initial_scale=1024 and dynamic_growth_steps=3 become" in said[0]
+        assert float(t.precision.scale.numpy()) == 1024.0
+        t.fit()  # 12 finite updates: doubled every 3
+        assert t.precision.counters() == (0, 1024.0 * 2 ** 4)
+    else:
+        assert "precision.policy='float32' scales no loss" in said[0]
+        assert float(t.precision.scale.numpy()) == 1.0
+
+
+def test_a_users_loss_scale_optimizer_trains_as_the_framework_scaling_alone():
+    # The issue's case: the update was divided by a second scale (the loss rose). Taken
+    # apart, LossScaleOptimizer(SGD) trains to exactly the weights of SGD with the same
+    # settings as precision.initial_loss_scale / growth_interval.
+    overrides = {"precision.policy": "mixed_float16", "train.steps": 12,
+                 "telemetry.progress": "off", "optimizer.learning_rate": 0.05,
+                 "optimizer.momentum": 0.0, "precision.initial_loss_scale": 1024.0,
+                 "precision.growth_interval": 3}
+    wrapped = UserLossScaleTrainer(toy.toy_config(**overrides))
+    wrapped.fit()
+    plain = toy.ToyTrainer(toy.toy_config(**overrides))
+    plain.fit()
+    for a, b in zip(wrapped.model.get_weights(), plain.model.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -16,12 +16,25 @@ per-example step size.
 
 Gradient clipping is NOT set on the Keras optimizer (Keras clips per replica, before
 the cross-replica sum); ``Trainer.apply_gradients`` clips the all-reduced gradients.
+
+A user's optimizer (``build_optimizer``): :func:`adopt` takes a
+``keras.optimizers.LossScaleOptimizer`` apart (the framework owns loss scaling,
+:mod:`trainer.precision`) and :func:`check_arguments` refuses, in one line, the Keras
+arguments that would change the update behind the gradient path's back
+(``gradient_accumulation_steps``, ``loss_scale_factor``, ``ema_overwrite_frequency``).
+``clipnorm``, ``clipvalue``, ``global_clipnorm`` and ``use_ema`` stay Keras': they act
+inside ``optimizer.apply`` on the all-reduced, unscaled gradients (the same on every
+replica). docs/training.md lists each.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import ml_collections
+
+from trainer.errors import HookError
 
 
 def effective_learning_rate(config: ml_collections.ConfigDict) -> float:
@@ -110,3 +123,72 @@ def describe(config: ml_collections.ConfigDict, optimizer: keras.optimizers.Opti
             f"peak {effective_learning_rate(config):.6g}{scaling}, schedule "
             f"{config.optimizer.schedule} (in optimizer updates); effective batch {batch} x "
             f"{accum} accumulation step(s) = {batch * accum}")
+
+
+def check_arguments(optimizer: keras.optimizers.Optimizer, where: str) -> None:
+    """Raises :class:`HookError` (one line naming ``where``, e.g. ``"MyTrainer.
+    build_optimizer returned"``) for Keras arguments the gradient path cannot honour:
+    ``gradient_accumulation_steps`` (Keras accumulates inside ``apply`` under a
+    ``tf.cond``, where replicas cannot synchronise: ``perf.grad_accum_steps`` does it),
+    ``use_ema`` with ``ema_overwrite_frequency`` (the same ``tf.cond``)
+    and ``loss_scale_factor`` (Keras divides the gradients by it, expecting a loss
+    multiplied by ``optimizer.scale_loss``, which the framework does not call)."""
+    name = type(optimizer).__name__
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps:
+        raise HookError(
+            f"{where} {name}(gradient_accumulation_steps={steps}): Keras accumulates inside "
+            f"the optimizer's update, where replicas cannot synchronise, and the framework "
+            f"already all-reduces each update; leave gradient_accumulation_steps unset and "
+            f"set perf.grad_accum_steps={steps} (--config.perf.grad_accum_steps={steps}).")
+    factor = getattr(optimizer, "loss_scale_factor", None)
+    if factor is not None:
+        raise HookError(
+            f"{where} {name}(loss_scale_factor={factor:g}): Keras divides every gradient by "
+            f"it, expecting a loss multiplied by optimizer.scale_loss, which the framework's "
+            f"step does not call (updates {factor:g}x too small); leave it unset: under "
+            f"precision.policy='mixed_float16' the framework scales the loss itself "
+            f"(precision.initial_loss_scale).")
+    every = getattr(optimizer, "ema_overwrite_frequency", None)
+    if getattr(optimizer, "use_ema", False) and every:
+        raise HookError(
+            f"{where} {name}(use_ema=True, ema_overwrite_frequency={every}): Keras overwrites "
+            f"the weights with their average inside the update, under a tf.cond where "
+            f"replicas cannot synchronise; leave ema_overwrite_frequency unset, or use the "
+            f"framework's average (optimizer.ema_decay, used by evaluate() and export()).")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise HookError(
+            f"{where} a LossScaleOptimizer: the framework scales the loss itself (one scale "
+            f"for every optimizer, precision.policy='mixed_float16'); pass its "
+            f"inner_optimizer ({type(optimizer.inner_optimizer).__name__}) instead.")
+
+
+def adopt(optimizer: keras.optimizers.Optimizer, where: str, policy: str,
+          loss_scale: Any) -> tuple[keras.optimizers.Optimizer, str | None]:
+    """``(the optimizer to train with, an info line or None)`` for what
+    ``build_optimizer`` returned. A ``LossScaleOptimizer`` is taken apart: its inner
+    optimizer trains, and its ``initial_scale`` and ``dynamic_growth_steps`` become the
+    framework's loss scaling (``loss_scale``: the :class:`trainer.precision.PrecisionState`,
+    its ``scale`` assigned, its ``growth_interval`` set) under ``policy`` mixed_float16;
+    other policies scale no loss. Keras' own scaling would divide the update by a second
+    scale and decide overflows on one replica's gradients. Then
+    :func:`check_arguments`. Host, before the first trace."""
+    line = None
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        wrapper, optimizer = optimizer, optimizer.inner_optimizer
+        inner = type(optimizer).__name__
+        if policy == "mixed_float16":
+            loss_scale.scale.assign(float(wrapper.initial_scale))
+            loss_scale.growth_interval = int(wrapper.dynamic_growth_steps)
+            line = (f"{where} a LossScaleOptimizer: training with its inner {inner}; its "
+                    f"initial_scale={float(wrapper.initial_scale):g} and "
+                    f"dynamic_growth_steps={int(wrapper.dynamic_growth_steps)} become the "
+                    f"framework's loss scaling (precision.initial_loss_scale, "
+                    f"precision.growth_interval), whose overflow check sees every "
+                    f"replica's gradients.")
+        else:
+            line = (f"{where} a LossScaleOptimizer: training with its inner {inner}; "
+                    f"precision.policy={policy!r} scales no loss (only 'mixed_float16' "
+                    f"does), so its loss scaling is not used.")
+    check_arguments(optimizer, where)
+    return optimizer, line

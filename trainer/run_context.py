@@ -116,6 +116,10 @@ class RunContext(Protocol):
         """Every other ``keras.Model`` and Keras optimizer in a public attribute of the
         Trainer (a second model, a second optimizer), by attribute name, sorted."""
 
+    def owned_variables(self) -> list[tuple[str, Any]]:
+        """``[(attribute path, variable)]``: the trainable variables the Trainer holds
+        itself, trained with the model's (:mod:`trainer.step.owned_variables`)."""
+
     def train_graph(self) -> Any:
         """After a loop: the ``tf.Graph`` of the compiled train loop as ``fit()`` traced
         it (no retrace); None before."""

@@ -45,7 +45,7 @@ from trainer.runtime.tracing import no_autograph
 from trainer.service_order import build_services
 from trainer.services.history import History
 from trainer.step.default_steps import DefaultSteps
-from trainer.step import replica_state
+from trainer.step import owned_variables, replica_state
 from trainer.step.ema import ExponentialMovingAverage
 from trainer.step.gradients import GradientPath
 from tf_cluster.storage_schemes import absolute
@@ -84,7 +84,10 @@ class Trainer:
         :meth:`apply_gradients`; a traced step that calls an optimizer's ``apply`` or
         ``apply_gradients`` itself is refused with one line (Keras would sum every
         replica's gradients: a per-replica mean loss trains N times faster on N replicas).
-        True: the step owns its updates and their cross-replica scaling (Keras' sum).
+        True: the step owns its updates and their cross-replica scaling (Keras' sum), and
+        the optimizer ``build_optimizer`` returns is used as it is (a
+        ``LossScaleOptimizer`` is not taken apart, Keras' arguments are not checked:
+        :func:`trainer.optimizers.adopt`).
     """
 
     manual_optimization: bool = False
@@ -134,11 +137,19 @@ class Trainer:
                 logging.warning("%s", unsynchronized)
             keras_compat.losses_per_replica(self.model)
             self.gradients.model = self.model
-            self.optimizer = self.hooks.call("build_optimizer")
+            self.optimizer, adopted = self.hooks.call("build_optimizer"), None
+            if not self.manual_optimization:  # else the step owns its updates, Keras' way
+                self.optimizer, adopted = optimizers.adopt(
+                    self.optimizer, f"{self.hooks.owner}.build_optimizer returned",
+                    config.precision.policy, self.precision)
             self.train_metrics = self.hooks.call("build_metrics")
             self.eval_metrics = self.hooks.call("build_metrics")
             self.train_loss = keras.metrics.Mean(name="train_loss")
             self.eval_loss = keras.metrics.Mean(name="eval_loss")
+        self.gradients.owned = owned_variables.collect(self.hooks.owner, vars(self),
+                                                       self.strategy)
+        if adopted:
+            logging.info("%s", adopted)
         logging.info("%s", optimizers.describe(config, self.optimizer))
         if self.gradients.nonfinite.warning():
             logging.warning("%s", self.gradients.nonfinite.warning())
@@ -252,12 +263,15 @@ class Trainer:
         values, so every replica takes the same decision. A non-finite update is then
         skipped on every replica and counted in ``precision.skipped_steps``. With
         ``perf.grad_accum_steps=K > 1`` each call is a micro-step (see
-        :mod:`trainer.step.gradients`). Defaults: the model's trainable variables and
-        ``self.optimizer``. Returns this call's global-mean loss (same on every replica).
+        :mod:`trainer.step.gradients`). Defaults: the model's trainable variables, then
+        the trainable variables this Trainer holds itself (``self.log_temp =
+        tf.Variable(...)`` made in ``build_model``: :mod:`trainer.step.owned_variables`),
+        and ``self.optimizer``. Returns this call's global-mean loss (the same on every
+        replica).
         """
         return self.gradients.apply(
             tape, per_example_loss,
-            list(self.model.trainable_variables if variables is None else variables),
+            self.gradients.trainable_variables() if variables is None else list(variables),
             optimizer or self.optimizer)
 
     def all_gather(self, value, axis: int = 0):

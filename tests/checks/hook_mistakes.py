@@ -201,7 +201,51 @@ CASES = {
                       r"manual_optimization = True on KerasGuideStep",
     "EvalDatasetNone": r"EvalDatasetNone\.build_eval_dataset returned None; it must return "
                        r"a tf\.data\.Dataset .*do not override build_eval_dataset",
+    "OwnedVariableOutsideScope": r"OwnedVariableOutsideScope\.log_temp is a trainable "
+                                 r"variable created outside strategy\.scope\(\): .*created "
+                                 r"in build_model\(\)",
+    "KerasAccumulation": r"KerasAccumulation\.build_optimizer returned Adam\("
+                         r"gradient_accumulation_steps=4\): .*leave "
+                         r"gradient_accumulation_steps unset and set "
+                         r"perf\.grad_accum_steps=4 \(--config\.perf\.grad_accum_steps=4\)",
+    "KerasLossScaleFactor": r"KerasLossScaleFactor\.build_optimizer returned SGD\("
+                            r"loss_scale_factor=8\): Keras divides every gradient by it.*"
+                            r"precision\.initial_loss_scale",
+    "KerasEmaOverwrite": r"KerasEmaOverwrite\.build_optimizer returned Adam\(use_ema=True, "
+                         r"ema_overwrite_frequency=5\): .*optimizer\.ema_decay",
+    "SecondLossScaleOptimizer": r"SecondLossScaleOptimizer\.build_optimizer_variables was "
+                                r"given a LossScaleOptimizer: the framework scales the loss "
+                                r"itself .*pass its inner_optimizer \(SGD\) instead",
 }
+
+
+class OwnedVariableOutsideScope(toy.ToyTrainer):
+    def __init__(self, config):
+        self.log_temp = tf.Variable(0.0)  # before the strategy exists: outside its scope
+        super().__init__(config)
+
+
+class KerasAccumulation(toy.ToyTrainer):
+    def build_optimizer(self):
+        return keras.optimizers.Adam(1e-2, gradient_accumulation_steps=4)
+
+
+class KerasLossScaleFactor(toy.ToyTrainer):
+    def build_optimizer(self):
+        return keras.optimizers.SGD(0.1, loss_scale_factor=8.0)
+
+
+class KerasEmaOverwrite(toy.ToyTrainer):
+    def build_optimizer(self):
+        return keras.optimizers.Adam(1e-2, use_ema=True, ema_overwrite_frequency=5)
+
+
+class SecondLossScaleOptimizer(toy.ToyTrainer):
+    def build_model(self):
+        model = super().build_model()
+        self.critic_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        self.build_optimizer_variables(self.critic_optimizer, model.trainable_variables)
+        return model
 
 
 def get_config():

@@ -85,11 +85,21 @@ def _trainers():
                 keras.optimizers.SGD(self.config.optimizer.learning_rate, momentum=0.9),
                 initial_scale=self.config.precision.initial_loss_scale)
 
+    class UserLossScaleTrainer(InfTrainer):
+        """build_optimizer returns what TensorFlow's mixed-precision guide teaches for
+        custom loops; the framework's default step (which takes it apart)."""
+
+        def build_optimizer(self):
+            return keras.optimizers.LossScaleOptimizer(
+                keras.optimizers.SGD(self.config.optimizer.learning_rate, momentum=0.9),
+                initial_scale=self.config.precision.initial_loss_scale)
+
     class LocalAverageUnevenTrainer(KerasStep, UnevenTrainer):
         average_by_global_batch = False  # tf.nn.compute_average_loss: local batch x replicas
 
     return dict(toy=toy.ToyTrainer, inf=InfTrainer, uneven=UnevenTrainer,
                 keras_clip=KerasClipTrainer, keras_loss_scale=KerasLossScaleTrainer,
+                user_loss_scale=UserLossScaleTrainer,
                 local_average_uneven=LocalAverageUnevenTrainer)
 
 
@@ -163,7 +173,8 @@ def main() -> None:
 
     # mixed_float16, inf on the last replica at step 5: stop after 4, 5 and 20 steps.
     fp16 = {"precision.policy": "mixed_float16", "optimizer.momentum": 0.9}
-    for name, cls in (("fp16_inf", "inf"), ("keras_fp16_inf", "keras_loss_scale")):
+    for name, cls in (("fp16_inf", "inf"), ("keras_fp16_inf", "keras_loss_scale"),
+                      ("user_fp16_inf", "user_loss_scale")):
         t = new(cls, **fp16, **{"train.steps": INJECT_STEP - 1})
         t.fit()
         scale_variable = (t.optimizer.dynamic_scale if cls == "keras_loss_scale"
@@ -184,7 +195,7 @@ def main() -> None:
         t.fit()
         save(name, t)
         facts[f"{name}/finite"] = all(np.isfinite(w).all() for w in t.model.get_weights())
-        if cls == "inf":
+        if cls != "keras_loss_scale":
             facts[f"{name}/skipped_steps"] = int(t.precision.skipped_steps.numpy())
             facts[f"{name}/last_skipped_step"] = int(t.precision.last_skipped_step.numpy())
 

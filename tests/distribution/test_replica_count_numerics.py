@@ -112,6 +112,21 @@ def test_fp16_inf_on_last_replica_same_weights_on_every_replica_count(numerics_r
                          weights(numerics_runs, 1, "fp16_inf")) <= FP16_RTOL
 
 
+@pytest.mark.parametrize("replicas", REPLICAS)
+def test_a_users_loss_scale_optimizer_is_taken_apart(numerics_runs, replicas):
+    # build_optimizer returns LossScaleOptimizer(SGD) with the framework's step: its inner
+    # SGD trains under the framework's scaling (the inf on the last replica skipped
+    # everywhere), to the weights of the framework's own scaling, on every replica count.
+    facts = numerics_runs[replicas]["facts"]
+    assert facts["user_fp16_inf/unchanged_by_inf_step"]
+    assert facts["user_fp16_inf/replicas_agree_after_inf_step"]
+    assert facts["user_fp16_inf/skipped_steps"] == 1 and facts["user_fp16_inf/updates"] == 19
+    assert max_abs_diff(weights(numerics_runs, replicas, "user_fp16_inf"),
+                        weights(numerics_runs, replicas, "fp16_inf")) == 0
+    assert relative_diff(weights(numerics_runs, replicas, "user_fp16_inf"),
+                         weights(numerics_runs, 1, "user_fp16_inf")) <= FP16_RTOL
+
+
 def test_keras_loss_scale_optimizer_is_right_on_one_replica(numerics_runs):
     # The control is a fair one: with one replica Keras skips the step and halves the scale.
     facts = numerics_runs[1]["facts"]

@@ -68,26 +68,29 @@ def state_variables(run: RunContext) -> Groups:
     """The variables a checkpoint holds, by group: ``{group: [(name, variable), ...]}``.
 
     ``run``: the run context (:class:`trainer.run_context.RunContext`). Groups, in
-    order: ``model``, ``optimizer``, one per other ``keras.Model`` or Keras optimizer
+    order: ``model``, ``owned`` (the trainable variables the Trainer holds itself, by
+    attribute path), ``optimizer``, one per other ``keras.Model`` or Keras optimizer
     the Trainer holds (``other_models_and_optimizers()``, by attribute name), ``trainer``. A
     variable appears once (in its first group). The optimizer must be built.
     """
     groups: Groups = {}
     seen: set[int] = set()
 
-    def add(group: str, variables) -> None:
+    def add(group: str, variables, names=None) -> None:
         entries, used = [], {}
-        for variable in variables:
+        for i, variable in enumerate(variables):
             if id(variable) in seen:
                 continue
             seen.add(id(variable))
-            name = _name(variable)
+            name = _name(variable) if names is None else names[i]
             used[name] = used.get(name, 0) + 1
             entries.append((name if used[name] == 1 else f"{name}#{used[name]}", variable))
         if entries:
             groups[group] = entries
 
     add("model", run.model.variables)
+    owned = run.owned_variables()  # by attribute path: stable where variable names are not
+    add("owned", [v for _, v in owned], [path for path, _ in owned])
     add("optimizer", run.optimizer.variables)
     for attr, value in run.other_models_and_optimizers().items():
         add(attr, value.variables)

@@ -106,6 +106,9 @@ class LoopContext:
                 if not attr.startswith("_") and attr not in ("model", "optimizer")
                 and isinstance(value, (keras.Model, keras.optimizers.Optimizer))}
 
+    def owned_variables(self) -> list[tuple[str, Any]]:
+        return list(self._trainer.gradients.owned)
+
     def train_graph(self) -> Any:
         return self._driver.train_graph()
 

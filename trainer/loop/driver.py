@@ -170,7 +170,8 @@ class LoopDriver:
             dummy = data.zeros_for_spec(features)
             with t.strategy.scope(), replica_state.averaged_state():
                 model(dummy, training=False)
-        weights = keras_compat.trainable_capable_variables(model)  # frozen layers' too
+        weights = [*keras_compat.trainable_capable_variables(model),  # frozen layers' too
+                   *(v for _, v in t.gradients.owned)]  # the Trainer's own
         t.gradients.build_optimizer_variables(t.optimizer, weights)
         if t.ema is not None:
             t.ema.build(t.strategy, weights)

@@ -34,7 +34,8 @@ from trainer.run_context import RunContext, Service
 def _cause(run: RunContext, found: Disagreement) -> str:
     """The likely cause and the fix, by what the variable is."""
     ids = lambda variables: {id(v) for v in variables}  # noqa: E731
-    if id(found.variable) in ids(run.model.trainable_variables):
+    if id(found.variable) in ids([*run.model.trainable_variables,
+                                  *(v for _, v in run.owned_variables())]):
         return ("a weight changed outside self.apply_gradients (an assign in the step, or a "
                 "step with manual_optimization whose gradients were not all-reduced). "
                 "Update weights through self.apply_gradients")
@@ -93,7 +94,8 @@ class ConsistencyCheck(Service):
             return
         start = time.perf_counter()
         if self._check is None:
-            variables = [*run.model.variables, *run.optimizer.variables]
+            variables = [*run.model.variables, *(v for _, v in run.owned_variables()),
+                         *run.optimizer.variables]
             if run.ema is not None:
                 variables += list(run.ema.variables)
             self._check = ReplicaCheck(run.strategy, variables)

@@ -9,7 +9,8 @@
 * :mod:`trainer.step.ema` — the weights' exponential moving average.
 * :mod:`trainer.step.replica_state` — the state a forward pass updates, equal on every
   replica.
+* :mod:`trainer.step.owned_variables` — the trainable variables a Trainer holds itself.
 """
 
-__all__ = ["default_steps", "ema", "grad_norm", "gradients", "replica_state",
-           "sparse_gradients", "update_context"]
+__all__ = ["default_steps", "ema", "grad_norm", "gradients", "owned_variables",
+           "replica_state", "sparse_gradients", "update_context"]

@@ -74,7 +74,7 @@ class DefaultSteps:
     @no_autograph
     def train(self, batch) -> dict[str, tf.Tensor]:
         """Replica context: forward, loss, gradient path, metrics -> ``{"loss": ...}``."""
-        variables = list(self.model.trainable_variables)
+        variables = self.gradients.trainable_variables()
         if self.xla:
             grads, per_example_loss, outputs = self.jit_grads()(batch)
             loss = self.gradients.apply_grads(self.optimizer, variables, grads,
@@ -182,7 +182,7 @@ class DefaultSteps:
         context), built once."""
         if self._jit_grads is None:
             def forward_backward(batch):
-                variables = list(self.model.trainable_variables)
+                variables = self.gradients.trainable_variables()
                 with tf.GradientTape() as tape:
                     outputs, per_example_loss = self.forward_loss(batch)
                     objective = self.gradients.objective(per_example_loss)

@@ -45,7 +45,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from trainer import data, precision
+from trainer import data, optimizers, precision
 from trainer.errors import HookError, InputError
 from trainer.runtime import keras_compat
 from trainer.runtime.tracing import no_autograph
@@ -151,6 +151,9 @@ class GradientPath:
         self.precision = precision_state
         self.step_counter = step_counter
         self.model = model
+        #: ``[(attribute path, variable)]``: the Trainer's own trainable variables
+        #: (:mod:`trainer.step.owned_variables`), trained with the model's.
+        self.owned: list = []
         # Bytes per all-reduce pack of the NEXT trace (the execution plan's choice).
         self.pack_bytes = int(config.distribute.grad_pack_bytes)
         self.plug(reducer or Reducer())
@@ -177,9 +180,15 @@ class GradientPath:
     def build_optimizer_variables(self, optimizer: keras.optimizers.Optimizer,
                                   variables: list) -> None:
         """Host: creates ``optimizer``'s slots for ``variables`` in scope (once per
-        optimizer), and its gradient accumulators with ``perf.grad_accum_steps > 1``."""
+        optimizer), and its gradient accumulators with ``perf.grad_accum_steps > 1``.
+        Raises :class:`HookError` for a Keras argument the path cannot honour
+        (:func:`trainer.optimizers.check_arguments`) unless the Trainer declares
+        ``manual_optimization``."""
         if id(optimizer) in self._built:
             return
+        if self.direct_apply_owner is not None:  # (with manual_optimization: Keras' way)
+            optimizers.check_arguments(
+                optimizer, f"{self.direct_apply_owner}.build_optimizer_variables was given")
         with self.strategy.scope():
             optimizer.build(list(variables))
             if self.config.perf.grad_accum_steps > 1:
@@ -207,6 +216,11 @@ class GradientPath:
             for slot in accumulators.grads:
                 slot.assign(tf.zeros_like(slot))
             accumulators.count.assign(0.0)
+
+    def trainable_variables(self) -> list:
+        """The variables an update trains by default: the model's trainable variables,
+        then the Trainer's own (:attr:`owned`)."""
+        return [*self.model.trainable_variables, *(v for _, v in self.owned)]
 
     # ---------------------------------------------------------------- replica
     @property
