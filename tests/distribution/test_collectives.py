@@ -2,7 +2,9 @@
 loss over the whole global batch (models/contrastive.py) gives the same step-1 loss on 1
 and 2 Mirrored replicas and on 2 workers, and the same loss after 20 steps (the gathered
 embeddings' gradients reach the replica that made them); manual data parallelism over 2
-devices refuses with one line. Real ``trainer.main`` processes, all started at once."""
+devices refuses with one line, for ``self.all_gather`` as for TensorFlow's own replica
+context collectives (tests/support/user_patterns.py). Real ``trainer.main`` processes,
+all started at once."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import tensorflow as tf
 
 from tests.support import toy
 from tests.support.helpers import REPO, run_at_once
+from trainer.distribution import collectives
+from trainer.errors import ConfigError
 
 CONFIG = f"--config={REPO / 'models' / 'configs' / 'contrastive.py'}"
 ONE_STEP = ["--config.train.steps=1", "--config.train.steps_per_loop=1",
@@ -29,6 +33,12 @@ CASES = {
     "manual_two_devices": ["-m", "trainer.main", CONFIG, *ONE_STEP,
                            "--config.distribute.strategy=manual",
                            "--config.distribute.virtual_devices=2"],
+    # TensorFlow's own all_gather, as its guides write it (it returned the local half)
+    "raw_manual_two_devices": ["-m", "trainer.main", CONFIG, *ONE_STEP,
+                               "--config.distribute.strategy=manual",
+                               "--config.distribute.virtual_devices=2",
+                               "--config.trainer=tests.support.user_patterns:"
+                               "RawGatherContrastiveTrainer"],
     "one_replica_20_steps": ["-m", "trainer.main", CONFIG, *STEPS_20],
     "two_replicas_20_steps": ["-m", "trainer.main", CONFIG, *STEPS_20, *MIRRORED],
 }
@@ -59,13 +69,37 @@ def test_training_through_the_gathered_embeddings_is_the_same_on_2_replicas(runs
     assert one < train_loss(runs["one_replica"])  # it trained
 
 
-def test_manual_data_parallelism_refuses_with_one_line(runs):
-    run = runs["manual_two_devices"]
+@pytest.mark.parametrize("case, called", [
+    ("manual_two_devices", "all_gather"),
+    ("raw_manual_two_devices", "tf.distribute.get_replica_context().all_gather")])
+def test_manual_data_parallelism_refuses_with_one_line(runs, case, called):
+    run = runs[case]
     assert run.returncode == 1, run.stdout[-3000:]
     last = [line for line in run.stdout.splitlines() if line.strip()][-1]
-    assert last.startswith("Configuration error: all_gather under distribute.strategy='manual' with "
-                           "several devices: the device slices run one after another"), last
+    assert last.startswith(f"Configuration error: {called} under distribute.strategy='manual' "
+                           f"with several devices: the device slices run one after "
+                           f"another"), last
     assert "use distribute.strategy='mirrored' over the same devices" in last
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda ctx, v: ctx.all_reduce(tf.distribute.ReduceOp.SUM, v), "all_reduce"),
+    (lambda ctx, v: ctx.merge_call(lambda strategy: v), "merge_call"),
+    (lambda ctx, v: ctx.all_gather(v, axis=0), "all_gather")],
+    ids=["all_reduce", "merge_call", "all_gather"])
+def test_a_manual_slice_refuses_tensorflows_collectives_when_traced(call, named):
+    # The replica context a device slice's step is traced in under manual data
+    # parallelism over several devices (trainer/distribution/data_parallel.py).
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+    def step():
+        return call(tf.distribute.get_replica_context(), tf.constant([1.0]))
+
+    with collectives.refusing_replica_context(strategy):
+        with pytest.raises(ConfigError, match=rf"^tf\.distribute\.get_replica_context\(\)"
+                                              rf"\.{named}.* under distribute\.strategy="
+                                              rf"'manual' with several devices: "):
+            tf.function(step, autograph=False)()
 
 
 def test_one_replica_returns_the_value_and_bad_calls_say_why():

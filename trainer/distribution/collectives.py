@@ -13,7 +13,11 @@ trains as it would on one replica with the whole batch.
 
 Under manual data parallelism the device slices run one after another in one replica:
 no slice can see the values of slices that have not run, so both refuse with one line
-(use Mirrored over the same devices).
+(use Mirrored over the same devices). So do TensorFlow's own collectives written as its
+guides write them (``tf.distribute.get_replica_context().all_gather(...)``,
+``all_reduce``, ``merge_call``): each slice's step runs inside
+:func:`refusing_replica_context`, whose collectives raise the same line when the step is
+traced (one replica's context would return this slice's values alone, silently).
 """
 
 from __future__ import annotations
@@ -27,12 +31,39 @@ from trainer.errors import ConfigError
 _OPS = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
 
 
+def _manual_refusal(what: str) -> ConfigError:
+    return ConfigError(
+        f"{what} under distribute.strategy='manual' with several devices: the device "
+        f"slices run one after another, so no slice can see the values of the others; "
+        f"use distribute.strategy='mirrored' over the same devices (equal shares).")
+
+
+class _RefusingReplicaContext(tf.distribute.ReplicaContext):
+    """The replica context of one device slice under manual data parallelism: the
+    strategy's one replica, whose collectives raise :func:`_manual_refusal`."""
+
+    def all_gather(self, value, axis, options=None):
+        raise _manual_refusal("tf.distribute.get_replica_context().all_gather")
+
+    def all_reduce(self, reduce_op, value, options=None):
+        raise _manual_refusal("tf.distribute.get_replica_context().all_reduce")
+
+    def merge_call(self, merge_fn, args=(), kwargs=None):
+        raise _manual_refusal(
+            f"tf.distribute.get_replica_context().merge_call (from "
+            f"{getattr(merge_fn, '__qualname__', 'a merge function')})")
+
+
+def refusing_replica_context(strategy: tf.distribute.Strategy) -> tf.distribute.ReplicaContext:
+    """A context manager (``with refusing_replica_context(strategy):``) for tracing one
+    device slice's step in ``strategy``'s one replica: inside, TensorFlow's replica-context
+    collectives raise one ConfigError line (see the module docstring)."""
+    return _RefusingReplicaContext(strategy, replica_id_in_sync_group=0)
+
+
 def _context(what: str, reducer: Any) -> tf.distribute.ReplicaContext:
     if not getattr(reducer, "supports_collectives", True):
-        raise ConfigError(
-            f"{what} under distribute.strategy='manual' with several devices: the device "
-            f"slices run one after another, so no slice can see the values of the others; "
-            f"use distribute.strategy='mirrored' over the same devices (equal shares).")
+        raise _manual_refusal(what)
     context = tf.distribute.get_replica_context()
     if context is None:
         raise RuntimeError(f"{what} runs in replica context: call it inside train_step or "

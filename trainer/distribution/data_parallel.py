@@ -49,6 +49,11 @@ Limits:
   updates (alternating GAN steps) sees their values from before the step.
 * A ``train_step`` must update through ``self.apply_gradients``; one that calls
   ``optimizer.apply`` itself is rejected (each slice would apply its own update).
+* With several devices, collectives inside the step (``self.all_gather``, TensorFlow's
+  ``get_replica_context().all_gather`` / ``all_reduce`` / ``merge_call``, a
+  synchronized BatchNormalization) are refused at trace time with one line: a slice
+  cannot see the slices that have not run
+  (:func:`trainer.distribution.collectives.refusing_replica_context`).
 * ``perf.jit_compile`` is not applied with several devices (XLA cannot compile one
   device's access to variables on another), as under Mirrored.
 * One process, its local devices. Devices compute concurrently only as far as TF's
@@ -60,6 +65,7 @@ To choose weights, ``python -m trainer.manual --config=C --measure`` times each 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any, Callable, Sequence
@@ -69,6 +75,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.config import ConfigError
+from trainer.distribution import collectives
 from trainer.distribution.strategies import resolve_devices
 from trainer.step.gradients import GradientPath, Reducer
 from trainer.step.replica_state import SliceState
@@ -149,6 +156,7 @@ class ManualDataParallel(Reducer):
                 f"Trainer was given {type(strategy).__name__} with "
                 f"{strategy.num_replicas_in_sync} replicas; do not pass a strategy.")
         self._path: GradientPath | None = None
+        self._strategy = strategy
         self.devices = resolve_devices(config.distribute)
         self.weights = [float(w) for w in config.distribute.device_weights] or (
             [1.0] * len(self.devices))
@@ -177,6 +185,13 @@ class ManualDataParallel(Reducer):
 
     def attach(self, path: GradientPath) -> None:
         self._path = path
+
+    def _slice_context(self):
+        """Where a device slice's step is traced: with several devices, a replica context
+        whose collectives refuse (:func:`collectives.refusing_replica_context`)."""
+        if self.supports_collectives:
+            return contextlib.nullcontext()
+        return collectives.refusing_replica_context(self._strategy)
 
     def describe(self) -> str:
         """One line: devices, weights and the training split."""
@@ -249,7 +264,7 @@ class ManualDataParallel(Reducer):
             raise RuntimeError("A device slice is already running; manual steps do not nest.")
         self._records = []
         try:
-            with tf.device(device):
+            with tf.device(device), self._slice_context():
                 outputs = step_fn(batch)
             return outputs, self._records
         finally:
@@ -298,7 +313,7 @@ class ManualDataParallel(Reducer):
             slices, counts, total = self._split(batch, require_examples=False)
             outputs = []
             for device, part in zip(self.devices, slices):
-                with tf.device(device):
+                with tf.device(device), self._slice_context():
                     outputs.append(eval_step(part))
             if not all(isinstance(o, dict) for o in outputs):
                 return outputs[0]  # the loop reports the broken contract

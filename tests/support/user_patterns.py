@@ -1,0 +1,21 @@
+"""Trainers written as a new user writes them from TensorFlow's and Keras' guides, for
+the tests that each stays right on N replicas (or is refused with one line).
+
+``config.trainer`` names them (``tests.support.user_patterns:RawGatherContrastiveTrainer``)
+so that ``trainer.main`` subprocesses run them unchanged.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models.contrastive import ContrastiveDigitsTrainer
+
+
+class RawGatherContrastiveTrainer(ContrastiveDigitsTrainer):
+    """models/contrastive.py gathering through TensorFlow's replica context, as its
+    distribution guide writes it, instead of ``self.all_gather``: exact on Mirrored
+    replicas, refused under ``distribute.strategy='manual'`` over several devices."""
+
+    def all_gather(self, value, axis: int = 0):
+        return tf.distribute.get_replica_context().all_gather(value, axis=axis)
