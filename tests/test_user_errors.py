@@ -362,7 +362,8 @@ def test_a_full_or_read_only_disk_is_a_workdir_error():
 
 digits_main = early_main("digits_main", "test_a_run_ends_with_a_plain_result_line_on_stdout",
                          "--config.train.steps=20", "--config.train.log_every_steps=10",
-                         "--config.eval.every_steps=0", "--config.telemetry.progress=bar")
+                         "--config.eval.every_steps=0", "--config.telemetry.progress=bar",
+                         "--config.train.on_nonfinite=skip")  # checked: skipped_steps=
 
 
 def test_a_run_ends_with_a_plain_result_line_on_stdout(digits_main):
@@ -374,6 +375,7 @@ def test_a_run_ends_with_a_plain_result_line_on_stdout(digits_main):
     assert fields["step"] == "20"
     assert 0 <= float(fields["eval/accuracy"]) <= 1 and float(fields["train/loss"]) > 0
     assert fields["checkpoint"] == str(tmp_path / "checkpoints" / "20")
+    assert fields["skipped_steps"] == "0"  # the run checks its updates (on_nonfinite=skip)
     assert float(fields["time_s"]) > 0
     assert "final: {" in proc.stderr  # the log line scripts and tests already read
 

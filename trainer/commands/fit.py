@@ -13,7 +13,10 @@ The result of a run is one plain line on stdout, written by the chief, for scrip
         checkpoint=/tmp/digits/checkpoints/1000 time_s=14.2
 
 (``key=value`` pairs separated by spaces; ``checkpoint=none`` when nothing was saved;
-``time_s``: the process's wall time).
+``time_s``: the process's wall time). A run that checks its updates for overflow
+(``precision.policy=mixed_float16``, or ``train.on_nonfinite`` other than "auto") adds
+``skipped_steps=N`` before ``checkpoint=``: the updates skipped as non-finite, which
+is where float16 runs on different replica counts part (docs/numerics.md).
 The ``final: {json}`` log line on stderr carries the same metrics.
 """
 
@@ -39,10 +42,12 @@ from trainer.trainer import resolve_trainer_class
 
 
 def summary_line(results: dict[str, float], step: int, checkpoint: str | None,
-                 seconds: float) -> str:
-    """The ``result:`` line (see the module docstring); metrics sorted by name."""
+                 seconds: float, skipped_steps: int | None = None) -> str:
+    """The ``result:`` line (see the module docstring); metrics sorted by name;
+    ``skipped_steps``: None when the run does not check its updates."""
     metrics = " ".join(f"{k}={v:.6g}" for k, v in sorted(results.items()))
-    return (f"result: step={step} {metrics} checkpoint={checkpoint or 'none'} "
+    skipped = "" if skipped_steps is None else f" skipped_steps={skipped_steps}"
+    return (f"result: step={step} {metrics}{skipped} checkpoint={checkpoint or 'none'} "
             f"time_s={seconds:.1f}").replace("  ", " ")
 
 
@@ -93,10 +98,13 @@ def run(config: ml_collections.ConfigDict, workdir: str, mode: str = "train",
             raise
         raise lost from error
     logging.info("final: %s", json.dumps(results, sort_keys=True))
+    # read on every worker alike (a distributed variable)
+    skipped = trainer.precision.counters()[0] if trainer.gradients.checks_finite else None
     if trainer.is_chief:
         checkpoint = os.path.join(workdir, LATEST_DIR, str(trainer.step))
         sys.stdout.write(summary_line(results, trainer.step,
                                       checkpoint if tf.io.gfile.isdir(checkpoint) else None,
-                                      time.time() - psutil.Process().create_time()) + "\n")
+                                      time.time() - psutil.Process().create_time(),
+                                      skipped) + "\n")
         sys.stdout.flush()
     return 0
