@@ -39,16 +39,29 @@ A spec::
      "train": {"global_batch": 8|16, "steps": 3, "steps_per_loop": 1,
                "learning_rate": 0.01, "sparse_reduce": "auto"|"dense"|"gather",
                "sync_batch_norm": false,  # distribute.sync_batch_norm
-               "step": "default"|"tape"|"gather"|"direct_apply"}}
+               "step": "default"|"tape"|"gather"|"direct_apply",
             # the train_step: the framework's; a tape and self.apply_gradients; the same
             # plus a term over the whole global batch through self.all_gather; the Keras
             # guide's (a mean loss, then optimizer.apply_gradients: refused)
+               "owned": null|"tf"|"keras"|"nested",
+            # variables the Trainer holds itself, made in build_model (trained with the
+            # model): self.log_temp = tf.Variable(0.0) / keras.Variable(0.0), or
+            # self.temps = {"scale": [tf.Variable(0.0)], "shift": keras.Variable(0.0)};
+            # every head's outputs become outputs * exp(scale) (* (1 + shift)); an added
+            # shift would have a zero gradient through a softmax (the exclusion below)
+               "keras_optimizer": {"wrapper": null|"loss_scale", "args": {...}}}}
+            # build_optimizer returns Adam(learning_rate, **args), wrapped in a
+            # keras.optimizers.LossScaleOptimizer for "loss_scale" (taken apart); args:
+            # at most one of clipnorm / clipvalue / global_clipnorm, and use_ema, or a
+            # Keras argument the framework refuses (gradient_accumulation_steps,
+            # loss_scale_factor, use_ema with ema_overwrite_frequency)
 
 What the property expects of a spec (:func:`expected_outcome`): ``"refused"`` (a
-``direct_apply`` step: one Hook error line naming self.apply_gradients, on every
-replica count), ``"warned"`` (a batch norm that is not synchronized, neither by its layer
-nor by ``sync_batch_norm``, on 2 replicas: one warning naming it; the weights differ by
-design) or ``"equal"`` (the same weights on 1 and 2 replicas).
+``direct_apply`` step or a refused optimizer argument: one Hook error line, on every
+replica count, :func:`refusal` says which), ``"warned"`` (a batch norm that is not
+synchronized, neither by its layer nor by ``sync_batch_norm``, on 2 replicas: one
+warning naming it; the weights differ by design) or ``"equal"`` (the same weights on 1
+and 2 replicas).
 
 The loss is the per-example sum over heads (sparse softmax cross-entropy for a class
 head, squared error averaged over the width for a regression head); the optimizer Adam.
@@ -131,6 +144,26 @@ def _trunk_layer():
     )
 
 
+#: Keras optimizer arguments the framework refuses, each with what its one line names.
+REFUSED_ARGS = {"gradient_accumulation_steps": "perf.grad_accum_steps=",
+                "loss_scale_factor": "precision.initial_loss_scale",
+                "ema_overwrite_frequency": "optimizer.ema_decay"}
+
+
+def _optimizer():
+    one = lambda key, values: st.fixed_dictionaries(  # noqa: E731
+        {key: st.sampled_from(values)})
+    clip = st.one_of(st.just({}), one("clipnorm", [0.05, 1.0]),
+                     one("clipvalue", [0.01, 1.0]), one("global_clipnorm", [0.05, 1.0]))
+    other = st.one_of(st.just({}), st.just({}), st.just({"use_ema": True}),
+                      st.just({"use_ema": True, "ema_overwrite_frequency": 2}),
+                      one("gradient_accumulation_steps", [2, 4]),
+                      one("loss_scale_factor", [8.0]))
+    return st.fixed_dictionaries({
+        "wrapper": st.sampled_from([None, None, "loss_scale"]),
+        "args": st.builds(lambda a, b: {**a, **b}, clip, other)})
+
+
 def _head():
     return st.one_of(
         st.fixed_dictionaries({"kind": st.just("class"), "classes": st.integers(2, 4)}),
@@ -159,6 +192,8 @@ def specs(draw) -> dict[str, Any]:
             "sync_batch_norm": draw(st.booleans()),
             "step": draw(st.sampled_from(["default", "default", "tape", "gather",
                                           "direct_apply"])),
+            "owned": draw(st.sampled_from([None, None, "tf", "keras", "nested"])),
+            "keras_optimizer": draw(st.one_of(st.none(), _optimizer())),
         },
     }
     return normalized(spec)
@@ -188,9 +223,22 @@ def normalized(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def refusal(spec: dict[str, Any]) -> tuple[str, str] | None:
+    """``(how the error starts, what else it names)`` when the spec is refused, else
+    None: an optimizer argument at build (first), or the Keras guide's step at trace."""
+    args = (spec["train"].get("keras_optimizer") or {}).get("args", {})
+    for key, fix in REFUSED_ARGS.items():
+        if key in args:
+            return "HookError: SpecTrainer.build_optimizer returned Adam(", fix
+    if spec["train"].get("step") == "direct_apply":
+        return ("HookError: SpecTrainer.train_step calls ",
+                "self.apply_gradients(tape, per_example_loss)")
+    return None
+
+
 def expected_outcome(spec: dict[str, Any]) -> str:
     """``"refused"``, ``"warned"`` or ``"equal"`` (see the module docstring)."""
-    if spec["train"].get("step") == "direct_apply":
+    if refusal(spec) is not None:
         return "refused"
     unsynchronized = any(layer["layer"] == "batch_norm" and not layer.get("synchronized", True)
                          for layer in spec["trunk"])
@@ -222,8 +270,12 @@ def normalizes_a_centred_batch(spec: dict[str, Any]) -> bool:
 
 def describe(spec: dict[str, Any]) -> str:
     """A one-line summary of what a spec holds (for hypothesis's statistics)."""
+    optimizer = spec["train"].get("keras_optimizer") or {}
     kinds = ({"in:" + i["kind"] for i in spec["inputs"]} | {l["layer"] for l in spec["trunk"]}
-             | {"out:" + h["kind"] for h in spec["heads"]})
+             | {"out:" + h["kind"] for h in spec["heads"]}
+             | ({f"owned:{spec['train']['owned']}"} if spec["train"].get("owned") else set())
+             | {"optimizer:" + k for k in optimizer.get("args", {})}
+             | ({"optimizer:" + optimizer["wrapper"]} if optimizer.get("wrapper") else set()))
     return " ".join(sorted(kinds))
 
 
@@ -438,6 +490,7 @@ def per_example_loss(spec: dict[str, Any], labels, outputs):
 
 
 def _trainer_class():
+    import keras
     import tensorflow as tf
 
     import trainer
@@ -450,14 +503,41 @@ def _trainer_class():
             return json.loads(self.config.model.spec)
 
         def build_model(self):
+            owned = self.spec["train"].get("owned")
+            if owned == "tf":
+                self.log_temp = tf.Variable(0.0, trainable=True)
+            elif owned == "keras":
+                self.log_temp = keras.Variable(0.0)
+            elif owned == "nested":
+                self.temps = {"scale": [tf.Variable(0.0)], "shift": keras.Variable(0.0)}
             return build_model(self.spec)
+
+        def build_optimizer(self):
+            optimizer = self.spec["train"].get("keras_optimizer")
+            if optimizer is None:
+                return super().build_optimizer()
+            adam = keras.optimizers.Adam(self.config.optimizer.learning_rate,
+                                         **optimizer["args"])
+            return (keras.optimizers.LossScaleOptimizer(adam)
+                    if optimizer["wrapper"] == "loss_scale" else adam)
+
+        def owned_transform(self, outputs):
+            """Every head's outputs times exp(the learnable log-temperature) and (1 + the
+            learnable shift) (the spec's "owned" variables; none: unchanged)."""
+            owned = self.spec["train"].get("owned")
+            if owned is None:
+                return outputs
+            scale, shift = ((self.temps["scale"][0], self.temps["shift"]) if owned == "nested"
+                            else (self.log_temp, 0.0))
+            return tf.nest.map_structure(
+                lambda out: tf.cast(out, tf.float32) * tf.exp(scale) * (1.0 + shift), outputs)
 
         def build_train_dataset(self, ctx):
             return train_dataset(
                 self.spec, ctx.get_per_replica_batch_size(self.config.train.global_batch_size))
 
         def compute_loss(self, batch, outputs):
-            return per_example_loss(self.spec, batch[1], outputs)
+            return per_example_loss(self.spec, batch[1], self.owned_transform(outputs))
 
         def train_step(self, batch):
             step = self.spec["train"].get("step", "default")
@@ -517,8 +597,13 @@ def train_spec(spec: dict[str, Any], replicas: int):
     finally:
         logging.getLogger("absl").removeHandler(warnings)
     assert t.strategy.num_replicas_in_sync == replicas, t.strategy
-    names = [w.path for w in t.model.weights]
-    initial = [np.asarray(w) for w in t.model.get_weights()]
+    owned = t.gradients.owned  # the Trainer's own variables, compared as weights
+
+    def values():
+        return ([np.asarray(w) for w in t.model.get_weights()]
+                + [np.asarray(v.numpy()) for _, v in owned])
+
+    names = [w.path for w in t.model.weights] + [f"owned/{path}" for path, _ in owned]
+    initial = values()
     t.fit()
-    final = [np.asarray(w) for w in t.model.get_weights()]
-    return names, initial, final, warnings.lines
+    return names, initial, values(), warnings.lines
