@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-from tests.support.helpers import REPO, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
+from tests.support.helpers import REPO, load_weights, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
 from tests.properties import profiles as hypothesis_profiles
 
 # Before pytest reads --hypothesis-profile: the profiles must exist by then.
@@ -165,3 +165,21 @@ def replica_runs(tmp_path_factory) -> dict:
     run_in_parallel({n: [sys.executable, "-m", "tests.support.run_toy", "--replicas", str(n),
                          "--out", str(out_dir / f"{n}.npz")] for n in (1, 2, 4)})
     return {n: dict(np.load(out_dir / f"{n}.npz")) for n in (1, 2, 4)}
+
+
+@pytest.fixture(scope="session")
+def launcher_reference_weights(tmp_path_factory) -> list[np.ndarray]:
+    """Final weights of the launcher tests' digits config
+    (``tests/launch_helpers/weights_config.py``: 30 steps, global batch 64, batch sharding)
+    trained by one process without TF_CONFIG. With batch sharding the global batches do
+    not depend on the worker count, so every launcher test (local groups, per-host,
+    Slurm, simulated hosts) compares its workers' weights to this one run."""
+    workdir = tmp_path_factory.mktemp("launcher-reference")
+    env = {k: v for k, v in subprocess_env().items() if k != "TF_CONFIG"}
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer.main",
+         f"--config={REPO / 'tests' / 'launch_helpers' / 'weights_config.py'}",
+         f"--workdir={workdir}"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return load_weights(workdir / "weights-local-0.npz")

@@ -4,16 +4,15 @@ addresses (127.0.0.1 and 127.0.0.2), one launcher each, as on two machines.
 Each test starts real TensorFlow processes (MultiWorkerMirroredStrategy, one CPU device
 per worker). TensorFlow's gRPC server binds 0.0.0.0, so the two "hosts" get different
 base ports (``--hosts 127.0.0.1:P0,127.0.0.2:P1``); on real hosts one ``--port`` does.
+The reference weights are one process's (the session fixture ``launcher_reference_weights``).
 """
 
 import os
 import re
 import signal
 
-import pytest
-
 from launch.local_group import pick_free_ports
-from tests.support.helpers import assert_same_weights, load_weights
+from tests.support.helpers import assert_same_weights
 from tests.launch_helpers.running import Launch, wait_until_dead
 
 CONFIG = "--config=tests/launch_helpers/weights_config.py"
@@ -34,16 +33,8 @@ def two_hosts():
     return f"127.0.0.1:{first},127.0.0.2:{second}", second
 
 
-@pytest.fixture(scope="module")
-def local_group_weights(tmp_path_factory):
-    """Final weights of the same config on ``launch.multiworker --workers 2``."""
-    workdir = tmp_path_factory.mktemp("local")
-    run = Launch("launch.multiworker", ["--workers", "2", CONFIG, f"--workdir={workdir}"])
-    assert run.finish(RUN_S) == 0, run.output[-6000:]
-    return load_weights(workdir / "weights-worker-0.npz")
-
-
-def test_two_hosts_train_to_the_same_weights_as_the_local_group(tmp_path, local_group_weights):
+def test_two_hosts_train_to_the_same_weights_as_one_process(tmp_path,
+                                                            launcher_reference_weights):
     hosts, _ = two_hosts()
     launchers = [per_host(hosts, rank, tmp_path) for rank in (0, 1)]
     codes = [run.finish(RUN_S) for run in launchers]
@@ -51,7 +42,7 @@ def test_two_hosts_train_to_the_same_weights_as_the_local_group(tmp_path, local_
     assert "node_rank 1 of 2: starting 1 task(s) on 127.0.0.2: worker:1=" \
         in launchers[1].output
     for task in ("worker-0", "worker-1"):
-        assert_same_weights(local_group_weights, tmp_path / f"weights-{task}.npz")
+        assert_same_weights(launcher_reference_weights, tmp_path / f"weights-{task}.npz")
 
 
 def test_a_killed_peer_host_ends_the_surviving_launcher_naming_the_lost_host(tmp_path):

@@ -7,7 +7,8 @@ with the reason, except under ``CI=true``, where they fail: CI must run them.
 Every job is ``python -m launch.multiworker --workers 2 --tasks_per_node 2 --emit slurm``
 with the launcher tests' digits config (``tests/launch_helpers/weights_config.py``, 30
 steps, final weights saved by ``WeightsTrainer``), submitted with ``sbatch``. The
-reference is the same config on ``launch.multiworker --workers 2``.
+reference is the same config in one process (the session fixture
+``launcher_reference_weights``).
 
 Measured (printed; run with ``-s`` to see them, never asserted): seconds from the
 warning signal to the checkpoint committed, and from the requeue to the next run's
@@ -28,8 +29,8 @@ import time
 import pytest
 
 from launch import local_group, multiworker
-from tests.launch_helpers.running import REPO, Launch
-from tests.support.helpers import assert_same_weights, load_weights
+from tests.launch_helpers.running import REPO
+from tests.support.helpers import assert_same_weights
 
 CONFIG = f"--config={os.path.join(REPO, 'tests', 'launch_helpers', 'weights_config.py')}"
 START_SCRIPT = "tests/slurm/start_local_slurm.sh"
@@ -67,15 +68,6 @@ def slurm():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{message} CI=true: the real-Slurm tests must run, not skip.")
         pytest.skip(message)
-
-
-@pytest.fixture(scope="module")
-def launcher_weights(tmp_path_factory, slurm):
-    """Final weights of the same config on ``launch.multiworker --workers 2``."""
-    workdir = tmp_path_factory.mktemp("launcher")
-    run = Launch("launch.multiworker", ["--workers", "2", CONFIG, f"--workdir={workdir}"])
-    assert run.finish(JOB_S) == 0, run.output[-6000:]
-    return load_weights(workdir / "weights-worker-0.npz")
 
 
 def free_port_pair() -> int:
@@ -180,8 +172,8 @@ def _absl_time(output: str, pattern: str, day: float) -> float:
     return datetime.datetime.combine(date, clock, datetime.timezone.utc).timestamp()
 
 
-def test_two_tasks_on_one_node_train_to_the_same_weights_as_the_local_launcher(
-        slurm, launcher_weights, tmp_path):
+def test_two_tasks_on_one_node_train_to_the_same_weights_as_one_process(
+        slurm, launcher_reference_weights, tmp_path):
     job = Job(tmp_path)
     state = job.wait()
     output = job.output()
@@ -191,10 +183,11 @@ def test_two_tasks_on_one_node_train_to_the_same_weights_as_the_local_launcher(
     # Each task derived its TF_CONFIG from SLURM: one node, local task i on port + i.
     assert f"'worker': ['localhost:{port}', 'localhost:{port + 1}']" in output, output[-6000:]
     for task in ("worker-0", "worker-1"):
-        assert_same_weights(launcher_weights, job.workdir / f"weights-{task}.npz")
+        assert_same_weights(launcher_reference_weights, job.workdir / f"weights-{task}.npz")
 
 
-def test_warning_signal_checkpoints_requeues_and_resumes(slurm, launcher_weights, tmp_path):
+def test_warning_signal_checkpoints_requeues_and_resumes(slurm, launcher_reference_weights,
+                                                         tmp_path):
     # From input batch 10 on, the first run is slowed down: the signal lands mid-training.
     job = Job(tmp_path, env_extra={"LAUNCH_TEST_SLOW_FROM": "10:0.3"})
     job.wait_for_file(job.workdir / "slow-worker-0")
@@ -221,7 +214,7 @@ def test_warning_signal_checkpoints_requeues_and_resumes(slurm, launcher_weights
     assert "] job %s, run 2," % job.id in output
     # Exact resume: the same weights as the uninterrupted run.
     for task in ("worker-0", "worker-1"):
-        assert_same_weights(launcher_weights, job.workdir / f"weights-{task}.npz")
+        assert_same_weights(launcher_reference_weights, job.workdir / f"weights-{task}.npz")
 
     warned = _script_time(output, r"warning signal \(USR1\)")
     committed = _absl_time(output, rf"checkpoint of step {step} -> .*checkpoints$", warned)

@@ -3,7 +3,7 @@ workers (MultiWorkerMirroredStrategy, the launcher) the gradient path's all-redu
 one collective without packs and several with, and the sums are the same values. With
 distribute.grad_compression=bf16 the gradients' packs cross as bfloat16 and the scalar in
 one float32 collective of its own, exact.
-Training to the same weights with packs: tests/launch/test_training_groups.py."""
+Training to the weights of one process with packs: tests/cluster/test_cross_host_training.py."""
 
 from __future__ import annotations
 
