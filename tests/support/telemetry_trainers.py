@@ -8,6 +8,7 @@ component, becomes input-bound at ``SLOW_FROM_STEP`` (a throughput regression).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import keras
@@ -23,17 +24,36 @@ SLOW_FROM_STEP = 100
 
 class SlowInputTrainer(toy.ToyTrainer):
     """Every batch waits SLEEP_S seconds in a py_function while ``self.slow`` is True
-    (from the start here): the pipeline is the bottleneck."""
+    (from the start here): the pipeline is the bottleneck. ``made``: the slow batches
+    its pipelines (every copy: the input probe's too) made so far."""
 
     starts_slow = True
 
     def __init__(self, config, workdir=None, strategy=None, callbacks=()):
         super().__init__(config, workdir, strategy, callbacks)
         self.slow = tf.Variable(self.starts_slow, trainable=False)  # read by every pipeline
+        self.made = 0
+        self._made = threading.Condition()
+
+    def wait_for_stock(self, batches: int, quiet_s: float) -> int:
+        """Waits until the pipelines made ``batches`` slow batches from now, or made none
+        for ``quiet_s`` seconds (the prefetch buffers are full: nothing pulls); returns
+        how many they made (with nothing pulling: the stock now buffered)."""
+        with self._made:
+            start = self.made
+            while self.made - start < batches:
+                seen = self.made
+                self._made.wait(quiet_s)
+                if self.made == seen:
+                    break
+            return self.made - start
 
     def build_train_dataset(self, ctx):
         def sleepy(x):
             time.sleep(SLEEP_S)
+            with self._made:
+                self.made += 1
+                self._made.notify_all()
             return x
 
         def maybe_sleep(x, y):

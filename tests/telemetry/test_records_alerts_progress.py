@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -170,13 +169,14 @@ def test_input_probe_drains_prefetched_stock_before_timing():
     trainer = SlowInputTrainer(toy.toy_config(), None)
     probe = probes.InputProbe(trainer.context)
     floor_s = 0.5 * SLEEP_S
-    for _ in range(2):  # per fill-then-drain cycle, tf.data doubles the buffer limit
-        time.sleep(0.6)
-        assert probe.seconds_per_batch(5, floor_s) > 0.8 * SLEEP_S
-    for _ in range(2):
-        time.sleep(1)  # idle, as between probes: the buffer fills with SLEEP_S-slow batches
+    stocks = []
+    for _ in range(5):  # per fill-then-drain cycle, tf.data doubles the buffer limit
+        # Idle, as between probes: the buffer fills with SLEEP_S-slow batches, up to two
+        # chunks' worth or to its limit (no batch made for 1 s: ~30 batches' time).
+        stocks.append(trainer.wait_for_stock(2 * 5, quiet_s=1.0))
         # Without floor_s, two chunks served from that stock often agree: ~1 ms/batch.
         assert probe.seconds_per_batch(5, floor_s) > 0.8 * SLEEP_S
+    assert max(stocks) >= 2 * 5, stocks  # the probe did meet two chunks of stock
 
 
 @pytest.mark.parametrize("slow_from, blips", [(SLOW_FROM_STEP, ()), (140, (100,))],
