@@ -51,7 +51,7 @@ WEIGHTS = {
     "speed_cnn": ((3, 40), (3, 60)),
     "mfu": ((2, 25), (2, 45)),
     "checkpoint": ((1, 15), (1, 30)),
-    "tpu": ((1, 10), (3, 60)),
+    "tpu": ((3, 60), (3, 60)),  # TPU start-up is slow, and a TPU VM runs the rest dry
 }
 WHY = {  # what each check of device_checks.CHECKS would prove (said when it is skipped)
     "devices": "the GPUs, their memory and compute capability, memory growth and the allocator",
