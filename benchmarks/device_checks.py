@@ -237,8 +237,10 @@ def _all_reduce(strategy: tf.distribute.Strategy, megabytes: float) -> Row:
 
 def _mirrored_fit(size: Size, layout: dict, all_reduce: str):
     """A Trainer on the 2 logical devices, fitted ``size.steps`` steps."""
+    kind = "gpu" if size.gpu else "cpu"  # the two halves of the first device, whatever else
     two = WorkloadTrainer(workload_config(size.transformer, size.steps, seed=1, **layout, **{
-        "distribute.strategy": "mirrored", "distribute.all_reduce": all_reduce}))
+        "distribute.strategy": "mirrored", "distribute.all_reduce": all_reduce,
+        "distribute.devices": (f"/{kind}:0", f"/{kind}:1")}))
     two.fit()
     return two
 
