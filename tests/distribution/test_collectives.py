@@ -1,7 +1,8 @@
 """Collectives for custom steps (``Trainer.all_gather`` / ``all_reduce``): a contrastive
 loss over the whole global batch (models/contrastive.py) gives the same step-1 loss on 1
 and 2 Mirrored replicas and on 2 workers, and the same loss after 20 steps (the gathered
-embeddings' gradients reach the replica that made them); manual data parallelism over 2
+embeddings' gradients reach the replica that made them), also with a learnable
+temperature the Trainer holds (on 2 workers); manual data parallelism over 2
 devices refuses with one line, for ``self.all_gather`` as for TensorFlow's own replica
 context collectives (tests/support/user_patterns.py). Real ``trainer.main`` processes,
 all started at once."""
@@ -26,6 +27,7 @@ ONE_STEP = ["--config.train.steps=1", "--config.train.steps_per_loop=1",
 MIRRORED = ["--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"]
 STEPS_20 = ["--config.train.steps=20", "--config.train.steps_per_loop=5",
             "--config.train.log_every_steps=20"]
+LEARNED = "--config.trainer=tests.support.user_patterns:LearnedTemperatureContrastiveTrainer"
 CASES = {
     "one_replica": ["-m", "trainer.main", CONFIG, *ONE_STEP],
     "two_replicas": ["-m", "trainer.main", CONFIG, *ONE_STEP, *MIRRORED],
@@ -41,6 +43,10 @@ CASES = {
                                "RawGatherContrastiveTrainer"],
     "one_replica_20_steps": ["-m", "trainer.main", CONFIG, *STEPS_20],
     "two_replicas_20_steps": ["-m", "trainer.main", CONFIG, *STEPS_20, *MIRRORED],
+    # a learnable temperature the Trainer holds (tests/support/user_patterns.py)
+    "owned_one_replica_20_steps": ["-m", "trainer.main", CONFIG, *STEPS_20, LEARNED],
+    "owned_two_workers_20_steps": ["-m", "launch.multiworker", "--workers", "2", CONFIG,
+                                   *STEPS_20, LEARNED],
 }
 
 
@@ -67,6 +73,12 @@ def test_training_through_the_gathered_embeddings_is_the_same_on_2_replicas(runs
     one, two = train_loss(runs["one_replica_20_steps"]), train_loss(runs["two_replicas_20_steps"])
     assert two == pytest.approx(one, abs=1e-5)
     assert one < train_loss(runs["one_replica"])  # it trained
+
+
+def test_a_temperature_the_trainer_holds_trains_the_same_on_two_workers(runs):
+    one = train_loss(runs["owned_one_replica_20_steps"])
+    assert train_loss(runs["owned_two_workers_20_steps"]) == pytest.approx(one, abs=1e-5)
+    assert abs(one - train_loss(runs["one_replica_20_steps"])) > 1e-3  # it was trained
 
 
 @pytest.mark.parametrize("case, called", [

@@ -19,3 +19,17 @@ class RawGatherContrastiveTrainer(ContrastiveDigitsTrainer):
 
     def all_gather(self, value, axis: int = 0):
         return tf.distribute.get_replica_context().all_gather(value, axis=axis)
+
+
+class LearnedTemperatureContrastiveTrainer(ContrastiveDigitsTrainer):
+    """models/contrastive.py with a learnable log-scale of its logits held by the Trainer
+    (CLIP's learned temperature), made in ``build_model`` as a plain ``tf.Variable``:
+    trained with the model (it was never trained), the same on every replica count."""
+
+    def build_model(self):
+        self.log_scale = tf.Variable(0.0, trainable=True)
+        return super().build_model()
+
+    def compute_loss(self, batch, outputs):
+        z1, z2 = outputs
+        return super().compute_loss(batch, (z1 * tf.exp(self.log_scale), z2))
