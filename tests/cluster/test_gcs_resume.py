@@ -5,11 +5,13 @@ continuous evaluator on another host follows its checkpoints in the bucket.
 The launcher tests' digits config (``tests/launch_helpers/weights_config.py``: 30 steps
 of 5 per loop, final weights written to the workdir by ``WeightsTrainer``) with a
 checkpoint every 10 steps, ``--workdir=gs://...`` in the GCS emulator
-(tests/cluster/gcs.py). The interrupted run's input sleeps 1 s per batch from batch 10 on
-(``LAUNCH_TEST_SLOW_FROM``, only in a run that finds no marker of an earlier one), so
-SIGTERM 2 s after its step-10 progress line lands mid-loop (steps 11-15). The reference is the same
-run uninterrupted; resumed from the checkpoint, with the data position it holds, the
-final weights match it to 1e-5.
+(tests/cluster/gcs.py). The runs log every step (so a loop is one step), and the
+interrupted run's input sleeps 1 s per batch from batch 10 on (``LAUNCH_TEST_SLOW_FROM``,
+only in a run that finds no marker of an earlier one): SIGTERM is sent when its step-12
+line is printed, so the run stops at a loop end past the step-10 checkpoint and before
+step 20's, saving a checkpoint off the every-10 schedule. The reference is the same run
+uninterrupted; resumed from the checkpoint, with the data position it holds, the final
+weights match it to 1e-5.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import json
 import re
 import shutil
 import signal
-import time
 
 from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import Host
@@ -28,6 +29,8 @@ from tests.support.helpers import REPO, load_weights, max_abs_diff
 CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 STEPS = 30
 EVERY_10 = "--config.checkpoint.every_steps=10"
+EVERY_STEP = "--config.train.log_every_steps=1"  # a progress line (and a loop end) per step
+SIGNALLED_AT = 12  # the step whose line triggers SIGTERM
 SLOW = {"LAUNCH_TEST_SLOW_FROM": "10:1"}
 # No input-wait probe in the slowed run: its own copy of the input would read the slowed
 # batches for seconds, during which the run's prefetch gets ahead and the loop after
@@ -48,15 +51,17 @@ def test_a_preempted_run_resumes_exactly_on_a_new_host_and_the_evaluator_follows
     h0, h1 = cluster.hosts[:2]
     port = cluster.ports()[0]
     run_url, reference_url = bucket_url(f"resume-{port}"), bucket_url(f"resume-ref-{port}")
-    argv = trainer_argv(run_url, EVERY_10, NO_PROBES, config=CONFIG)
+    argv = trainer_argv(run_url, EVERY_10, EVERY_STEP, NO_PROBES, config=CONFIG)
     reference = start(cluster, gcs, h1, trainer_argv(reference_url, EVERY_10, config=CONFIG))
     interrupted = start(cluster, gcs, h0, argv, env=SLOW)
-    interrupted.wait_for(rf"^step 10/{STEPS}", RUN_S)
-    time.sleep(2)  # into the next loop of 5 slowed steps (>= 5 s): the stop is mid-loop
+    interrupted.wait_for(rf"^step {SIGNALLED_AT}/{STEPS}", RUN_S)
     interrupted.proc.send_signal(signal.SIGTERM)
     assert interrupted.finish(RUN_S) == 143, interrupted.output[-6000:]
     saved = int(re.findall(r"checkpoint of step (\d+) ->", interrupted.output)[-1])
-    assert saved == 15, interrupted.output[-3000:]  # the loop's end, off the every-10 schedule
+    # The end of the loop (one step) the signal reached, off the every-10 schedule: the
+    # preemption's own save. (The steps after 12 take 1 s each: the signal is handled long
+    # before step 20.)
+    assert SIGNALLED_AT <= saved < 20, interrupted.output[-3000:]
     assert reference.finish(RUN_S) == 0, reference.output[-6000:]
 
     empty_local_disks(h1)
