@@ -1,8 +1,23 @@
-"""Checkpoints in a bucket (gs://) over a slow link: what async saves cost training, the
-restore time, and the preemption save against a 30 s grace period.
+"""Checkpoints in a bucket (gs://) over a slow link: what a save, a stop's save and a
+restore cost in requests and round trips, what async saves cost training, the restore
+time, and the preemption save against a 30 s grace period.
 
     sudo python -m benchmarks.bucket_checkpoint [--rounds 5] [--latency_ms 20] [--rate_mbit 200]
                                                [--interval_s 6] [--json PATH]
+    sudo python -m benchmarks.bucket_checkpoint --requests [--latencies 50,150,300]
+                                               [--code DIR]
+
+``--requests``: the request bill, from the emulator's request log
+(:mod:`tests.cluster.gcs_requests`: requests by phase, and rounds, the sequential round
+trips), at each of ``--latencies`` ms per request (changed while the emulator runs):
+the digits command with ``--workdir=gs://...`` (loops of 10 steps, a save every 50),
+SIGTERM once its step-100 line is out, then a new process resuming from the bucket for
+50 more steps. Rows: the periodic save of step 50 (its objects' requests), the stop
+(SIGTERM to the stop's commit marker: every request of the run in that window; and
+SIGTERM to exit 143, seconds), the restore (the resuming run's checkpoint requests
+before its first upload) and its process start to first progress line (seconds).
+``--code DIR``: run that checkout of the framework instead (e.g. a ``git worktree`` of
+an earlier commit, for a before / after table).
 
 Needs root: it makes simulated hosts of its own (network namespaces ``tfbench-*`` on
 10.213.11.0/24, apart from the tests' cluster) with the tests' GCS emulator on the head
@@ -206,6 +221,96 @@ def report(args, results: dict) -> None:
               f"the bucket -> exit 143 in {result['seconds']:.1f} s (grace {GRACE_S:g} s)")
 
 
+# ------------------------------------------------------------------ request bills (--requests)
+REQUEST_FLAGS = ("--config.train.steps_per_loop=10", "--config.train.log_every_steps=50",
+                 "--config.checkpoint.every_steps=50", "--config.eval.every_steps=0",
+                 "--config.telemetry.probe_every_windows=0")
+
+
+def _bill_at(cluster, emulator, latency_ms: float, code: str | None) -> list[dict]:
+    """The request bill rows of one latency (see the module docstring)."""
+    from tests.cluster import gcs_requests
+    from tests.cluster.gcs import BUCKET
+    from tests.cluster.hosts import Watched
+
+    def start(cluster, emulator, host, argv, env):  # in --code's checkout when given
+        return Watched(cluster.popen(host, argv, env={**emulator.client_env(), **env},
+                                     cwd=code or None))
+
+    prefix = f"bill-{int(latency_ms)}-{int(time.time())}"
+    directory, url = f"{prefix}/checkpoints", f"gs://{BUCKET}/{prefix}"
+    env = {"PYTHONPATH": code} if code else {}
+    argv = [sys.executable, "-m", "trainer.main", f"--config={PREEMPTED_MODELS['digits']}",
+            f"--workdir={url}", *REQUEST_FLAGS]
+    emulator.set_latency(latency_ms)
+    try:
+        logged = len(emulator.requests())
+        proc = start(cluster, emulator, 0, [*argv, "--config.train.steps=100000"], env)
+        proc.wait_for(r"^step 100/", 900)
+        signalled, began = time.time(), time.perf_counter()
+        proc.proc.send_signal(signal.SIGTERM)
+        code_ = proc.finish(900)
+        exit_s = time.perf_counter() - began
+        if code_ != 143:
+            raise RuntimeError(f"exit {code_} after SIGTERM:\n{proc.output[-3000:]}")
+        stopped = int(re.findall(r"checkpoint of step (\d+)", proc.output)[-1])
+        first = [r for r in emulator.requests()[logged:] if gcs_requests.belongs(r, prefix)]
+        resumed_at, started = len(emulator.requests()), time.perf_counter()
+        again = start(cluster, emulator, 0, [*argv, f"--config.train.steps={stopped + 50}"], env)
+        again.wait_for(r"^step \d+/", 900)
+        to_first_step = time.perf_counter() - started
+        if again.finish(900) != 0:
+            raise RuntimeError(f"the resume failed:\n{again.output[-3000:]}")
+        second = [r for r in emulator.requests()[resumed_at:] if gcs_requests.belongs(r, prefix)]
+    finally:
+        emulator.set_latency(None)
+    commit = gcs_requests.commit_of(first, directory, stopped)
+    stop = gcs_requests.between(first, signalled, commit["end"] if commit else float("inf"))
+    ours = [r for r in second if (r.get("object") or gcs_requests.listed_prefix(r) or ""
+                                  ).startswith(directory)]
+    upload = min((r["t"] for r in ours if gcs_requests.phase(r) == "data upload"),
+                 default=float("inf"))
+    return [
+        {"latency_ms": latency_ms, "what": "save (step 50)",
+         **gcs_requests.bill(gcs_requests.step_requests(first, directory, 50))},
+        {"latency_ms": latency_ms, "what": f"stop: SIGTERM -> commit (step {stopped})",
+         **gcs_requests.bill(stop), "exit_143_s": round(exit_s, 1)},
+        {"latency_ms": latency_ms, "what": "restore", "start_to_first_step_s":
+         round(to_first_step, 1), **gcs_requests.bill([r for r in ours if r["t"] < upload])},
+    ]
+
+
+def request_bills(args) -> list[dict]:
+    from tests.cluster.gcs import GcsEmulator
+    from tests.cluster.hosts import SimulatedCluster
+
+    cluster = SimulatedCluster(root=CLUSTER_DIR, **CLUSTER)
+    cluster.up()
+    try:
+        emulator = GcsEmulator(cluster)
+        emulator.start()
+        rows = []
+        for latency in [float(x) for x in args.latencies.split(",")]:
+            rows += _bill_at(cluster, emulator, latency, args.code)
+            print(f"  {latency:g} ms a request: done", flush=True)
+        return rows
+    finally:
+        cluster.down()
+
+
+def report_bills(rows: list[dict]) -> None:
+    from tests.cluster.gcs_requests import PHASES
+
+    phases = [p for p in PHASES if any(r[p] for r in rows)]
+    head = ["ms", "what", "requests", "rounds", "seconds", *phases, "to exit / first step"]
+    print(" | ".join(head))
+    for r in rows:
+        extra = r.get("exit_143_s", r.get("start_to_first_step_s", ""))
+        print(" | ".join(str(v) for v in [int(r["latency_ms"]), r["what"], r["requests"],
+                                           r["rounds"], r["seconds"], *(r[p] for p in phases),
+                                           f"{extra} s" if extra != "" else ""]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -214,6 +319,10 @@ def main() -> None:
     parser.add_argument("--interval_s", type=float, default=6.0,
                         help="seconds of training between two saves")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--requests", action="store_true",
+                        help="the request bill by phase at each of --latencies")
+    parser.add_argument("--latencies", default="50,150,300", help="ms per request")
+    parser.add_argument("--code", help="run this checkout of the framework (PYTHONPATH)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bucket", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -222,6 +331,12 @@ def main() -> None:
         return
     if os.geteuid() != 0:
         raise SystemExit("benchmarks.bucket_checkpoint makes network namespaces: run it as root")
+    if args.requests:
+        rows = request_bills(args)
+        report_bills(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
+        return
     results = parent(args)
     report(args, results)
     if args.json:

@@ -84,10 +84,10 @@ def between(records: list[dict], start: float, end: float) -> list[dict]:
 
 
 def step_requests(records: list[dict], directory: str, step: int) -> list[dict]:
-    """The requests naming objects of ``directory/step/`` (``directory``: the object
-    prefix of a checkpoint directory, e.g. ``run/checkpoints``)."""
+    """The requests naming objects of ``directory/step/``, or listing inside it
+    (``directory``: the object prefix of a checkpoint directory, e.g. ``run/checkpoints``)."""
     prefix = f"{directory.rstrip('/')}/{step}/"
-    return [r for r in records if (r.get("object") or "").startswith(prefix)]
+    return [r for r in records if (r.get("object") or listed_prefix(r) or "").startswith(prefix)]
 
 
 def commit_of(records: list[dict], directory: str, step: int) -> dict | None:

@@ -107,3 +107,37 @@ def test_saves_the_stop_and_the_resume_cost_a_few_round_trips(cluster, gcs):
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["step"] == stopped + 50 and seen["finite"], seen
     assert seen["leaves"] >= 4, seen  # the model's kernels and biases, the optimizer's slots
+
+
+def test_a_stop_save_the_bucket_does_not_take_ends_with_the_grace_period(cluster, gcs):
+    """Every checkpoint write answered 503 from step 50 on: the client retries (said while
+    the stop's save waits), and when ``checkpoint.preemption_grace_s`` after SIGTERM runs
+    out the run gives the write up and exits 143 with one line naming the last good
+    checkpoint, which the bucket holds committed."""
+    prefix = f"grace-{cluster.ports()[0]}"
+    proc = start(cluster, gcs, 0, trainer_argv(bucket_url(prefix), "--config.train.steps=100000",
+                                               "--config.checkpoint.preemption_grace_s=15",
+                                               *FLAGS))
+    try:
+        proc.wait_for(r"^step 50/", RUN_S)
+        gcs.inject(503, count=10**6, path_contains=f"{prefix}%2Fcheckpoints%2F",
+                   methods=("POST", "PUT"))
+        proc.wait_for(r"^step 100/", RUN_S)
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.finish(RUN_S) == 143, proc.output[-6000:]
+    finally:
+        gcs.inject(503, count=0, path_contains=prefix)
+    output = proc.output
+    assert "checkpoint.preemption_grace_s=15 s after the stop signal ran out" in output, \
+        output[-6000:]
+    assert "the bucket answered 503 (Service Unavailable); its client retries" in output, \
+        output[-6000:]
+    assert "The stop's checkpoint committed" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if line.startswith("preempted at step")]
+    assert len(lines) == 1, lines
+    assert re.search(r"NO checkpoint of step \d+ could be saved, the last good one is ",
+                     lines[0]), lines[0]
+    named = re.search(r"the last good one is step (\d+)", lines[0])
+    if named:  # the step named is committed in the bucket
+        assert gcs_requests.commit_of(gcs.requests(), f"{prefix}/checkpoints",
+                                      int(named.group(1))) is not None, lines[0]

@@ -30,9 +30,11 @@ step into a local staging directory (its own rename commit, at local-disk speed)
   (``_CHECKPOINT_METADATA``: the metrics best-N ranks by) into the staging directory, so
   orbax's retention there sees the bucket's steps as it would see them in the bucket.
 
-The client retries what GCS says is transient (429, 5xx; google-cloud-storage's
-``DEFAULT_RETRY``: exponential backoff); :func:`trainer.runtime.waiting.said_while_waiting`
-around the caller makes a long wait one line every 10 s. Contexts: host; any thread.
+The client retries what GCS says is transient (429, 5xx, a dropped connection; backoff
+from 1 s doubling to 32 s, for 120 s at most, as google-cloud-storage's default);
+:func:`retrying` says what it last retried, which
+:func:`trainer.runtime.waiting.said_while_waiting` adds to the line it prints every 10 s
+while a caller waits. Contexts: host; any thread.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
+import time
 from concurrent import futures
+from http import HTTPStatus
 from typing import Any, Iterable
 
 from trainer.checkpoint import checksums
@@ -73,10 +78,61 @@ def _client() -> Any:
     return storage.Client()
 
 
-def _retry() -> Any:
-    from google.cloud.storage.retry import DEFAULT_RETRY
+RETRY_SAID_S = 60.0  # a retry older than this is no longer what a wait is about
+_retried: dict[str, Any] = {}  # the last error the client retried ("error", "at")
+_retried_lock = threading.Lock()
 
-    return DEFAULT_RETRY
+
+def _note_retry(error: BaseException) -> None:
+    with _retried_lock:
+        _retried.update(error=error, at=time.monotonic())
+
+
+TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})  # statuses GCS says to retry
+
+
+def _status(error: BaseException) -> int | None:
+    """The HTTP status of a client error (google-api-core's, or an upload's
+    ``InvalidResponse``), or None."""
+    code = getattr(error, "code", None)
+    if isinstance(code, int):
+        return code
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether the client retries ``error``: a status GCS says is transient, or a
+    connection that failed or broke."""
+    import requests
+
+    return _status(error) in TRANSIENT or isinstance(error, (
+        ConnectionError, requests.exceptions.ConnectionError,
+        requests.exceptions.ChunkedEncodingError, requests.exceptions.Timeout))
+
+
+def retrying() -> str | None:
+    """What the bucket's client retried last, within :data:`RETRY_SAID_S` ("the bucket
+    answered 503 (Service Unavailable); its client retries"), or None."""
+    with _retried_lock:
+        error, at = _retried.get("error"), _retried.get("at")
+    if error is None or time.monotonic() - at > RETRY_SAID_S:
+        return None
+    status = _status(error)
+    answer = (f"answered {status} ({HTTPStatus(status).phrase})" if status in TRANSIENT
+              else f"did not answer ({type(error).__name__})")
+    return f"the bucket {answer}; its client retries"
+
+
+@functools.cache
+def _retry() -> Any:
+    """The retry policy of every request here: :func:`_transient` errors, backoff from
+    1 s doubling to 32 s, 120 s in all (google-cloud-storage's default), each retried
+    error noted for :func:`retrying`."""
+    from google.api_core.retry import Retry
+
+    return Retry(predicate=_transient, initial=1.0, maximum=32.0, multiplier=2.0,
+                 timeout=120.0, on_error=_note_retry)
 
 
 def _crc_b64(crc: int) -> str:

@@ -5,7 +5,9 @@ newest first: the step, its state (``complete``, ``incomplete`` or ``corrupt``, 
 :mod:`trainer.checkpoint.inventory`), the directory and what was found (checksums
 match, no checksums, the file that does not match...), then the step a resume would
 restore. Reads only; exit status 0, or 1 (one ``Workdir error`` line) when ``DIR`` is
-not a directory. Checking reads every file of every checkpoint.
+not a directory. Checking reads every file of every checkpoint (in a bucket: each step
+downloaded in parallel, then checked); a wait past 5 s is said every 10 s, with what the
+bucket answered while its client retries.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import argparse
 import sys
 
 from trainer import errors
-from trainer.checkpoint import inventory
+from trainer.checkpoint import bucket, inventory
+from trainer.runtime.waiting import said_while_waiting
 from tf_cluster.storage_schemes import absolute
 
 
@@ -30,10 +33,12 @@ def inspect(workdir: str) -> int:
     """Prints ``workdir``'s checkpoints (see the module docstring); returns 0."""
     import tensorflow as tf
 
-    if not tf.io.gfile.isdir(workdir):
+    if not bucket.is_bucket(workdir) and not tf.io.gfile.isdir(workdir):
         raise errors.WorkdirError(f"--workdir={workdir} is not a directory; name the "
                                   f"--workdir of a run.")
-    entries = inventory.survey(absolute(workdir))
+    with said_while_waiting(f"the checkpoints of {workdir} to be listed and read",
+                            why=bucket.retrying):
+        entries = inventory.survey(absolute(workdir))
     for line in table(entries):
         print(line)
     good = next((e for e in entries if e.state == inventory.COMPLETE), None)

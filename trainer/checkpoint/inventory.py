@@ -38,10 +38,12 @@ class Entry:
 
 
 def check(step: int, path: str) -> Entry:
-    """The state of the committed step directory ``path``."""
+    """The state of the committed step directory ``path`` (in a bucket: downloaded in
+    parallel, then checked locally)."""
     try:
-        verified = store.verify(path)
-        store.read_manifest(path)
+        with store.readable(path) as local:
+            verified = store.verify(local)
+            store.read_manifest(local)
     except store.Unreadable as error:
         return Entry(step, path, CORRUPT, str(error))
     return Entry(step, path, COMPLETE,

@@ -31,18 +31,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint import inventory
+from trainer.checkpoint import bucket, inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.resume import load
 from trainer.checkpoint.save_failures import SaveFailures
-from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore
+from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, StillWriting
 from trainer.config import ConfigError
 from trainer.distribution import host_collectives
 from trainer.errors import storage_fault
@@ -85,6 +86,7 @@ class Checkpointer(Service):
         self.failures, self.deferral = SaveFailures(workdir), deferral or SaveDeferral(self.every)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
+        self._deadline: float | None = None  # a preemption's stop save: grace period's end
 
     def next_boundary(self, step: int) -> float:
         return next_multiple(step, self.every if self.enabled else 0)
@@ -125,9 +127,14 @@ class Checkpointer(Service):
                wait: bool) -> bool:
         """Writes the current state to ``kind`` (chief); False when it was skipped
         (:mod:`~trainer.checkpoint.deferral`) or a storage fault stopped it."""
-        if (not wait and kind == LATEST_DIR and run.step < self.total and self.deferral.skip(
-                run.step, lambda: self.store.in_flight(kind), os.path.join(run.workdir, kind))):
-            return False
+        if not wait and kind == LATEST_DIR and run.step < self.total:
+            if signals.seconds_since_signal() is not None:
+                logging.info("checkpoint of step %d: left to the stop's save at this boundary "
+                             "(a stop signal came).", run.step)
+                return False
+            if self.deferral.skip(run.step, lambda: self.store.in_flight(kind),
+                                  os.path.join(run.workdir, kind)):
+                return False
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
             if self.store.vanished(kind):
@@ -137,8 +144,11 @@ class Checkpointer(Service):
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
             with said_while_waiting(f"the checkpoint of step {run.step} being written to "
-                                    f"{os.path.join(run.workdir, kind)}"):
-                self.store.save(kind, run.step, state, manifest, metrics, wait)
+                                    f"{os.path.join(run.workdir, kind)}", why=bucket.retrying):
+                self.store.save(kind, run.step, state, manifest, metrics, wait,
+                                timeout=self._remaining())
+        except StillWriting:
+            raise
         except Exception as error:  # noqa: BLE001 - only storage faults are handled
             self._storage_fault(error, kind, run.step, final=wait)
             return False
@@ -180,10 +190,13 @@ class Checkpointer(Service):
             step = self.store.pending(name)
             notice = (contextlib.nullcontext() if step is None else said_while_waiting(
                 f"the checkpoint of step {step} being written to "
-                f"{os.path.join(self.store.workdir, name)} to commit"))  # none: no thread
+                f"{os.path.join(self.store.workdir, name)} to commit",
+                why=bucket.retrying))  # none: no thread
             try:
                 with notice:
-                    self.store.wait(name)
+                    self.store.wait(name, timeout=self._remaining())
+            except StillWriting:
+                raise
             except Exception as error:  # noqa: BLE001 - only storage faults are handled
                 self._storage_fault(error, name, step, final)
                 continue
@@ -201,6 +214,10 @@ class Checkpointer(Service):
             del self._saved[kind]  # not saved: a stop's save at this step writes it again
         self.store.discard(kind)
         self.failures.failed(error, os.path.join(self.store.workdir, kind), step, final)
+
+    def _remaining(self) -> float | None:
+        """Seconds left of a preemption's grace period (None: no bound)."""
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def wait(self) -> None:
         """Blocks until pending async saves are committed (chief; others return)."""
@@ -251,16 +268,41 @@ class Checkpointer(Service):
         if run.step >= self.total:
             host_collectives.barrier(run.strategy)
             return
-        committed = self.save(run, wait=True)
-        self._check_grace(run)
+        committed, last_good = self._stop_save(run)
+        if committed:
+            self._check_grace(run)
         report = None
         if self.chief:
             saved = run.step if committed else None
             report = {"saved": saved, "last_good": (
                 f"step {saved} ({self.store.path(LATEST_DIR, saved)})" if saved is not None
-                else inventory.describe_last_good(run.workdir))}
+                else last_good or inventory.describe_last_good(run.workdir))}
         report = host_collectives.json_from_chief(run.strategy, report)
         run.report_stop_save(report["saved"], report["last_good"])
+
+    def _stop_save(self, run: RunContext) -> tuple[bool, str | None]:
+        """The stop's save: ``(committed, the last good checkpoint when already known)``.
+        After a preemption, on a workdir in a bucket, the waits are bounded by what is
+        left of ``checkpoint.preemption_grace_s``: a write still running then is given
+        up (one warning) and the last good checkpoint is the newest this run knows
+        committed, so the run's last line is said before the platform's kill."""
+        since = signals.seconds_since_signal()
+        if (run.stopped_by == "preemption" and since is not None and self.chief
+                and self.store.staged):
+            self._deadline = time.monotonic() + max(0.0, self.grace_s - since)
+        try:
+            return self.save(run, wait=True), None
+        except StillWriting as error:
+            self.store.abandon()
+            known = self.store.last_committed(LATEST_DIR)
+            last_good = (f"step {known} ({self.store.path(LATEST_DIR, known)})"
+                         if known is not None else "none known to this run")
+            logging.warning("%s when checkpoint.preemption_grace_s=%g s after the stop signal "
+                            "ran out (the storage is slow or failing): the run ends now without "
+                            "it; the last good checkpoint is %s.", error, self.grace_s, last_good)
+            return False, last_good
+        finally:
+            self._deadline = None
 
     def _check_grace(self, run: RunContext) -> None:
         """Says when a preemption's save committed past the grace period (a spot VM may

@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from concurrent import futures
 from typing import Any, Callable, Iterator
 
@@ -54,6 +55,10 @@ BEST_DIR = "checkpoints_best"
 
 class Unreadable(Exception):
     """A committed step whose files cannot be read (corrupt or incomplete)."""
+
+
+class StillWriting(Exception):
+    """A write still runs when the time given to :meth:`CheckpointStore.wait` is up."""
 
 
 def orbax():
@@ -311,6 +316,11 @@ class CheckpointStore:
         self._threads: dict[str, futures.ThreadPoolExecutor] = {}
         self._cleanups: list[futures.Future] = []
 
+    @property
+    def staged(self) -> bool:
+        """Whether steps are staged locally and uploaded (a workdir in a bucket)."""
+        return self._staged
+
     def _thread(self, name: str) -> futures.ThreadPoolExecutor:
         if name not in self._threads:
             self._threads[name] = futures.ThreadPoolExecutor(1, f"checkpoint-{name}")
@@ -397,21 +407,35 @@ class CheckpointStore:
             running = manager is not None and manager.is_saving_in_progress()
         return self._pending.get(kind) if running else None
 
-    def wait(self, kind: str | None = None) -> None:
+    def wait(self, kind: str | None = None, timeout: float | None = None) -> None:
         """Blocks until the async writes of ``kind`` (default: every kind) are committed;
-        raises the error of a write that failed."""
+        raises the error of a write that failed. ``timeout``: seconds at most for a
+        bucket's uploads; :class:`StillWriting` when one still runs then (it stays
+        pending)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for name, manager in list(self._managers.items()):
             if kind in (None, name):
                 manager.wait_until_finished()
-                upload = self._uploads.pop(name, None)
+                upload = self._uploads.get(name)
                 if upload is not None:
-                    upload.result()
+                    try:
+                        upload.result(None if deadline is None
+                                      else max(0.0, deadline - time.monotonic()))
+                    except futures.TimeoutError as error:
+                        raise StillWriting(f"the checkpoint of step {self._pending.get(name)}"
+                                           f" is still being written to "
+                                           f"{os.path.join(self.workdir, name)}") from error
+                    finally:
+                        if upload.done():
+                            self._uploads.pop(name, None)
                 self._pending.pop(name, None)
 
     def save(self, kind: str, step: int, state: dict, manifest: dict,
-             metrics: dict[str, float] | None = None, wait: bool = False) -> None:
-        """Writes ``state`` / ``manifest`` as ``step`` (async unless ``wait``). The caller
-        must not change ``state``'s arrays until :meth:`wait` returns."""
+             metrics: dict[str, float] | None = None, wait: bool = False,
+             timeout: float | None = None) -> None:
+        """Writes ``state`` / ``manifest`` as ``step`` (async unless ``wait``; ``timeout``:
+        see :meth:`wait`). The caller must not change ``state``'s arrays until
+        :meth:`wait` returns."""
         ocp = orbax()
         self._pending[kind] = step
         manager = self._manager(kind)
@@ -421,7 +445,25 @@ class CheckpointStore:
             self._uploads[kind] = self._thread("upload").submit(
                 self._upload, kind, step, manager, not wait)
         if wait:
-            self.wait(kind)
+            self.wait(kind, timeout)
+
+    def last_committed(self, kind: str) -> int | None:
+        """The newest step of ``kind`` this store knows committed in the bucket (seen at
+        its first save, or uploaded since), without asking the storage; None when it
+        knows none (or the workdir is not in a bucket)."""
+        return max(self._in_bucket.get(kind, ()), default=None)
+
+    def abandon(self) -> None:
+        """Gives up the writes still running (a stop whose grace period ran out): their
+        threads are left to end with the process, nothing is waited for again, and the
+        steps they write stay uncommitted (a restart deletes them)."""
+        for thread in self._threads.values():
+            thread.shutdown(wait=False, cancel_futures=True)
+        self._managers.clear()
+        self._pending.clear()
+        self._uploads.clear()
+        self._threads.clear()
+        self._cleanups.clear()
 
     def _upload(self, kind: str, step: int, manager: Any, retain: bool) -> None:
         """(The upload thread.) Once orbax committed ``step`` in the staging directory:

@@ -11,23 +11,27 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from absl import logging
 
 
 @contextlib.contextmanager
-def said_while_waiting(what: str, after_s: float = 5.0, every_s: float = 10.0
-                       ) -> Iterator[None]:
+def said_while_waiting(what: str, after_s: float = 5.0, every_s: float = 10.0,
+                       why: Callable[[], str | None] = lambda: None) -> Iterator[None]:
     """Logs ``waiting for WHAT (N s so far)`` while the block runs past ``after_s``
-    seconds, then every ``every_s`` seconds; silent for a block that ends sooner."""
+    seconds, then every ``every_s`` seconds; silent for a block that ends sooner.
+    ``why()``: what the wait is known to be about at that moment (e.g. "the bucket
+    answered 503 Service Unavailable; its client retries"), added to the line."""
     done = threading.Event()
     started = time.monotonic()
 
     def say() -> None:
         wait = after_s
         while not done.wait(wait):
-            logging.warning("waiting for %s (%.0f s so far)", what, time.monotonic() - started)
+            reason = why()
+            logging.warning("waiting for %s (%.0f s so far%s)", what,
+                            time.monotonic() - started, f"; {reason}" if reason else "")
             wait = every_s
 
     thread = threading.Thread(target=say, daemon=True, name="waiting-notice")
