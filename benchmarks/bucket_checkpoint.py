@@ -15,7 +15,10 @@ SIGTERM once its step-100 line is out, then a new process resuming from the buck
 50 more steps. Rows: the periodic save of step 50 (its objects' requests), the stop
 (SIGTERM to the stop's commit marker: every request of the run in that window; and
 SIGTERM to exit 143, seconds), the restore (the resuming run's checkpoint requests
-before its first upload) and its process start to first progress line (seconds).
+before its first upload) and its process start to first progress line (seconds), and
+the cadence: a 1,000-step digits run with a save due every 50 steps, saves written and
+skipped (a save due while the previous one is still being written waits 10 s, then is
+skipped).
 ``--code DIR``: run that checkout of the framework instead (e.g. a ``git worktree`` of
 an earlier commit, for a before / after table).
 
@@ -262,8 +265,16 @@ def _bill_at(cluster, emulator, latency_ms: float, code: str | None) -> list[dic
         if again.finish(900) != 0:
             raise RuntimeError(f"the resume failed:\n{again.output[-3000:]}")
         second = [r for r in emulator.requests()[resumed_at:] if gcs_requests.belongs(r, prefix)]
+        cadence = start(cluster, emulator, 0, [
+            sys.executable, "-m", "trainer.main", f"--config={PREEMPTED_MODELS['digits']}",
+            f"--workdir={url}-cadence", "--config.train.steps=1000",
+            "--config.checkpoint.every_steps=50", "--config.eval.every_steps=0"], env)
+        if cadence.finish(900) != 0:
+            raise RuntimeError(f"the cadence run failed:\n{cadence.output[-3000:]}")
     finally:
         emulator.set_latency(None)
+    saved = len(re.findall(r"checkpoint of step \d+ -> ", cadence.output))
+    skipped = len(re.findall(r"checkpoint of step \d+ skipped", cadence.output))
     commit = gcs_requests.commit_of(first, directory, stopped)
     stop = gcs_requests.between(first, signalled, commit["end"] if commit else float("inf"))
     ours = [r for r in second if (r.get("object") or gcs_requests.listed_prefix(r) or ""
@@ -277,6 +288,8 @@ def _bill_at(cluster, emulator, latency_ms: float, code: str | None) -> list[dic
          **gcs_requests.bill(stop), "exit_143_s": round(exit_s, 1)},
         {"latency_ms": latency_ms, "what": "restore", "start_to_first_step_s":
          round(to_first_step, 1), **gcs_requests.bill([r for r in ours if r["t"] < upload])},
+        {"latency_ms": latency_ms, "what": "cadence: 1,000 steps, a save due every 50",
+         "saved": saved, "skipped": skipped},
     ]
 
 
@@ -301,10 +314,14 @@ def request_bills(args) -> list[dict]:
 def report_bills(rows: list[dict]) -> None:
     from tests.cluster.gcs_requests import PHASES
 
-    phases = [p for p in PHASES if any(r[p] for r in rows)]
+    phases = [p for p in PHASES if any(r.get(p) for r in rows)]
     head = ["ms", "what", "requests", "rounds", "seconds", *phases, "to exit / first step"]
     print(" | ".join(head))
     for r in rows:
+        if "skipped" in r:
+            print(f"{int(r['latency_ms'])} | {r['what']}: {r['saved']} saved, "
+                  f"{r['skipped']} skipped")
+            continue
         extra = r.get("exit_143_s", r.get("start_to_first_step_s", ""))
         print(" | ".join(str(v) for v in [int(r["latency_ms"]), r["what"], r["requests"],
                                            r["rounds"], r["seconds"], *(r[p] for p in phases),

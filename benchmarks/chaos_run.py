@@ -1,6 +1,7 @@
 """A longer chaos campaign than CI's: N random faults on one run into a bucket.
 
-    sudo python -m benchmarks.chaos_run [--faults 8] [--steps 400] [--seed 0] [--json PATH]
+    sudo python -m benchmarks.chaos_run [--faults 8] [--steps 400] [--seed 0] [--every 10]
+                                        [--latency_ms 0] [--json PATH]
 
 Needs root and the tests' simulated hosts with the GCS emulator (``.ci/run`` starts
 them; ``tests/cluster/netns_hosts.sh up 2 && python -m tests.cluster.gcs start`` by
@@ -11,7 +12,9 @@ group of two workers that loses one to SIGKILL and is restarted by its launcher
 (``launch.multiworker --max_restarts 1``), to the end; an uninterrupted run of the
 same command on the other host is the reference.
 Prints the fault count, max|dw| against the reference and the goodput (productive
-training time / wall time) overall and per fault kind.
+training time / wall time) overall and per fault kind. ``--every``: a checkpoint every
+that many steps; ``--latency_ms``: the emulator answers every request that much later
+for the campaign (a real bucket's median is 60-130 ms).
 """
 
 from __future__ import annotations
@@ -44,27 +47,41 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=8)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--every", type=int, default=10, help="checkpoint.every_steps")
+    parser.add_argument("--latency_ms", type=float, default=0.0,
+                        help="added by the emulator to every answer")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
-    from tests.cluster import chaos
     from tests.cluster.gcs import GcsEmulator
-    from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
     from tests.cluster.hosts import DEFAULT_DIR, SimulatedCluster
-    from tests.support.helpers import load_weights, max_abs_diff
 
     cluster = SimulatedCluster(hosts=2, root=Path(DEFAULT_DIR))
     cluster.up()
     gcs = GcsEmulator(cluster)
     gcs.start()
+    gcs.set_latency(args.latency_ms or None)
+    try:
+        _campaign(args, cluster, gcs)
+    finally:
+        gcs.set_latency(None)
+
+
+def _campaign(args, cluster, gcs) -> None:
+    from tests.cluster import chaos
+    from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
+    from tests.support.helpers import load_weights, max_abs_diff
+
     tag = f"chaos-bench-{int(time.time())}"
     faults = random.Random(args.seed).choices(chaos.KINDS, k=args.faults)
     started = time.monotonic()
     reference = start(cluster, gcs, cluster.hosts[1],
-                      trainer_argv(bucket_url(f"{tag}-ref"), *chaos.flags(args.steps),
+                      trainer_argv(bucket_url(f"{tag}-ref"),
+                                   *chaos.flags(args.steps, args.every),
                                    config=chaos.CONFIG),
                       env={"LAUNCH_TEST_SLOW_FROM": f"0:{chaos.STEP_S}"})
-    campaign = chaos.Campaign(cluster, gcs, cluster.hosts[0], tag, args.steps, args.seed)
+    campaign = chaos.Campaign(cluster, gcs, cluster.hosts[0], tag, args.steps, args.seed,
+                              args.every)
     for i, fault in enumerate([*faults, chaos.LAST]):
         attempt = campaign.attempt(fault)
         print(f"attempt {i + 1}: {fault:<24} resumed from {attempt.resumed:>4}, exit "
@@ -78,7 +95,8 @@ def main() -> None:
         diff = max_abs_diff(load_weights(Path(tmp) / "ref" / "weights-local-0.npz"),
                             load_weights(Path(tmp) / "run" / "weights-worker-0.npz"))
     goodput = chaos.goodput(campaign.attempts, args.steps, reference_s / args.steps)
-    title = (f"chaos_run: {args.faults + 1} faults ({', '.join(sorted({*faults, chaos.LAST}))}), "
+    title = (f"chaos_run: saves every {args.every} steps, +{args.latency_ms:g} ms a request, "
+             f"{args.faults + 1} faults ({', '.join(sorted({*faults, chaos.LAST}))}), "
              f"{len(campaign.attempts)} attempts, {args.steps} steps, seed {args.seed}")
     print("\n" + format_summary(title, diff, sum(a.wall_s for a in campaign.attempts),
                                 reference_s, goodput))

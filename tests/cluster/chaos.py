@@ -78,9 +78,9 @@ class Attempt:
     output: str
 
 
-def flags(steps: int) -> list[str]:
+def flags(steps: int, every: int = 10) -> list[str]:
     return [f"--config.train.steps={steps}", "--config.train.steps_per_loop=5",
-            "--config.train.log_every_steps=5", "--config.checkpoint.every_steps=10",
+            "--config.train.log_every_steps=5", f"--config.checkpoint.every_steps={every}",
             "--config.telemetry.probe_every_windows=0", "--config.checkpoint.lease_s=10"]
 
 
@@ -112,10 +112,10 @@ class Campaign:
     """The attempts of one chaos run on ``host`` into ``gs://BUCKET/prefix``."""
 
     def __init__(self, cluster: SimulatedCluster, gcs: GcsEmulator, host: Host, prefix: str,
-                 steps: int, seed: int = 0):
+                 steps: int, seed: int = 0, every: int = 10):
         self.cluster, self.gcs, self.host, self.prefix = cluster, gcs, host, prefix
         self.steps, self.rng = steps, random.Random(seed)
-        self.argv = trainer_argv(bucket_url(prefix), *flags(steps), config=CONFIG)
+        self.argv = trainer_argv(bucket_url(prefix), *flags(steps, every), config=CONFIG)
         self.attempts: list[Attempt] = []
 
     def _script(self, script: str, *args: str) -> str:

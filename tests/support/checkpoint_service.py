@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from trainer.checkpoint.store import CheckpointStore
+from trainer.checkpoint.managers import CheckpointStore
 
 
 class HeldStore(CheckpointStore):

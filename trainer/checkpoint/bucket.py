@@ -4,9 +4,9 @@ Orbax writing a step straight into a bucket cost ~130 requests per save, almost 
 after another (each directory test is two requests, OCDBT commits in rounds, the
 checksums read every file back): 20-40 s at 150-300 ms a request, whatever the state's
 size, so periodic saves were deferred and a spot VM's 30 s notice was missed. So for a
-``gs://`` workdir, :class:`trainer.checkpoint.store.CheckpointStore` has orbax write each
-step into a local staging directory (its own rename commit, at local-disk speed) and
-:class:`BucketSteps` then moves it to the bucket:
+``gs://`` workdir, :class:`trainer.checkpoint.managers.CheckpointStore` has orbax write
+each step into a local staging directory (its own rename commit, at local-disk speed)
+and :class:`BucketSteps` then moves it to the bucket:
 
 * :meth:`BucketSteps.upload` sends the step's files in parallel (google-cloud-storage's
   ``transfer_manager``, :data:`PARALLEL` at once; one request a file up to 8 MiB), each

@@ -167,7 +167,7 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
     again, and what is checked is what was restored. Other files are read; with
     ``read=False`` none is: only each file's presence and size are checked (one stat
     per file: what a just-committed save is checked by, see
-    :meth:`trainer.checkpoint.store.CheckpointStore.committed`).
+    :meth:`trainer.checkpoint.managers.CheckpointStore.committed`).
 
     Returns True when verified, False when the step has no checksums at all (written
     before them: unverified). Raises :class:`Mismatch` naming the first file that is

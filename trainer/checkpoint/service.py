@@ -43,7 +43,8 @@ from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.resume import load
 from trainer.checkpoint.save_failures import SaveFailures
-from trainer.checkpoint.store import BEST_DIR, LATEST_DIR, CheckpointStore, StillWriting
+from trainer.checkpoint.managers import CheckpointStore, StillWriting
+from trainer.checkpoint.store import BEST_DIR, LATEST_DIR
 from trainer.config import ConfigError
 from trainer.distribution import host_collectives
 from trainer.errors import storage_fault
@@ -63,7 +64,7 @@ class Checkpointer(Service):
     ``events`` (the run's :class:`trainer.run_context.RunEvents`), the first ``fit()`` after
     a restore written by another number of workers reports ``{"kind": "resume", "step",
     "from_workers", "to_workers"}`` (metrics.jsonl and one console line). ``store`` and
-    ``deferral``: the :class:`~trainer.checkpoint.store.CheckpointStore` and
+    ``deferral``: the :class:`~trainer.checkpoint.managers.CheckpointStore` and
     :class:`~trainer.checkpoint.deferral.SaveDeferral` to use instead of the default
     ones (a slower or failing store under test).
     """
