@@ -33,6 +33,7 @@ from typing import Any
 
 import keras
 import ml_collections
+from absl import logging
 
 from trainer.errors import HookError
 
@@ -164,16 +165,15 @@ def check_arguments(optimizer: keras.optimizers.Optimizer, where: str) -> None:
 
 
 def adopt(optimizer: keras.optimizers.Optimizer, where: str, policy: str,
-          loss_scale: Any) -> tuple[keras.optimizers.Optimizer, str | None]:
-    """``(the optimizer to train with, an info line or None)`` for what
-    ``build_optimizer`` returned. A ``LossScaleOptimizer`` is taken apart: its inner
-    optimizer trains, and its ``initial_scale`` and ``dynamic_growth_steps`` become the
-    framework's loss scaling (``loss_scale``: the :class:`trainer.precision.PrecisionState`,
-    its ``scale`` assigned, its ``growth_interval`` set) under ``policy`` mixed_float16;
-    other policies scale no loss. Keras' own scaling would divide the update by a second
-    scale and decide overflows on one replica's gradients. Then
-    :func:`check_arguments`. Host, before the first trace."""
-    line = None
+          loss_scale: Any) -> keras.optimizers.Optimizer:
+    """The optimizer to train with, for what ``build_optimizer`` returned. A
+    ``LossScaleOptimizer`` is taken apart, with one info line: its inner optimizer trains,
+    and its ``initial_scale`` and ``dynamic_growth_steps`` become the framework's loss
+    scaling (``loss_scale``: the :class:`trainer.precision.PrecisionState`, its ``scale``
+    assigned, its ``growth_interval`` set) under ``policy`` mixed_float16; other policies
+    scale no loss. Keras' own scaling would divide the update by a second scale and
+    decide overflows on one replica's gradients. Then :func:`check_arguments`. Host,
+    before the first trace."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         wrapper, optimizer = optimizer, optimizer.inner_optimizer
         inner = type(optimizer).__name__
@@ -190,5 +190,6 @@ def adopt(optimizer: keras.optimizers.Optimizer, where: str, policy: str,
             line = (f"{where} a LossScaleOptimizer: training with its inner {inner}; "
                     f"precision.policy={policy!r} scales no loss (only 'mixed_float16' "
                     f"does), so its loss scaling is not used.")
+        logging.info("%s", line)
     check_arguments(optimizer, where)
-    return optimizer, line
+    return optimizer

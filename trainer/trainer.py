@@ -137,19 +137,15 @@ class Trainer:
                 logging.warning("%s", unsynchronized)
             keras_compat.losses_per_replica(self.model)
             self.gradients.model = self.model
-            self.optimizer, adopted = self.hooks.call("build_optimizer"), None
-            if not self.manual_optimization:  # else the step owns its updates, Keras' way
-                self.optimizer, adopted = optimizers.adopt(
-                    self.optimizer, f"{self.hooks.owner}.build_optimizer returned",
-                    config.precision.policy, self.precision)
+            optimizer = self.hooks.call("build_optimizer")  # as it is for manual_optimization
+            self.optimizer = optimizer if self.manual_optimization else optimizers.adopt(
+                optimizer, f"{self.hooks.owner}.build_optimizer returned",
+                config.precision.policy, self.precision)
             self.train_metrics = self.hooks.call("build_metrics")
             self.eval_metrics = self.hooks.call("build_metrics")
             self.train_loss = keras.metrics.Mean(name="train_loss")
             self.eval_loss = keras.metrics.Mean(name="eval_loss")
-        self.gradients.owned = owned_variables.collect(self.hooks.owner, vars(self),
-                                                       self.strategy)
-        if adopted:
-            logging.info("%s", adopted)
+        self.gradients.owned = owned_variables.collect(self.hooks.owner, vars(self), self.strategy)
         logging.info("%s", optimizers.describe(config, self.optimizer))
         if self.gradients.nonfinite.warning():
             logging.warning("%s", self.gradients.nonfinite.warning())
