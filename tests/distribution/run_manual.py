@@ -8,8 +8,8 @@ pass updates a running mean) for 20 steps on one
 device (the whole batch) and in manual mode with device_weights (1, 2, 1) (split
 8/16/8 of 32), plus a negative control (per-device MEAN gradients averaged with equal
 weights), a checkpoint resume, a non-finite step on one device, evaluate() with a
-short last batch, the graph's op placement, the error messages of invalid settings and
-the weight-measuring helper. With 2: Mirrored (2 replicas) next to manual (1, 1).
+short last batch, the graph's op placement, the error messages of invalid settings (and
+of a synchronized batch norm) and the weight-measuring helper. With 2: Mirrored (2 replicas) next to manual (1, 1).
 Everything the tests check is saved to the npz (weights as ``NAME/i``).
 
     python -m tests.distribution.run_manual --devices 3 --log_placement
@@ -184,7 +184,17 @@ def run_three(out: dict, workdir: str) -> None:
     measured = manual.measure(t, repeats=2)
     out["measure"] = np.array(json.dumps(measured))
 
+    import keras
+
+    class BatchNormToy(toy.ToyTrainer):
+        def build_model(self):
+            return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                                     keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+
     errors = {
+        # a synchronized batch norm's all-reduce would see one device slice alone
+        "sync_batch_norm": lambda: BatchNormToy(config(WEIGHTS, **{
+            "distribute.sync_batch_norm": True, "train.steps": 1})).fit(),
         "zero_split": lambda: toy.ToyTrainer(config((1, 1, 1), **{"train.global_batch_size": 2})),
         "length_default_devices": lambda: toy.ToyTrainer(config((1, 1))),
         "missing_device": lambda: toy.ToyTrainer(config(

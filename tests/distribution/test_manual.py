@@ -187,7 +187,10 @@ def test_weights_without_manual_strategy_are_rejected():
     ("missing_device", "'/gpu:0' is not a device of this process"),
     ("missing_index", "'/cpu:7' is not a device of this process"),
     ("duplicate_device", "lists /device:CPU:1 twice"),
+    ("sync_batch_norm", "all_reduce (the step's own, or a BatchNormalization(synchronized="
+                        "True)'s, which distribute.sync_batch_norm=True makes of every one"),
 ])
 def test_device_errors_name_the_problem(manual_runs, case, message):
     error = str(manual_runs[3][f"error_{case}"])
     assert error.startswith("ConfigError: ") and message in error, error
+    assert "\n" not in error, error

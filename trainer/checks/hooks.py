@@ -13,8 +13,9 @@ defined, e.g.::
 An exception raised INSIDE a hook (a Keras shape error, a structure mismatch, a typo in
 the user's code) becomes a HookError naming the hook, with the original message on the
 same line and the user's line where it was raised; ``--traceback`` shows the whole
-trace. A :class:`trainer.errors.UserError` passes unchanged, and so does an exception
-whose innermost frame is in this package (a bug of tf-trainer keeps its traceback).
+trace. A :class:`trainer.errors.UserError` passes unchanged (on one line when Keras
+wrapped it in lines of its own), and so does an exception whose innermost frame is in
+this package (a bug of tf-trainer keeps its traceback).
 
 Checks run at every call; for the hooks run in replica context (``compute_loss``,
 ``train_step``, ``eval_step``, ``update_metrics``) a call happens only while the step is
@@ -304,7 +305,9 @@ class Hooks:
         """Turns an exception raised inside ``hook`` into a HookError naming it."""
         try:
             yield
-        except UserError:
+        except UserError as error:
+            if "\n" in str(error):  # Keras wraps one raised in a layer's call in its own lines
+                error.args = (one_line(error),)
             raise
         except NotImplementedError as error:
             if self._trainer.overrides(hook):

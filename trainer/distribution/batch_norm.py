@@ -14,7 +14,9 @@ when replicas > 1); ``distribute.sync_batch_norm=True`` makes every one synchron
 (:func:`synchronize`, as PyTorch's ``convert_sync_batchnorm``), on any model, e.g. a
 ``keras.applications`` one. Limits: a masked input (``mask=``) is normalised per replica
 even when synchronised (Keras computes masked moments locally); under manual data
-parallelism every device slice is normalised by its own statistics.
+parallelism over several devices a plain one normalises every device slice by its own
+statistics, and a synchronised one is refused when the step is traced (its all-reduce
+could see this slice alone: :func:`trainer.distribution.collectives.refusing_replica_context`).
 """
 
 from __future__ import annotations

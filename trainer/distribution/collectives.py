@@ -46,7 +46,10 @@ class _RefusingReplicaContext(tf.distribute.ReplicaContext):
         raise _manual_refusal("tf.distribute.get_replica_context().all_gather")
 
     def all_reduce(self, reduce_op, value, options=None):
-        raise _manual_refusal("tf.distribute.get_replica_context().all_reduce")
+        raise _manual_refusal(
+            "tf.distribute.get_replica_context().all_reduce (the step's own, or a "
+            "BatchNormalization(synchronized=True)'s, which distribute.sync_batch_norm=True "
+            "makes of every one; a plain one normalises each slice by its own statistics)")
 
     def merge_call(self, merge_fn, args=(), kwargs=None):
         raise _manual_refusal(
