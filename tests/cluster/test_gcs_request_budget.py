@@ -15,7 +15,8 @@ Counted by phase (:mod:`tests.cluster.gcs_requests`), never timed:
 * the resume reads the step in <= :data:`RESTORE_ROUNDS` rounds (listings, then the
   objects in parallel);
 * plain orbax (no tf-trainer code) restores the ``state`` item of the bucket's newest
-  step, committed by the same marker orbax writes.
+  step, committed by the same marker orbax writes;
+* the steps were staged in ``checkpoint.staging_dir``, left empty by both runs.
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ print(json.dumps({"step": step, "steps": list(manager.all_steps()), "leaves": le
 def test_saves_the_stop_and_the_resume_cost_a_few_round_trips(cluster, gcs):
     prefix = f"budget-{cluster.ports()[0]}"
     directory = f"{prefix}/checkpoints"
+    staging = cluster.host(0).scratch / f"staging-{prefix}"  # checkpoint.staging_dir
+    flags = (*FLAGS, f"--config.checkpoint.staging_dir={staging}")
     gcs.set_latency(LATENCY_MS)
     try:
         logged = len(gcs.requests())
         proc = start(cluster, gcs, 0, trainer_argv(bucket_url(prefix),
-                                                   "--config.train.steps=100000", *FLAGS))
+                                                   "--config.train.steps=100000", *flags))
         proc.wait_for(r"^step 100/", RUN_S)
         signalled = time.time()
         proc.proc.send_signal(signal.SIGTERM)
@@ -65,12 +68,14 @@ def test_saves_the_stop_and_the_resume_cost_a_few_round_trips(cluster, gcs):
 
         resumed_at = len(gcs.requests())
         again = start(cluster, gcs, 0, trainer_argv(
-            bucket_url(prefix), f"--config.train.steps={stopped + 50}", *FLAGS))
+            bucket_url(prefix), f"--config.train.steps={stopped + 50}", *flags))
         assert again.finish(RUN_S) == 0, again.output[-6000:]
         assert f"resumed from step {stopped}" in again.output, again.output[-3000:]
         second = [r for r in gcs.requests()[resumed_at:] if gcs_requests.belongs(r, prefix)]
     finally:
         gcs.set_latency(None)
+
+    assert staging.is_dir() and not list(staging.iterdir()), list(staging.iterdir())
 
     for step in (50, 100):
         bill = gcs_requests.bill(gcs_requests.step_requests(first, directory, step))

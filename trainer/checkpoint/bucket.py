@@ -65,9 +65,12 @@ def is_bucket(path: str | None) -> bool:
     return bool(path) and path.lower().startswith(SCHEME)
 
 
-def staging_dir(label: str) -> str:
-    """A new local directory for one workdir's staged steps (under ``$TMPDIR``)."""
-    return tempfile.mkdtemp(prefix=f"tf-trainer-staging-{label}-")
+def staging_dir(label: str, parent: str = "") -> str:
+    """A new local directory for one workdir's staged steps, under ``parent`` (made;
+    ``""``: ``$TMPDIR``)."""
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"tf-trainer-staging-{label}-", dir=parent or None)
 
 
 @functools.cache

@@ -40,7 +40,7 @@ class CheckpointStore:
         the bucket after the next commit, in a background thread (never after a
         ``wait`` save: a stop's save holds nothing but its own write).
       cfg: ``config.checkpoint`` (``max_to_keep``, ``best_mode``, ``async_save``,
-        ``fast_io``).
+        ``fast_io``, ``staging_dir``).
       best_name: the metric the best manager ranks by (its key in ``metrics``).
     """
 
@@ -71,7 +71,7 @@ class CheckpointStore:
         if not self._staged:
             return os.path.join(self.workdir, kind)
         if self._staging is None:
-            self._staging = bucket.staging_dir("checkpoints")
+            self._staging = bucket.staging_dir("checkpoints", self.cfg.staging_dir)
         return os.path.join(self._staging, kind)
 
     def _manager(self, kind: str):
