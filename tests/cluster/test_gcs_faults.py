@@ -112,4 +112,5 @@ def test_a_bucket_refusing_checkpoint_writes_mid_run_is_one_storage_line(cluster
                            f"(403: this account may not write there); the last good "
                            f"checkpoint is none"), line
     assert "roles/storage.objectAdmin" in line and "starts from step 0" in line, line
+    assert "{" not in line and "https://" not in line, line  # no response body, no URL
     gcs.inject(403, count=0, path_contains=prefix)

@@ -146,3 +146,22 @@ def test_a_stop_save_the_bucket_does_not_take_ends_with_the_grace_period(cluster
     if named:  # the step named is committed in the bucket
         assert gcs_requests.commit_of(gcs.requests(), f"{prefix}/checkpoints",
                                       int(named.group(1))) is not None, lines[0]
+
+
+def test_inspect_says_what_the_bucket_answers_while_its_client_retries(cluster, gcs):
+    """``trainer.checkpoint.inspect`` on a bucket answering 503 to its first listings: a
+    line while it waits, naming the answer, then its table once the bucket answers."""
+    prefix = f"inspect-{cluster.ports()[0]}"
+    gcs.inject(503, count=4, path_contains=f"{prefix}%2Fcheckpoints")
+    try:
+        result = cluster.run(0, ["python", "-m", "trainer.checkpoint.inspect",
+                                 f"--workdir={bucket_url(prefix)}"],
+                             env=gcs.client_env(), timeout=RUN_S)
+    finally:
+        gcs.inject(503, count=0, path_contains=prefix)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert re.search(r"waiting for the checkpoints of gs://\S+ to be listed and read "
+                     r"\(\d+ s so far; the bucket answered 503 \(Service Unavailable\); "
+                     r"its client retries\)", output), output[-3000:]
+    assert "resume: none (no checkpoint" in output, output[-3000:]
