@@ -133,11 +133,8 @@ def get_config() -> ml_collections.ConfigDict:
             # One run per workdir (trainer.checkpoint.lease): a silent holder's lease is
             # taken over after this long (a dead pid on this host at once). 0: off.
             lease_s=30.0,
-            # After SIGTERM: records unwritten this long are dropped; in a bucket, a
-            # checkpoint not committed by then is given up (the run says so and exits 143).
-            preemption_grace_s=30.0,
-            # A gs:// workdir: where steps are staged before their upload ("": $TMPDIR).
-            staging_dir="",
+            preemption_grace_s=30.0,  # after SIGTERM: records, a bucket's save, given up
+            staging_dir="",  # gs:// workdir: steps staged here before upload ("": $TMPDIR)
         )
     )
     config.telemetry = ml_collections.ConfigDict(
