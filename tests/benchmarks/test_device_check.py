@@ -30,7 +30,8 @@ def dry_run(tmp_path, checks: str, budget_s: float = 240) -> tuple[dict, str]:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "dry" and report["ok"] is True
-    assert report["elapsed_s"] <= budget_s
+    # No wall-clock bound here (the repo's rule): the budget's split and the timeouts
+    # are tested with an injected clock and a real hung child below.
     for row in report["rows"]:
         assert set(row) == set(device_check.COLUMNS)
         assert row["status"] in STATUSES, row
