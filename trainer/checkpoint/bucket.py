@@ -10,9 +10,10 @@ and :class:`BucketSteps` then moves it to the bucket:
 
 * :meth:`BucketSteps.upload` sends the step's files in parallel (google-cloud-storage's
   ``transfer_manager``, :data:`PARALLEL` at once; one request a file up to 8 MiB), each
-  carrying the CRC32C computed here from its bytes before upload (GCS refuses an object
-  whose bytes do not match it), and compares the size and CRC32C the bucket reports for
-  each object written with the local ones: nothing is read back. Then it commits the
+  carrying the CRC32C of its bytes before upload, from the checksums written with the
+  step (GCS refuses an object whose bytes do not match it), and compares the size and
+  CRC32C the bucket reports for each object written with the local ones: nothing is
+  read back. Then it commits the
   step with orbax's GCS commit marker, ``commit_success.txt``, written last: a step
   without it is no checkpoint to any reader (orbax's rule on GCS), so a save cut
   anywhere leaves the earlier steps as they were. A committed step is laid out as orbax
@@ -210,21 +211,23 @@ class BucketSteps:
         return sent
 
     def _send(self, step: int, local: str, files: list[str]) -> int:
+        """Uploads ``files`` (relative to ``local``) of ``step`` in parallel; returns
+        their bytes. The CRC32C of each comes from its item's checksums, written when
+        orbax finalised the item (:mod:`~trainer.checkpoint.checksums`; only the files
+        they do not cover are read here)."""
         from google.cloud.storage import transfer_manager
 
+        known = _item_checksums(local)
         blobs, expected = [], []
         for rel in files:
-            size, crc = checksums.file_crc(os.path.join(local, rel))
+            size, crc = known.get(rel) or checksums.file_crc(os.path.join(local, rel))
             blob = self.bucket.blob(self._name(step, rel))
             blob.crc32c = _crc_b64(crc)  # checked by GCS on receipt
             blobs.append((os.path.join(local, rel), blob))
             expected.append((rel, size, blob.crc32c))
-        if len(blobs) == 1:
-            blobs[0][1].upload_from_filename(blobs[0][0], retry=_retry())
-        else:
-            transfer_manager.upload_many(blobs, upload_kwargs={"retry": _retry()},
-                                         max_workers=PARALLEL, raise_exception=True,
-                                         worker_type=transfer_manager.THREAD)
+        transfer_manager.upload_many(blobs, upload_kwargs={"retry": _retry()},
+                                     max_workers=PARALLEL, raise_exception=True,
+                                     worker_type=transfer_manager.THREAD)
         for (rel, size, crc), (_, blob) in zip(expected, blobs):
             if blob.size is not None and int(blob.size) != size:
                 raise Mismatch(f"{self.url}/{step}/{rel}: the bucket holds {blob.size} "
@@ -301,6 +304,18 @@ class BucketSteps:
         with futures.ThreadPoolExecutor(PARALLEL, "bucket-seed") as pool:
             list(pool.map(fetch, small))
         return committed
+
+
+def _item_checksums(step_dir: str) -> dict[str, tuple[int, int]]:
+    """``{file relative to the step directory: (size, CRC32C)}`` from the checksums of
+    its items (those it has)."""
+    known = {}
+    for item in checksums.ITEMS:
+        directory = os.path.join(step_dir, item)
+        if os.path.exists(os.path.join(directory, checksums.FILE)):
+            known.update({f"{item}/{rel}": entry
+                          for rel, entry in checksums.read_table(directory).items()})
+    return known
 
 
 def prune_to_stub(step_dir: str) -> None:

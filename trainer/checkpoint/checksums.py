@@ -152,6 +152,15 @@ def write(directory: str, known: Callable[[str], tuple[int, int] | None] = lambd
         f.write(json.dumps({"algorithm": "crc32c", "files": table}, indent=0))
 
 
+def read_table(directory: str) -> dict[str, tuple[int, int]]:
+    """``{file relative to the item directory: (size, CRC32C)}`` of the item directory
+    ``directory``'s :data:`FILE`; raises ``tf.errors.NotFoundError`` when it has none,
+    ``ValueError`` / ``KeyError`` / ``TypeError`` when it cannot be read."""
+    with tf.io.gfile.GFile(os.path.join(directory, FILE), "r") as f:
+        return {rel: (int(size), int(crc))
+                for rel, (size, crc) in json.loads(f.read())["files"].items()}
+
+
 def has_checksums(step_dir: str) -> bool:
     """Whether any item of the step directory has a :data:`FILE` (written by a version
     with checksums)."""
@@ -180,8 +189,7 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
     for item in items:
         directory = os.path.join(step_dir, item)
         try:
-            with tf.io.gfile.GFile(os.path.join(directory, FILE), "r") as f:
-                table = json.loads(f.read())["files"]
+            table = read_table(directory)
         except (tf.errors.NotFoundError, ValueError, KeyError, TypeError) as error:
             raise Mismatch(f"{item}/{FILE}", f"is missing or unreadable "
                            f"({type(error).__name__})") from error
