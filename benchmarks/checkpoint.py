@@ -72,30 +72,23 @@ SAVES = (("sync", False, False), ("async", True, False),  # (name, async_save, t
 def _trainer(args, workdir: str):
     import keras
     import numpy as np
-    import tensorflow as tf
 
-    import trainer
+    from benchmarks.arrays_trainer import ArraysTrainer
     from trainer import config as config_lib
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1024, args.width)).astype(np.float32)
     y = rng.integers(0, 10, size=(1024,)).astype(np.int32)
 
-    class MLPTrainer(trainer.Trainer):
+    class MLPTrainer(ArraysTrainer):
         def build_model(self):
             layers = [keras.Input((args.width,))]
             layers += [keras.layers.Dense(args.width, activation="relu")
                        for _ in range(args.layers)]
             return keras.Sequential(layers + [keras.layers.Dense(10)])
 
-        def build_train_dataset(self, ctx):
-            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                batch, drop_remainder=True)
-
-        def compute_loss(self, batch, outputs):
-            return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,
-                                                                from_logits=True)
+        def arrays(self):
+            return x, y
 
     config = config_lib.get_config()
     config.train.global_batch_size = 32

@@ -31,8 +31,8 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-import trainer
 from benchmarks import throughput
+from benchmarks.arrays_trainer import ArraysTrainer
 from benchmarks.workloads import WORKLOADS
 from trainer import config as config_lib
 from trainer.checkpoint import inventory
@@ -91,7 +91,7 @@ def no_gpu(check: str, proves: str, detail: str = "") -> Row:
         f"; {detail}" if detail else ""))
 
 
-class WorkloadTrainer(trainer.Trainer):
+class WorkloadTrainer(ArraysTrainer):
     """The workload ``config.model.workload`` of :mod:`benchmarks.workloads` on its
     synthetic data (4,096 examples, repeated), Adam; importable by path for the doctor
     (``benchmarks.device_checks:WorkloadTrainer``)."""
@@ -99,15 +99,8 @@ class WorkloadTrainer(trainer.Trainer):
     def build_model(self):
         return WORKLOADS[self.config.model.workload].build_model()
 
-    def build_train_dataset(self, ctx):
-        x, y = WORKLOADS[self.config.model.workload].data(4096)
-        batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-            batch, drop_remainder=True)
-
-    def compute_loss(self, batch, outputs):
-        return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,
-                                                            from_logits=True)
+    def arrays(self):
+        return WORKLOADS[self.config.model.workload].data(4096)
 
 
 def workload_config(workload: str, steps: int, **overrides) -> ml_collections.ConfigDict:

@@ -136,26 +136,17 @@ def framework_trainer(workload: Workload, steps_per_loop: int | None, strategy=N
     ``overrides`` maps ``"section.field"`` to values set on the config before the
     Trainer is built; ``strategy``, ``workdir`` and ``callbacks`` are passed through.
     """
-    import keras
-    import tensorflow as tf
-
-    import trainer
+    from benchmarks.arrays_trainer import ArraysTrainer
     from trainer import config as config_lib
 
     x, y = workload.data(4096)
 
-    class BenchTrainer(trainer.Trainer):
+    class BenchTrainer(ArraysTrainer):
         def build_model(self):
             return workload.build_model()
 
-        def build_train_dataset(self, ctx):
-            batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-                batch, drop_remainder=True)
-
-        def compute_loss(self, batch, outputs):
-            return keras.losses.sparse_categorical_crossentropy(
-                batch[1], outputs, from_logits=True)
+        def arrays(self):
+            return x, y
 
     config = config_lib.get_config()
     config.train.global_batch_size = workload.batch_size
