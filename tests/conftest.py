@@ -19,6 +19,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tests.support.helpers import REPO, load_weights, run_in_parallel, subprocess_env  # noqa: F401 (re-exported)
 from tests.properties import profiles as hypothesis_profiles
+from tests.support.worker_groups import ungrouped_problem, worker_groups
 
 # Before pytest reads --hypothesis-profile: the profiles must exist by then.
 hypothesis_profiles.register()
@@ -119,6 +120,24 @@ def final_results(proc: subprocess.CompletedProcess) -> dict:
         if "final: " in line:
             return json.loads(line.split("final: ", 1)[1])
     raise AssertionError(f"no final results in output:\n{proc.stderr[-3000:]}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks each test with its ``xdist_group`` (tests/support/worker_groups.py) for the
+    suite's ``pytest -n 2 --dist loadgroup``; without xdist the marks change nothing."""
+    groups = worker_groups((item.nodeid, item.fixturenames) for item in items)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """In the xdist controller: stops the session in one line when a worker's ids carry
+    no group (tests/support/worker_groups.py)."""
+    problem = ungrouped_problem(node.config.getoption("dist") == "loadgroup", ids)
+    if problem:
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
