@@ -217,7 +217,7 @@ class BucketSteps:
         they do not cover are read here)."""
         from google.cloud.storage import transfer_manager
 
-        known = _item_checksums(local)
+        known = checksums.step_table(local)
         blobs, expected = [], []
         for rel in files:
             size, crc = known.get(rel) or checksums.file_crc(os.path.join(local, rel))
@@ -304,18 +304,6 @@ class BucketSteps:
         with futures.ThreadPoolExecutor(PARALLEL, "bucket-seed") as pool:
             list(pool.map(fetch, small))
         return committed
-
-
-def _item_checksums(step_dir: str) -> dict[str, tuple[int, int]]:
-    """``{file relative to the step directory: (size, CRC32C)}`` from the checksums of
-    its items (those it has)."""
-    known = {}
-    for item in checksums.ITEMS:
-        directory = os.path.join(step_dir, item)
-        if os.path.exists(os.path.join(directory, checksums.FILE)):
-            known.update({f"{item}/{rel}": entry
-                          for rel, entry in checksums.read_table(directory).items()})
-    return known
 
 
 def prune_to_stub(step_dir: str) -> None:

@@ -161,6 +161,14 @@ def read_table(directory: str) -> dict[str, tuple[int, int]]:
                 for rel, (size, crc) in json.loads(f.read())["files"].items()}
 
 
+def step_table(step_dir: str) -> dict[str, tuple[int, int]]:
+    """``{file relative to the step directory: (size, CRC32C)}`` from the :data:`FILE` of
+    each item of ``step_dir`` that has one (raises as :func:`read_table`)."""
+    return {f"{item}/{rel}": entry for item in ITEMS
+            if tf.io.gfile.exists(os.path.join(step_dir, item, FILE))
+            for rel, entry in read_table(os.path.join(step_dir, item)).items()}
+
+
 def has_checksums(step_dir: str) -> bool:
     """Whether any item of the step directory has a :data:`FILE` (written by a version
     with checksums)."""
