@@ -27,19 +27,20 @@ def worker_groups(tests: Iterable[tuple[str, Sequence[str]]],
     modules using a fixture of ``shared`` merged into one group named after the
     fixture (the first of ``shared`` when a group uses several)."""
     tests = list(tests)
-    parent: dict[str, str] = {}
+    parent: dict[str, str] = {}  # union-find over module and fixture names
 
     def root(name: str) -> str:
         while parent.setdefault(name, name) != name:
             name = parent[name]
         return name
 
+    def rank(name: str) -> int:  # a fixture's name outranks a module's: it names the group
+        return shared.index(name) if name in shared else len(shared)
+
     for nodeid, fixtures in tests:
         for fixture in (f for f in shared if f in fixtures):
-            a, b = root(fixture), root(module_of(nodeid))
-            if a != b:  # the fixture's name stays the root: it names the group
-                first = min(a, b, key=lambda n: shared.index(n) if n in shared else len(shared))
-                parent[b if first == a else a] = first
+            first, second = sorted((root(fixture), root(module_of(nodeid))), key=rank)
+            parent[second] = first
     return {nodeid: root(module_of(nodeid)) for nodeid, _ in tests}
 
 
