@@ -143,7 +143,7 @@ def get_config() -> ml_collections.ConfigDict:
             progress="auto",  # "auto" | "bar" | "lines" | "off"
             probe_every_windows=20,  # input-wait probe cadence in logging windows; 0: off
             probe_batches=5,  # batches each input-wait probe times
-            # periodic probes skip while they took over this fraction of wall time; 0: no cap
+            # periodic and slow-window probes skip past this fraction of wall time; 0: no cap
             probe_budget=0.005,
             alert_drop=0.3,  # regression alert: examples/s this far below the running median
             alert_windows=3,  # ... for this many consecutive logging windows

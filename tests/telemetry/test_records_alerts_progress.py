@@ -138,15 +138,28 @@ def test_probe_budget_holds_periodic_probes_back_but_not_the_first():
 
 def test_probe_schedule_cadence_budget_and_out_of_turn_probes():
     off = probes.ProbeSchedule(every=0, budget=0)
-    assert not any(off.due(w, out_of_turn=True) for w in range(2, 10))
+    assert not any(off.due(w, slow=True, alert=True) for w in range(2, 10))
     uncapped = probes.ProbeSchedule(every=2, budget=0)
-    assert uncapped.due(3, False)  # the first probe: at the first window asked
+    assert uncapped.due(3)  # the first probe: at the first window asked
     uncapped.spent(0.1)
-    assert [w for w in range(2, 9) if uncapped.due(w, False)] == [2, 4, 6, 8]
+    assert [w for w in range(2, 9) if uncapped.due(w)] == [2, 4, 6, 8]
+    assert uncapped.due(5, slow=True)
     capped = probes.ProbeSchedule(every=2, budget=0.01)
     capped.spent(60.0)  # far over 1% of the time elapsed so far
-    assert not capped.due(2, False) and not capped.due(4, False)
-    assert capped.due(5, out_of_turn=True)
+    assert not capped.due(2) and not capped.due(4)
+    assert not capped.due(5, slow=True)  # a slow window is held to the budget
+    assert capped.due(5, alert=True)  # an alert is judged from the current input
+
+
+def test_an_input_bound_run_with_short_windows_probes_within_the_budget():
+    """The batches a probe lets the train pipeline stock up made the next windows fast
+    and the one after "slow", which probed again: 6 probes in 60 one-step windows here
+    (budget and cadence ignored). Now: the first, then none until the budget allows."""
+    config = toy.toy_config(**{"train.steps": 60, "train.log_every_steps": 1,
+                               "train.steps_per_loop": 1})
+    records = _fit(SlowInputTrainer(config)).records
+    assert {r["perf/probe_step"] for r in records} == {None, 2}, [
+        r["perf/probe_step"] for r in records]
 
 
 def test_probes_leave_the_run_unchanged():
@@ -187,9 +200,10 @@ def test_regression_alert_fires_and_names_input_wait(tmp_path, slow_from, blips)
     # the blip, steps 101-110 are slow: window 120 starts the slow streak and is probed
     # while the input is fast again, window 140 runs on the probe's prefetched stock and
     # window 160 continues the streak: the alert must judge the input of its own window.
+    # No probe budget: the slow window 120 is probed however long the probe at 40 took.
     config = toy.toy_config(**{"train.steps": 180, "train.log_every_steps": 20,
                                "train.steps_per_loop": 10, "telemetry.probe_every_windows": 100,
-                               "telemetry.alert_windows": 2})
+                               "telemetry.alert_windows": 2, "telemetry.probe_budget": 0})
     _fit(TurnsSlowTrainer(config, str(tmp_path), callbacks=[TurnSlow(slow_from, blips)]))
     records = _records(tmp_path, "train")
     alerts = [r for r in records if r["alert"]]

@@ -9,6 +9,8 @@
   (MLflow): a new logger is a new sink here.
 * :mod:`trainer.telemetry.system_stats` — host and device memory and utilisation.
 * :mod:`trainer.telemetry.probes` — short timing probes of the input and the compute.
+* :mod:`trainer.telemetry.input_wait` — when to probe, and what the latest probe says
+  about a window (the input-wait fraction).
 * :mod:`trainer.telemetry.flops` — model FLOPs per example, TFLOPS, MFU/HFU.
 * :mod:`trainer.telemetry.profiler` — TensorFlow profiler windows.
 """

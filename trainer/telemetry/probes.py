@@ -176,11 +176,16 @@ class ComputeProbe:
 
 class ProbeSchedule:
     """When telemetry runs the probes, over all ``fit()`` calls of one Trainer: at the
-    first window after warm-up (window 2) once, then every ``every`` windows while the
-    probes so far took at most ``budget`` of the wall time since the schedule started
-    (0: no limit), and whenever telemetry asks out of turn (a slow window or an alert).
+    first window after warm-up (window 2) once, when a regression alert fires (its cause
+    is judged from the current input), and otherwise only while the probes so far took
+    at most ``budget`` of the wall time since the schedule started (0: no limit): every
+    ``every`` windows, and at the first slow window of a streak. ``every=0``: never.
+
     The budget keeps "always on" light where windows are short: a probe costs ~0.1 s
-    on the 2-replica MLP, whose 100-step window lasts 0.3 s. ``every=0``: never. Host.
+    on the 2-replica MLP, whose 100-step window lasts 0.3 s. A slow window is held to it
+    too: in an input-bound run with short windows, the batches a probe lets the train
+    pipeline stock up make the next windows fast and the one after "slow", so probing
+    at every slow window fed itself (a probe every 5 to 15 windows). Host.
     """
 
     def __init__(self, every: int, budget: float):
@@ -188,15 +193,16 @@ class ProbeSchedule:
         self._start = time.perf_counter()
         self._spent = 0.0  # seconds in probes since the start
 
-    def due(self, window: int, out_of_turn: bool) -> bool:
-        """Whether to probe after logging window ``window`` of a fit (1-based, > 1)."""
+    def due(self, window: int, *, slow: bool = False, alert: bool = False) -> bool:
+        """Whether to probe after logging window ``window`` of a fit (1-based, > 1);
+        ``slow``: the window starts a slow streak; ``alert``: an alert fires at it."""
         if not self.every:
             return False
-        if out_of_turn or not self._spent:
+        if alert or not self._spent:
             return True
         elapsed = time.perf_counter() - self._start
-        return ((window - 2) % self.every == 0
-                and (not self.budget or self._spent <= self.budget * elapsed))
+        within = not self.budget or self._spent <= self.budget * elapsed
+        return within and (slow or (window - 2) % self.every == 0)
 
     def spent(self, seconds: float) -> None:
         """Adds the host seconds one probe took."""

@@ -17,7 +17,10 @@ calls, of (call seconds / call steps). Throughput counts loop-call time only (ev
 checkpoints and logging between loops are excluded). The first window of a ``fit()``
 includes tracing and is marked ``perf/warmup``; it never feeds the regression median.
 Nor does a window right after a probe (``perf/after_probe``): while the probe ran, the
-train pipeline kept filling its prefetch buffer, so that window runs partly on stock.
+train pipeline kept filling its prefetch buffer, so that window runs partly on stock;
+nor any window whose steps outran half the probed seconds per batch of the pipeline
+alone (short windows run on that stock for several windows, and would otherwise make
+the next window "slow").
 
 Outputs (files only on the chief, and only when the Trainer has a workdir):
 
@@ -64,7 +67,7 @@ from absl import logging
 
 from trainer.distribution import strategies
 from trainer.run_context import RunContext, Service
-from trainer.telemetry import probes
+from trainer.telemetry.input_wait import InputWait
 from trainer.telemetry.alerts import RegressionDetector, likely_cause
 from trainer.telemetry.progress import Progress, duration, event_line, progress_mode
 from trainer.telemetry.summaries import SummaryWriters
@@ -173,9 +176,7 @@ class Telemetry(Service):
         self.records: list[dict[str, Any]] = []  # this fit()'s train records, in order
         self._active_writers: SummaryWriters | None = None  # open during a fit() only
         self._sampler: SystemSampler | None = None
-        self._probes: dict[str, Any] = {}  # traced probes of this fit() (dropped at its end)
-        self._probe: dict[str, Any] = {}  # the latest probe's numbers (any fit)
-        self._probe_schedule: probes.ProbeSchedule | None = None  # set at the first fit
+        self._input_wait = InputWait(config)
 
     # -------------------------------------------------------------- lifecycle
     def on_fit_start(self, run: RunContext) -> None:
@@ -192,16 +193,7 @@ class Telemetry(Service):
         self._seen_step = run.step
         self._windows = 0
         self._rate: float | None = None  # steps/s of the latest non-warm-up window
-        self._probed = False  # a probe ran after the previous window
-        # Probes run collectives; their timing-driven chunk counts would differ between
-        # workers and mismatch the collectives, so multi-worker runs do not probe.
-        every = cfg.telemetry.probe_every_windows
-        if every and strategies.num_workers(run.strategy) > 1:
-            every = 0
-            logging.info("input-wait probes are off in multi-worker runs "
-                         "(perf/input_wait_fraction is null).")
-        if self._probe_schedule is None:
-            self._probe_schedule = probes.ProbeSchedule(every, cfg.telemetry.probe_budget)
+        self._input_wait.start_fit(run)
         self._fitting = True
         self._say(setup_report(run))
         pending, self._pending_events = self._pending_events, []
@@ -270,9 +262,7 @@ class Telemetry(Service):
             self._active_writers = None
         if self._sampler:
             self._sampler.close()
-        if self._probes.get("input") is not None:  # its iterator: released now, not at a
-            self._probes["input"].close()  # later garbage collection, and off this thread
-        self._probes.clear()
+        self._input_wait.end_fit()
 
     # ---------------------------------------------------------------- windows
     def _window_record(self, run: RunContext, logs: dict[str, float]) -> dict[str, Any]:
@@ -305,18 +295,17 @@ class Telemetry(Service):
         record["precision/skipped_steps"], record["precision/loss_scale"] = (
             run.precision.counters())
         # A window right after a probe was partly fed from the prefetch buffer that
-        # filled while the probe ran: it neither counts for nor breaks a slow streak.
-        after_probe, self._probed = self._probed, False
-        record["perf/after_probe"] = after_probe
-        slow, fire = (False, False) if warmup or after_probe else self._detector.update(
+        # filled while the probe ran, and so was any window whose steps outran the
+        # pipeline alone (short windows can run on that stock for several windows): it
+        # neither counts for nor breaks a slow streak.
+        record["perf/after_probe"] = after_probe = self._input_wait.after_probe()
+        from_stock = after_probe or self._input_wait.outran_the_pipeline(step_s)
+        slow, fire = (False, False) if warmup or from_stock else self._detector.update(
             examples_per_s)
-        out_of_turn = fire or (slow and self._detector.streak == 1)
-        if not warmup and self._probe_schedule.due(self._windows, out_of_turn):
-            start = time.perf_counter()
-            self._run_probes(run, step_s)
-            self._probe_schedule.spent(time.perf_counter() - start)
-            self._probed = True
-        record.update(self._wait_numbers(step_s, run.batch.global_size))
+        if not warmup:
+            self._input_wait.maybe_probe(run, self._windows, step_s,
+                                         slow=slow and self._detector.streak == 1, alert=fire)
+        record.update(self._input_wait.numbers(step_s, run.batch.global_size))
         record["perf/regression_alert"] = 0.0
         record["alert"] = None
         if fire:
@@ -344,41 +333,6 @@ class Telemetry(Service):
         return {"perf/input_wait_fraction": statistics.median(waits) if waits else None,
                 "perf/step_time_mean_s": statistics.median(steps) if steps else None,
                 "precision/skipped_steps": earlier[-1]["precision/skipped_steps"] if earlier else 0}
-
-    def _run_probes(self, run: RunContext, step_s: float) -> None:
-        """Times the pipeline alone and compute alone (see :mod:`trainer.telemetry.probes`).
-
-        ``step_s``: the window's observed seconds per step. A pipeline that slows the
-        step takes about that long per batch, so the input probe first drains what
-        comes out faster than half of it (prefetched stock).
-        """
-        n = self.config.telemetry.probe_batches
-        cache = self._probes
-        if "input" not in cache:
-            cache["input"] = probes.InputProbe(run)
-        input_s = cache["input"].seconds_per_batch(n, floor_s=0.5 * step_s)
-        if "compute" not in cache:
-            try:
-                cache["compute"] = probes.ComputeProbe(run, cache["input"].next_batch())
-            except probes.ComputeUnavailable as error:
-                logging.info("input-wait estimate unavailable: %s", error)
-                cache["compute"] = None
-        compute_s = cache["compute"].seconds_per_step(n) if cache["compute"] else None
-        self._probe = {"input_s": input_s, "compute_s": compute_s, "step": run.step}
-
-    def _wait_numbers(self, step_s: float, gbs: int) -> dict[str, float | None]:
-        p = self._probe
-        if not p:
-            return {"perf/input_wait_fraction": None, "perf/pipeline_examples_per_s": None,
-                    "perf/compute_examples_per_s": None, "perf/probe_step": None}
-        compute_s = p["compute_s"]
-        return {
-            "perf/input_wait_fraction": (probes.input_wait_fraction(p["input_s"], compute_s, step_s)
-                                         if compute_s is not None else None),
-            "perf/pipeline_examples_per_s": gbs / max(p["input_s"], 1e-9),
-            "perf/compute_examples_per_s": gbs / max(compute_s, 1e-9) if compute_s else None,
-            "perf/probe_step": p["step"],
-        }
 
     def _summary_line(self, record: dict[str, Any]) -> str:
         total = self.config.train.steps
