@@ -13,7 +13,8 @@
 * ``LAUNCH_TEST_SLOW_FROM="10:0.5"`` makes every task's input pipeline sleep 0.5 s per
   batch from batch 10 on, and creates ``workdir/slow-<task>`` when it reaches batch 10,
   so a test can signal a run that is surely mid-training. Only in a run that finds no
-  such marker at start: a restarted run goes at full speed.
+  such marker at start: a restarted run goes at full speed. Decided once per process, so
+  every copy of the pipeline is as slow (telemetry's input probe builds one mid-run).
 
 Its files go through ``tf.io.gfile``: the workdir may be a bucket (``gs://...``).
 """
@@ -48,6 +49,10 @@ class WeightsTrainer(DigitsTrainer):
             print("injected exit at start", file=sys.stderr, flush=True)
             sys.exit(2)
         super().__init__(config, workdir, strategy, callbacks)
+        spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
+        self._slow_marker = os.path.join(self.workdir or "", "slow-%s-%d" % task_id())
+        self._slow_from = (spec if spec and self.workdir
+                           and not tf.io.gfile.exists(self._slow_marker) else "")
 
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return self._slowed(self._crashing(super().build_train_dataset(ctx)))
@@ -67,16 +72,13 @@ class WeightsTrainer(DigitsTrainer):
                                                                   tf.string)})
 
     def _slowed(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
-        task_type, index = task_id()
-        marker = os.path.join(self.workdir, f"slow-{task_type}-{index}")
-        if not spec or tf.io.gfile.exists(marker):
+        if not self._slow_from:
             return ds
-        start, seconds = int(spec.split(":")[0]), float(spec.split(":")[1])
+        start, seconds = int(self._slow_from.split(":")[0]), float(self._slow_from.split(":")[1])
 
         def maybe_sleep(count):
             if int(count) == start:
-                _write(marker, b"")
+                _write(self._slow_marker, b"")
             if int(count) >= start:
                 time.sleep(seconds)
             return count
