@@ -41,6 +41,15 @@ class SaveDeferralTest(absltest.TestCase):
                       "gs://b/run/checkpoints is still being written", line)
         self.assertIn("the next save is at step 15", line)
 
+    def test_the_skip_says_what_the_storage_answers_when_that_is_known(self):
+        answers = iter(["the bucket answered 503 (Service Unavailable); its client retries"])
+        with self.assertLogs(level="WARNING") as logs:
+            self.assertTrue(SaveDeferral(5, wait_s=0.05).skip(
+                10, lambda: 5, "gs://b/run/checkpoints", why=lambda: next(answers)))
+        (line,) = logs.output
+        self.assertIn("after 0 s (slow or unreachable storage: the bucket answered 503 "
+                      "(Service Unavailable); its client retries); training goes on", line)
+
     def test_once_the_write_commits_the_next_save_goes_ahead_and_a_new_stall_warns_again(self):
         deferral = SaveDeferral(5, wait_s=0.05)
         self.assertTrue(deferral.skip(10, lambda: 5, "w"))

@@ -33,9 +33,11 @@ class SaveDeferral:
         self._stalled: int | None = None  # the in-flight step saves were skipped for
         self._streak = 0
 
-    def skip(self, step: int, in_flight: Callable[[], int | None], where: str) -> bool:
+    def skip(self, step: int, in_flight: Callable[[], int | None], where: str,
+             why: Callable[[], str | None] = lambda: None) -> bool:
         """True (and said) when the save of ``step`` is to be skipped. ``in_flight()``:
-        the step whose async write to ``where`` still runs (None once none does)."""
+        the step whose async write to ``where`` still runs (None once none does);
+        ``why()``: what the storage is known to answer meanwhile (added to the line)."""
         running = in_flight()
         deadline = time.monotonic() + (0 if running == self._stalled else self.wait_s)
         while running is not None and time.monotonic() < deadline:
@@ -46,7 +48,9 @@ class SaveDeferral:
             return False
         self._stalled, self._streak = running, self._streak + 1
         log = logging.warning if self._streak == 1 else logging.info
+        reason = why()
         log("checkpoint of step %d skipped: the save of step %d to %s is still being "
-            "written after %.0f s (slow or unreachable storage); training goes on, the next "
-            "save is at step %d.", step, running, where, self.wait_s, step + self.every)
+            "written after %.0f s (slow or unreachable storage%s); training goes on, the next "
+            "save is at step %d.", step, running, where, self.wait_s,
+            f": {reason}" if reason else "", step + self.every)
         return True

@@ -134,7 +134,7 @@ class Checkpointer(Service):
                              "(a stop signal came).", run.step)
                 return False
             if self.deferral.skip(run.step, lambda: self.store.in_flight(kind),
-                                  os.path.join(run.workdir, kind)):
+                                  os.path.join(run.workdir, kind), why=bucket.retrying):
                 return False
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
@@ -298,9 +298,11 @@ class Checkpointer(Service):
             known = self.store.last_committed(LATEST_DIR)
             last_good = (f"step {known} ({self.store.path(LATEST_DIR, known)})"
                          if known is not None else "none known to this run")
+            reason = bucket.retrying()
             logging.warning("%s when checkpoint.preemption_grace_s=%g s after the stop signal "
-                            "ran out (the storage is slow or failing): the run ends now without "
-                            "it; the last good checkpoint is %s.", error, self.grace_s, last_good)
+                            "ran out (the storage is slow or failing%s): the run ends now "
+                            "without it; the last good checkpoint is %s.", error, self.grace_s,
+                            f": {reason}" if reason else "", last_good)
             return False, last_good
         finally:
             self._deadline = None
