@@ -19,6 +19,12 @@ from trainer.distribution import strategies
 from trainer.run_context import RunContext
 from trainer.telemetry import probes
 
+#: The latest probe found the pipeline at least this many times slower than compute:
+#: the run steps at the pipeline's pace, so a window whose steps ran faster than half
+#: of it was fed from prefetched stock. Below that (a fast pipeline, or a probe that a
+#: busy host made misjudge it 2-3x) no window is taken for stock.
+INPUT_BOUND_RATIO = 10.0
+
 _NO_PROBE = {"perf/input_wait_fraction": None, "perf/pipeline_examples_per_s": None,
              "perf/compute_examples_per_s": None, "perf/probe_step": None}
 
@@ -65,10 +71,14 @@ class InputWait:
         return probed
 
     def outran_the_pipeline(self, step_s: float) -> bool:
-        """Whether steps of ``step_s`` seconds ran faster than half the latest input
-        probe's seconds per batch: fed from prefetched stock (the steady state cannot
+        """Whether steps of ``step_s`` seconds were fed from prefetched stock: the latest
+        probe found the run input-bound (:data:`INPUT_BOUND_RATIO`) and they ran faster
+        than half its seconds per batch of the pipeline alone (the steady state cannot
         outrun the pipeline), so they say nothing about the run's throughput."""
-        return bool(self._latest) and step_s < 0.5 * self._latest["input_s"]
+        p = self._latest
+        return (bool(p) and p["compute_s"] is not None
+                and p["input_s"] >= INPUT_BOUND_RATIO * p["compute_s"]
+                and step_s < 0.5 * p["input_s"])
 
     def maybe_probe(self, run: RunContext, window: int, step_s: float, *, slow: bool,
                     alert: bool) -> None:

@@ -18,9 +18,9 @@ checkpoints and logging between loops are excluded). The first window of a ``fit
 includes tracing and is marked ``perf/warmup``; it never feeds the regression median.
 Nor does a window right after a probe (``perf/after_probe``): while the probe ran, the
 train pipeline kept filling its prefetch buffer, so that window runs partly on stock;
-nor any window whose steps outran half the probed seconds per batch of the pipeline
-alone (short windows run on that stock for several windows, and would otherwise make
-the next window "slow").
+nor, in a run the probe found input-bound, any window whose steps outran half the
+probed seconds per batch of the pipeline alone (short windows run on that stock for
+several windows, and would otherwise make the next window "slow").
 
 Outputs (files only on the chief, and only when the Trainer has a workdir):
 
