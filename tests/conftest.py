@@ -125,7 +125,7 @@ def final_results(proc: subprocess.CompletedProcess) -> dict:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks each test with its ``xdist_group`` (tests/support/worker_groups.py) for the
-    suite's ``pytest -n 3 --dist loadgroup``; without xdist the marks change nothing."""
+    suite's ``pytest -n 2 --dist loadgroup``; without xdist the marks change nothing."""
     groups = worker_groups((item.nodeid, item.fixturenames) for item in items)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))

@@ -1,4 +1,4 @@
-"""The suite's split over pytest-xdist workers (tests/support/worker_groups.py): what
+"""The suite's split over two pytest-xdist workers (tests/support/worker_groups.py): what
 shares a worker, and the refusal when xdist did not group."""
 
 from __future__ import annotations

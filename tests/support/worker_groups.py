@@ -1,4 +1,4 @@
-"""Which tests share a pytest-xdist worker (the suite runs ``pytest -n 3 --dist loadgroup``).
+"""Which tests share a pytest-xdist worker (the suite runs ``pytest -n 2 --dist loadgroup``).
 
 A module's tests always share one: its module fixtures (a ``trainer.main`` run started
 with the module, a 2-replica process) are made once. Modules that use one of
