@@ -51,8 +51,10 @@ class WeightsTrainer(DigitsTrainer):
         super().__init__(config, workdir, strategy, callbacks)
         spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
         self._slow_marker = os.path.join(self.workdir or "", "slow-%s-%d" % task_id())
-        self._slow_from = (spec if spec and self.workdir
-                           and not tf.io.gfile.exists(self._slow_marker) else "")
+        # (first slow batch, seconds per batch), or None: full speed.
+        self._slow_from = (
+            (int(spec.split(":")[0]), float(spec.split(":")[1]))
+            if spec and self.workdir and not tf.io.gfile.exists(self._slow_marker) else None)
 
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return self._slowed(self._crashing(super().build_train_dataset(ctx)))
@@ -72,9 +74,9 @@ class WeightsTrainer(DigitsTrainer):
                                                                   tf.string)})
 
     def _slowed(self, ds: tf.data.Dataset) -> tf.data.Dataset:
-        if not self._slow_from:
+        if self._slow_from is None:
             return ds
-        start, seconds = int(self._slow_from.split(":")[0]), float(self._slow_from.split(":")[1])
+        start, seconds = self._slow_from
 
         def maybe_sleep(count):
             if int(count) == start:
