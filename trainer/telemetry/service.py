@@ -5,10 +5,11 @@ TensorBoard scalars, ``metrics.jsonl``, regression alerts and the setup report.
 per train loop it only adds up the host wall time of the compiled loop call (no extra
 device sync); per logging window (``train.log_every_steps``) it samples host/device
 memory and utilisation once and writes one record. Every ``telemetry.probe_every_windows``
-windows while probes stay within ``telemetry.probe_budget`` of the wall time (and at the
-first slow window of a streak, and when an alert fires, so the alert's cause is judged
-from the current input) it runs the short input/compute probes
-of :mod:`trainer.telemetry.probes` to estimate the input-wait fraction.
+windows and at the first slow window of a streak, while probes stay within
+``telemetry.probe_budget`` of the wall time, and whenever an alert fires (its cause is
+judged from the current input), it runs the short input/compute probes
+of :mod:`trainer.telemetry.probes` to estimate the input-wait fraction
+(:mod:`trainer.telemetry.input_wait` decides when).
 
 Granularity. The step function runs ``steps_per_loop`` steps per ``tf.function`` call,
 so per-step times are per loop call: ``step_time_mean_s`` is the window's loop seconds
