@@ -144,3 +144,22 @@ def test_a_drawn_model_trains_to_the_same_weights_on_one_and_two_replicas(spec_w
     # Not comparable relatively: a moving mean that is zero but for rounding.
     assume(not model_specs.normalizes_a_centred_batch(spec))
     check_same_weights(spec_workers, spec)
+
+
+def _bn(center: bool) -> dict:
+    return {"layer": "batch_norm", "momentum": 0.0, "center": center, "scale": False,
+            "synchronized": True}
+
+
+def test_a_mean_kept_of_an_input_already_centred_is_excluded_and_nothing_else():
+    # Found by the random profile: a running mean after BatchNormalization(center=False)
+    # kept 1.0e-8 on one replica and 4.7e-10 on two (rounding of a zero).
+    running = {"layer": "running_mean"}
+    excluded = [[_bn(False), running], [_bn(False), _bn(True)],
+                [_bn(False), {"layer": "dropout"}, running, _bn(True)]]
+    compared = [[_bn(True), running], [_bn(False), _TANH, running], [running, _bn(True)],
+                [_bn(False), {"layer": "layer_norm", "center": True}, running]]
+    for trunk in excluded:
+        assert model_specs.normalizes_a_centred_batch(_variant(EVERY_FAMILY, trunk)), trunk
+    for trunk in compared:
+        assert not model_specs.normalizes_a_centred_batch(_variant(EVERY_FAMILY, trunk)), trunk
