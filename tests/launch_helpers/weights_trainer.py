@@ -51,10 +51,10 @@ class WeightsTrainer(DigitsTrainer):
         super().__init__(config, workdir, strategy, callbacks)
         spec = os.environ.get("LAUNCH_TEST_SLOW_FROM", "")
         self._slow_marker = os.path.join(self.workdir or "", "slow-%s-%d" % task_id())
-        # (first slow batch, seconds per batch), or None: full speed.
-        self._slow_from = (
-            (int(spec.split(":")[0]), float(spec.split(":")[1]))
-            if spec and self.workdir and not tf.io.gfile.exists(self._slow_marker) else None)
+        self._slow_from = None  # or (first slow batch, seconds per batch)
+        if spec and self.workdir and not tf.io.gfile.exists(self._slow_marker):
+            start, seconds = spec.split(":")
+            self._slow_from = int(start), float(seconds)
 
     def build_train_dataset(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         return self._slowed(self._crashing(super().build_train_dataset(ctx)))
