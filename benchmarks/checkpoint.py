@@ -10,7 +10,7 @@ public path: ``Trainer.fit`` with ``config.checkpoint.*``, ``Trainer.restore`` a
 (for 1.) ``trainer.checkpoint.service.Checkpointer.save``.
 
 The two array writers are compared through ``config.checkpoint.fast_io``: the
-O_DIRECT ``.npy`` files of ``trainer.checkpoint.array_files`` (``fast_io=True``: the "sync" and
+O_DIRECT ``.npy`` files of ``trainer.checkpoint.storage.array_files`` (``fast_io=True``: the "sync" and
 "async" arms) and orbax's stock tensorstore handler (``fast_io=False``, the default:
 the "async_tensorstore" arm).
 
@@ -141,9 +141,9 @@ def _save_times(trainer, rounds: int) -> dict[str, list[float]]:
             saver.save(trainer.context, kind=kind, wait=True)  # fills the host buffers
             # So the step saves again: close the store (it remembers the step), delete
             # the step and reopen the directory outside the timed save.
-            saver.store.close()
+            saver.writer.close()
             shutil.rmtree(os.path.join(trainer.workdir, kind, str(trainer.step)))
-            if saver.store.has(kind, trainer.step):
+            if saver.writer.has(kind, trainer.step):
                 raise RuntimeError(f"step {trainer.step} is still in {kind} after deleting it")
             time.sleep(PAUSE_S)  # the freed pages go back to the host, as between saves
             start, cpu = time.perf_counter(), time.process_time()

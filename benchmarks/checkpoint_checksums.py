@@ -22,13 +22,13 @@ from typing import Callable
 from benchmarks.table import Row, format_table
 
 PAUSE_S = 5.0  # before a timed save: a VM's kernel returns freed memory after ~2 s
-WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.checkpoint.array_files); False
+WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.checkpoint.storage.array_files); False
 
 
 def _raw_write(path: str, array) -> None:
     """The ``.npy`` writer's O_DIRECT write of ``array`` without any CRC (the arm the
     writer's own ``write_npy`` is paired with)."""
-    from trainer.checkpoint import array_files
+    from trainer.checkpoint.storage import array_files
 
     array_files._write_direct(path, array_files._header(array), memoryview(array).cast("B"))
 
@@ -38,7 +38,7 @@ def _raw_read(path: str, nbytes: int) -> None:
     O_DIRECT into an aligned buffer, 64 MB per call) without any CRC."""
     import numpy as np
 
-    from trainer.checkpoint import array_files
+    from trainer.checkpoint.storage import array_files
 
     array_files.read_npy_header(path)
     align = array_files.ALIGN
@@ -76,7 +76,7 @@ def _npy_checksum_cost(step_dir: str, state: dict, scratch: str
     CRC (alternating which runs first); plus the rest of the work, timed: the checksum
     tables of both items at save (the small files read back), the check of the step
     with the arrays' CRCs from the read (the small files read) at restore."""
-    from trainer.checkpoint import array_files, checksums
+    from trainer.checkpoint.storage import array_files, checksums
 
     save = restore = 0.0
     written, read = {}, {}
@@ -109,7 +109,8 @@ def cost(trainer, rounds: int, fit: Callable) -> dict[str, list[float]]:
     of the arrays in memory alone (the work the ``.npy`` writer overlaps with its I/O)."""
     import numpy as np
 
-    from trainer.checkpoint import checksums, state as checkpoint_state
+    from trainer.checkpoint.storage import checksums
+    from trainer.checkpoint import state as checkpoint_state
     from trainer.checkpoint.resume import load
     from trainer.checkpoint.service import Checkpointer
 

@@ -71,7 +71,7 @@ def test_every_package_imports_from_the_installed_wheel(wheel, tmp_path):
         "    module = importlib.import_module(name)\n"
         f"    assert module.__file__.startswith({str(target)!r}), (name, module.__file__)\n"
         "from trainer import Trainer, Callback, optimizers, precision\n"
-        "import trainer.data, trainer.main, trainer.manual, trainer.checkpoint.inspect\n"
+        "import trainer.data, trainer.main, trainer.manual, trainer.checkpoint.show\n"
         "print(len(sys.modules) > 0, trainer.data.distribute.__module__)\n")
     run = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)

@@ -127,10 +127,10 @@ def get_config() -> ml_collections.ConfigDict:
             best_metric="",  # e.g. "eval/accuracy": keep the best N as well
             best_mode="max",  # "max" | "min"
             async_save=True,
-            fast_io=False,  # True: O_DIRECT .npy files (trainer.checkpoint.array_files)
+            fast_io=False,  # True: O_DIRECT .npy files (trainer.checkpoint.storage.array_files)
             # Multi-worker: each task waits this long for the chief's file (unshared: error).
             shared_workdir_timeout_s=30.0,
-            # One run per workdir (trainer.checkpoint.lease): a silent holder's lease is
+            # One run per workdir (trainer.checkpoint.guards.lease): a silent holder's lease is
             # taken over after this long (a dead pid on this host at once). 0: off.
             lease_s=30.0,
             preemption_grace_s=30.0,  # after SIGTERM: records, a bucket's save, given up

@@ -123,7 +123,7 @@ class PeerLostError(UserError):
 class Preempted(RuntimeError):
     """Raised by ``fit()`` after SIGTERM, once the stop's save of ``step`` is committed and
     checked (``saved == step``) or known not to be (see
-    :mod:`trainer.checkpoint.preemption`). ``last_good``: the checkpoint a restart
+    :mod:`trainer.checkpoint.guards.preemption`). ``last_good``: the checkpoint a restart
     resumes from, for the message."""
 
     def __init__(self, step: int, saved: int | None = None, last_good: str = "unknown"):

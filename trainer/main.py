@@ -22,7 +22,7 @@ Exit codes: 0 done (also when a callback requested the stop); 2 for a usage erro
 flag, an override key, a missing config file); 1 with a message for any other user
 error (config value, config file, workdir, checkpoint, data vs model, port, device)
 and, with a traceback, for an internal error; 143
-(``trainer.checkpoint.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM or SIGINT
+(``trainer.checkpoint.guards.preemption.EXIT_PREEMPTED``, 128 + SIGTERM) after SIGTERM or SIGINT
 during training, once the current step is checkpointed: run the same command again to
 resume; 128 + the signal (143, 130) after a signal in another phase (nothing new to
 save) or a second signal (:mod:`trainer.runtime.signals`); 170

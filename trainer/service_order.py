@@ -10,8 +10,8 @@ from __future__ import annotations
 import ml_collections
 
 from trainer.checkpoint import inventory as checkpoint_inventory
-from trainer.checkpoint.lease import WorkdirLease
-from trainer.checkpoint.preemption import PreemptionWatcher
+from trainer.checkpoint.guards.lease import WorkdirLease
+from trainer.checkpoint.guards.preemption import PreemptionWatcher
 from trainer.checkpoint.service import Checkpointer
 from trainer.precision import NonFinitePolicy
 from trainer.run_context import RunEvents

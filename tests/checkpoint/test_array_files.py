@@ -1,4 +1,4 @@
-"""trainer.checkpoint.array_files: aligned-header .npy files written with O_DIRECT, and their
+"""trainer.checkpoint.storage.array_files: aligned-header .npy files written with O_DIRECT, and their
 fallbacks (unaligned arrays, file systems that refuse O_DIRECT), read back bitwise."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from trainer.checkpoint import array_files, checksums
+from trainer.checkpoint.storage import array_files, checksums
 
 CASES = [((), np.float32), ((), np.int64), ((3,), np.float32), ((1025, 3), np.float64),
          ((4096,), np.float32), ((7, 4096), np.int32), ((0,), np.float32), ((2, 3), np.bool_)]
@@ -135,12 +135,12 @@ def test_orbax_round_trip_writes_npy_files_and_sends_bfloat16_through_tensorstor
     bfloat16 leaf (no .npy dtype) is stored by orbax's tensorstore handler; all restore."""
     import ml_dtypes
 
-    from trainer.checkpoint import store as checkpoint_store
+    from trainer.checkpoint.storage import handlers
 
-    ocp = checkpoint_store.orbax()
+    ocp = handlers.orbax()
     tree = {"f": [filled((300, 7), np.float32, aligned=True), np.array(7, np.int64)],
             "b": [np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.bfloat16)]}
-    saver = ocp.Checkpointer(checkpoint_store.state_handler(ocp, fast_io=True))
+    saver = ocp.Checkpointer(handlers.state_handler(ocp, fast_io=True))
     saver.save(tmp_path / "ckpt", args=ocp.args.PyTreeSave(tree))
     names = os.listdir(tmp_path / "ckpt")
     assert {"f.0.npy", "f.1.npy"} <= set(names) and "b.0.npy" not in names

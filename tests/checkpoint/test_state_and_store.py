@@ -25,7 +25,7 @@ from tests.conftest import subprocess_env
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.service import Checkpointer
 from trainer.checkpoint.state import CheckpointError
-from trainer.checkpoint.store import LATEST_DIR
+from trainer.checkpoint.storage.reader import LATEST_DIR
 from trainer.config import ConfigError, validate
 
 
@@ -110,7 +110,7 @@ def test_async_saves_reuse_host_buffers_only_after_the_previous_write(tmp_path):
     trainer.context.ensure_built()
     store = HeldStore(workdir, config.checkpoint, "")
     store.slow = True
-    service = Checkpointer(config, workdir, True, store=store)
+    service = Checkpointer(config, workdir, True, writer=store)
     run = ServiceRun(trainer, workdir)
     service.on_fit_start(run)
     set_step(trainer, 5)

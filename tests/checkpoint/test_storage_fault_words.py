@@ -17,7 +17,7 @@ import tensorflow as tf
 from google.api_core import exceptions as google_errors
 
 from trainer import errors
-from trainer.checkpoint import orbax_logs
+from trainer.checkpoint.storage import orbax_logs
 
 TF_403 = ("Error executing an HTTP request: HTTP response code 403 with body '{\"error\": "
           "{\"code\": 403}}'\n\t when reading gs://b/run/checkpoints/")

@@ -20,8 +20,9 @@ import tensorflow as tf
 import trainer
 from tests.support import toy
 from trainer import errors
-from trainer.checkpoint import checksums, inventory
-from trainer.checkpoint import inspect as checkpoint_inspect
+from trainer.checkpoint.storage import checksums
+from trainer.checkpoint import inventory
+from trainer.checkpoint import show as checkpoint_show
 from trainer.checkpoint.state import CheckpointError
 from trainer.precision import NonFiniteError
 
@@ -145,7 +146,7 @@ def test_every_file_of_both_items_is_covered(trained, fast_io):
 @pytest.mark.parametrize("rows", [1000, 100_000], ids=["inline", "in_a_thread"])
 def test_the_npy_checksums_computed_while_writing_and_reading_are_those_of_the_files(
         tmp_path, rows):
-    from trainer.checkpoint import array_files
+    from trainer.checkpoint.storage import array_files
 
     array = array_files.aligned_empty((rows, 3), np.float32)
     array[:] = np.arange(3 * rows, dtype=np.float32).reshape(rows, 3)
@@ -156,10 +157,10 @@ def test_the_npy_checksums_computed_while_writing_and_reading_are_those_of_the_f
 
 
 def test_a_restore_hands_the_checksums_of_the_npy_bytes_it_read_to_the_check(trained):
-    from trainer.checkpoint import store
+    from trainer.checkpoint.storage import reader
 
     step_dir = os.path.join(trained[True], "checkpoints", "20")
-    _, known = store.read_state(step_dir, store.read_manifest(step_dir))
+    _, known = reader.read_state(step_dir, reader.read_manifest(step_dir))
     with open(os.path.join(step_dir, "state", checksums.FILE)) as f:
         table = json.load(f)["files"]
     arrays = [rel for rel in table if rel.endswith(".npy")]
@@ -264,7 +265,7 @@ def test_inspect_lists_complete_incomplete_and_corrupt_steps(copy_of, capsys):
     shutil.copytree(os.path.join(checkpoints, "20"),
                     os.path.join(checkpoints, "30.orbax-checkpoint-tmp-1234"))
     flip_one_byte(os.path.join(checkpoints, "20", "state", "model.1.npy"))
-    assert checkpoint_inspect.main([f"--workdir={workdir}"]) == 0
+    assert checkpoint_show.main([f"--workdir={workdir}"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["step", "state", "path", "detail"]
     assert [line.split()[:2] for line in lines[1:4]] == [
@@ -274,6 +275,6 @@ def test_inspect_lists_complete_incomplete_and_corrupt_steps(copy_of, capsys):
 
 
 def test_inspect_of_a_missing_workdir_is_one_line(tmp_path, capsys):
-    assert checkpoint_inspect.main([f"--workdir={tmp_path}/nope"]) == 1
+    assert checkpoint_show.main([f"--workdir={tmp_path}/nope"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("Workdir error: --workdir=") and "Traceback" not in "".join(err)

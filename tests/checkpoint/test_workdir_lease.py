@@ -1,4 +1,4 @@
-"""One writer per workdir (trainer.checkpoint.lease): a live holder refuses a second run
+"""One writer per workdir (trainer.checkpoint.guards.lease): a live holder refuses a second run
 with one line naming it; a holder that is gone is taken over (at once when its pid is
 known dead, after ``lease_s`` without renewal otherwise); a holder whose lease was
 taken stops before it saves again. The leases here hold a real file in a real
@@ -20,7 +20,7 @@ import types
 import pytest
 
 from tests.support.helpers import REPO, subprocess_env
-from trainer.checkpoint import lease as lease_lib
+from trainer.checkpoint.guards import lease as lease_lib
 from trainer.errors import WorkdirError
 
 LEASE_S = 1.2  # renewed every 0.2 s

@@ -58,7 +58,7 @@ def test_training_goes_on_while_the_bucket_is_unreachable_and_adopts_no_partial_
     assert len(during) >= OUTAGE_STEPS, (during, output[-6000:])
     assert "Traceback" not in output, output[-6000:]
     assert len(re.findall(r"could not be saved|Storage error", output)) <= 1, output[-6000:]
-    listing = cluster.run(host, ["python", "-m", "trainer.checkpoint.inspect",
+    listing = cluster.run(host, ["python", "-m", "trainer.checkpoint.show",
                                  f"--workdir={workdir}"], env=gcs.client_env(), timeout=300)
     rows = [line.split() for line in listing.stdout.splitlines()
             if re.match(r"\d+ ", line)]

@@ -149,14 +149,14 @@ def test_a_stop_save_the_bucket_does_not_take_ends_with_the_grace_period(cluster
 
 
 def test_inspect_says_what_the_bucket_answers_while_its_client_retries(cluster, gcs):
-    """``trainer.checkpoint.inspect`` on a bucket answering 503 to its listings: a line
+    """``trainer.checkpoint.show`` on a bucket answering 503 to its listings: a line
     while it waits (after 5 s), naming the answer; once the bucket answers again, its
     table. The 503s last until that line is out: a count of them would be a race with
     the client's jittered back-off (4 retries can sleep under 5 s in all)."""
     prefix = f"inspect-{cluster.ports()[0]}"
     gcs.inject(503, count=1_000_000, path_contains=f"{prefix}%2Fcheckpoints")
     try:
-        run = start(cluster, gcs, 0, ["python", "-m", "trainer.checkpoint.inspect",
+        run = start(cluster, gcs, 0, ["python", "-m", "trainer.checkpoint.show",
                                       f"--workdir={bucket_url(prefix)}"])
         run.wait_for(r"waiting for the checkpoints of gs://\S+ to be listed and read "
                      r"\(\d+ s so far; the bucket answered 503 \(Service Unavailable\); "

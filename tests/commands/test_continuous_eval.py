@@ -19,7 +19,7 @@ import tensorflow as tf
 from tests.support import toy
 from tests.conftest import run_main
 from tests.launch_helpers.running import Launch, wait_until_dead
-from trainer.checkpoint.store import LATEST_DIR
+from trainer.checkpoint.storage.reader import LATEST_DIR
 from trainer.commands import continuous_eval
 from trainer.config import ConfigError
 

@@ -336,7 +336,7 @@ def test_operator_rule_as_written_here():
 
 
 def test_preemption_exit_code_is_143_in_the_trainer_and_the_launchers():
-    from trainer.checkpoint import preemption
+    from trainer.checkpoint.guards import preemption
 
     assert preemption.EXIT_PREEMPTED == exit_codes.EXIT_PREEMPTED == EXIT_PREEMPTED
 

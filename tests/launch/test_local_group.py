@@ -192,7 +192,7 @@ def test_a_lost_peer_restarts_the_group_and_counts_as_a_restart(tmp_path):
 
 
 def test_preemption_exit_code_matches_the_trainer():
-    from trainer.checkpoint import preemption
+    from trainer.checkpoint.guards import preemption
 
     assert exit_codes.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED == 143
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tests.support.helpers import max_abs_diff
 from tests.support.toy import ToyTrainer, toy_config
-from trainer.checkpoint.store import LATEST_DIR, read_manifest
+from trainer.checkpoint.storage.reader import LATEST_DIR, read_manifest
 from trainer.telemetry import progress
 
 # Measure however short the run, in small trials, so the test stays short.

@@ -39,7 +39,7 @@ from trainer.checkpoint import inventory, resume
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.service import Checkpointer
 from trainer.checkpoint.state import CheckpointError
-from trainer.checkpoint.store import LATEST_DIR
+from trainer.checkpoint.storage.reader import LATEST_DIR
 from trainer.errors import StorageError
 
 EVERY = 2  # checkpoint.every_steps; each loop of the machine ends on a save step
@@ -69,7 +69,7 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
         def start(self) -> None:
             cfg = self.trainer.config
             self.store = HeldStore(self.workdir, cfg.checkpoint, "")
-            self.service = Checkpointer(cfg, self.workdir, True, store=self.store,
+            self.service = Checkpointer(cfg, self.workdir, True, writer=self.store,
                                         deferral=SaveDeferral(EVERY, wait_s=0))
             self.run = ServiceRun(self.trainer, self.workdir)
             self.service.on_fit_start(self.run)

@@ -18,7 +18,7 @@ from tests.support import toy
 from tests.support.helpers import REPO, run_in_parallel, subprocess_env
 from tests.support.run_callbacks import CallbackTrainer, get_config
 from trainer import optimizers
-from trainer.checkpoint.store import read_manifest
+from trainer.checkpoint.storage.reader import read_manifest
 from trainer.config import ConfigError, validate
 
 

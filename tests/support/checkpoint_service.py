@@ -17,10 +17,10 @@ import os
 
 import numpy as np
 
-from trainer.checkpoint.managers import CheckpointStore
+from trainer.checkpoint.storage.writer import CheckpointWriter
 
 
-class HeldStore(CheckpointStore):
+class HeldStore(CheckpointWriter):
     """A store whose async writes can be held in flight (``slow``: a write completes
     only when it is waited for or when the next write of its kind starts, as orbax
     finishes one write before the next; it then writes the arrays it was handed, as

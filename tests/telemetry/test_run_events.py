@@ -14,7 +14,7 @@ import tensorflow as tf
 from tests.support import toy
 from tests.conftest import REPO, subprocess_env
 from trainer import Callback
-from trainer.checkpoint.preemption import Preempted
+from trainer.checkpoint.guards.preemption import Preempted
 from trainer.telemetry.service import controls
 
 # A user's own script: no trainer.main, no absl flags, default telemetry.progress.

@@ -6,7 +6,7 @@ that verifies, the one every message about "the last good checkpoint" names
 (:func:`describe_last_good`), whichever process wrote it.
 
 A committed step is *complete* when its files match the checksums written with them
-(:func:`trainer.checkpoint.store.verify`) and its manifest reads; one written before
+(:func:`trainer.checkpoint.storage.reader.verify`) and its manifest reads; one written before
 checksums existed is complete when its manifest reads ("no checksums"). *Corrupt*: a
 file missing, truncated or changed, or an unreadable manifest. *Incomplete*: a save
 that did not finish (orbax's temporary directory), never read.
@@ -21,7 +21,7 @@ import functools
 
 from absl import logging
 
-from trainer.checkpoint import store
+from trainer.checkpoint.storage import reader
 
 COMPLETE, INCOMPLETE, CORRUPT = "complete", "incomplete", "corrupt"
 
@@ -41,10 +41,10 @@ def check(step: int, path: str) -> Entry:
     """The state of the committed step directory ``path`` (in a bucket: downloaded in
     parallel, then checked locally)."""
     try:
-        with store.readable(path) as local:
-            verified = store.verify(local)
-            store.read_manifest(local)
-    except store.Unreadable as error:
+        with reader.readable(path) as local:
+            verified = reader.verify(local)
+            reader.read_manifest(local)
+    except reader.Unreadable as error:
         return Entry(step, path, CORRUPT, str(error))
     return Entry(step, path, COMPLETE,
                  "checksums match" if verified else "no checksums (an earlier version)")
@@ -53,9 +53,9 @@ def check(step: int, path: str) -> Entry:
 def survey(workdir: str) -> list[Entry]:
     """Every step directory of ``workdir`` with its state, newest first (a committed
     step before a save of the same step that did not finish)."""
-    entries = [check(step, path) for step, path in store.candidates(workdir, False)]
+    entries = [check(step, path) for step, path in reader.candidates(workdir, False)]
     entries += [Entry(step, path, INCOMPLETE, "a save that did not finish (never read)")
-                for step, path in store.incomplete(workdir)]
+                for step, path in reader.incomplete(workdir)]
     return sorted(entries, key=lambda e: (-e.step, e.state == INCOMPLETE))
 
 
@@ -63,7 +63,7 @@ def last_good(workdir: str | None) -> Entry | None:
     """The newest complete step of ``workdir`` (None: none, or no workdir)."""
     if workdir is None:
         return None
-    for step, path in store.candidates(workdir, warn_incomplete=False):
+    for step, path in reader.candidates(workdir, warn_incomplete=False):
         entry = check(step, path)
         if entry.state == COMPLETE:
             return entry

@@ -13,7 +13,7 @@ every callback's ``on_checkpoint`` runs once the saving hook returns.
 
 The loop is held only while the state is copied to host memory; that copy goes into
 buffers kept between the saves of one ``fit()`` (one state-sized host copy per
-directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint.store` for
+directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint.storage.reader` for
 files and formats and :mod:`trainer.checkpoint.state` for what is saved and how it is
 matched.
 
@@ -38,13 +38,14 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint import bucket, inventory
+from trainer.checkpoint.storage import bucket
+from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.resume import load
 from trainer.checkpoint.save_failures import SaveFailures
-from trainer.checkpoint.managers import CheckpointStore, StillWriting
-from trainer.checkpoint.store import BEST_DIR, LATEST_DIR
+from trainer.checkpoint.storage.writer import CheckpointWriter, StillWriting
+from trainer.checkpoint.storage.reader import BEST_DIR, LATEST_DIR
 from trainer.config import ConfigError
 from trainer.distribution import host_collectives
 from trainer.errors import storage_fault
@@ -63,24 +64,24 @@ class Checkpointer(Service):
     Inactive without a workdir. The orbax managers exist on the chief only. With
     ``events`` (the run's :class:`trainer.run_context.RunEvents`), the first ``fit()`` after
     a restore written by another number of workers reports ``{"kind": "resume", "step",
-    "from_workers", "to_workers"}`` (metrics.jsonl and one console line). ``store`` and
-    ``deferral``: the :class:`~trainer.checkpoint.managers.CheckpointStore` and
+    "from_workers", "to_workers"}`` (metrics.jsonl and one console line). ``writer`` and
+    ``deferral``: the :class:`~trainer.checkpoint.storage.writer.CheckpointWriter` and
     :class:`~trainer.checkpoint.deferral.SaveDeferral` to use instead of the default
-    ones (a slower or failing store under test).
+    ones (a slower or failing writer under test).
     """
 
     def __init__(self, config, workdir: str | None, chief: bool, events: Any = None,
-                 store: CheckpointStore | None = None, deferral: SaveDeferral | None = None):
+                 writer: CheckpointWriter | None = None, deferral: SaveDeferral | None = None):
         cfg = config.checkpoint
         self.enabled = workdir is not None
-        self.k = config.perf.grad_accum_steps
+        self.accum_steps = config.perf.grad_accum_steps
         self.every = cfg.every_steps
         self.total = config.train.steps
         self.grace_s = cfg.preemption_grace_s
         self.chief = chief
         self.best_metric = cfg.best_metric
         self.best_source = cfg.best_metric.partition("/")[0]
-        self.store = store or (CheckpointStore(workdir, cfg, cfg.best_metric)
+        self.writer = writer or (CheckpointWriter(workdir, cfg, cfg.best_metric)
                                if self.enabled else None)
         self._host_state: dict[str, dict[str, list[np.ndarray]]] = {}  # snapshot buffers
         self._saved: dict[str, int] = {}  # the last step saved to each kind by this run
@@ -107,7 +108,7 @@ class Checkpointer(Service):
             if not checked:
                 return True
             self._commit_pending(kind)
-            if self.store.committed(kind, run.step):
+            if self.writer.committed(kind, run.step):
                 return True
             self._saved.pop(kind, None)
         if not checkpoint_state.all_finite(run):
@@ -122,7 +123,7 @@ class Checkpointer(Service):
         self._saved[kind] = run.step
         if kind == LATEST_DIR:
             run.announce_checkpoint(run.step)
-        return not checked or self.store.committed(kind, run.step)
+        return not checked or self.writer.committed(kind, run.step)
 
     def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
                wait: bool) -> bool:
@@ -133,20 +134,20 @@ class Checkpointer(Service):
                 logging.info("checkpoint of step %d: left to the stop's save at this boundary "
                              "(a stop signal came).", run.step)
                 return False
-            if self.deferral.skip(run.step, lambda: self.store.in_flight(kind),
+            if self.deferral.skip(run.step, lambda: self.writer.in_flight(kind),
                                   os.path.join(run.workdir, kind), why=bucket.retrying):
                 return False
         self._commit_pending(kind)  # an async write may still read the buffers reused
         try:
-            if self.store.vanished(kind):
+            if self.writer.vanished(kind):
                 self._recreate(kind, run.step)
-            if self.store.has(kind, run.step) and self._intact(kind, run.step):
+            if self.writer.has(kind, run.step) and self._intact(kind, run.step):
                 return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
             with said_while_waiting(f"the checkpoint of step {run.step} being written to "
                                     f"{os.path.join(run.workdir, kind)}", why=bucket.retrying):
-                self.store.save(kind, run.step, state, manifest, metrics, wait,
+                self.writer.save(kind, run.step, state, manifest, metrics, wait,
                                 timeout=self._remaining())
         except StillWriting:
             raise
@@ -164,38 +165,38 @@ class Checkpointer(Service):
         a run before wrote it) verifies; a corrupt one is removed with one warning, so the
         save about to happen replaces it (otherwise every later resume would fall back
         from it and train those steps again)."""
-        entry = inventory.check(step, self.store.path(kind, step))
+        entry = inventory.check(step, self.writer.path(kind, step))
         if entry.state == inventory.COMPLETE:
             return True
         logging.warning("The checkpoint of step %d in %s is corrupt (%s): replaced by this "
-                        "run's save of that step.", step, os.path.join(self.store.workdir, kind),
+                        "run's save of that step.", step, os.path.join(self.writer.workdir, kind),
                         entry.detail)
-        self.store.delete(kind, step)
+        self.writer.delete(kind, step)
         return False
 
     def _recreate(self, kind: str, step: int) -> None:
         """The directory of ``kind`` vanished during the run: one warning; the manager is
         dropped (with the error of a write the deletion cut) and the save about to
         happen makes the directory again. Not a failed save: training goes on."""
-        directory = os.path.join(self.store.workdir, kind)
-        self.store.discard(kind)
+        directory = os.path.join(self.writer.workdir, kind)
+        self.writer.discard(kind)
         logging.warning("Storage error (training goes on): the checkpoint directory %s "
                         "vanished during the run (deleted?); the checkpoint of step %d makes "
                         "it again. The last good checkpoint is %s.", directory, step,
-                        inventory.describe_last_good(self.store.workdir))
+                        inventory.describe_last_good(self.writer.workdir))
 
     def _commit_pending(self, kind: str | None = None, final: bool = False) -> None:
         """Waits for the async writes of ``kind`` (default: all); one that failed on a
         storage fault is handled (:meth:`_storage_fault`)."""
-        for name in [k for k in self.store.kinds() if kind in (None, k)]:
-            step = self.store.pending(name)
+        for name in [k for k in self.writer.kinds() if kind in (None, k)]:
+            step = self.writer.pending(name)
             notice = (contextlib.nullcontext() if step is None else said_while_waiting(
                 f"the checkpoint of step {step} being written to "
-                f"{os.path.join(self.store.workdir, name)} to commit",
+                f"{os.path.join(self.writer.workdir, name)} to commit",
                 why=bucket.retrying))  # none: no thread
             try:
                 with notice:
-                    self.store.wait(name, timeout=self._remaining())
+                    self.writer.wait(name, timeout=self._remaining())
             except StillWriting:
                 raise
             except Exception as error:  # noqa: BLE001 - only storage faults are handled
@@ -213,8 +214,8 @@ class Checkpointer(Service):
             raise error
         if step is not None and self._saved.get(kind) == step:
             del self._saved[kind]  # not saved: a stop's save at this step writes it again
-        self.store.discard(kind)
-        self.failures.failed(error, os.path.join(self.store.workdir, kind), step, final)
+        self.writer.discard(kind)
+        self.failures.failed(error, os.path.join(self.writer.workdir, kind), step, final)
 
     def _remaining(self) -> float | None:
         """Seconds left of a preemption's grace period (None: no bound)."""
@@ -276,7 +277,7 @@ class Checkpointer(Service):
         if self.chief:
             saved = run.step if committed else None
             report = {"saved": saved, "last_good": (
-                f"step {saved} ({self.store.path(LATEST_DIR, saved)})" if saved is not None
+                f"step {saved} ({self.writer.path(LATEST_DIR, saved)})" if saved is not None
                 else last_good or inventory.describe_last_good(run.workdir))}
         report = host_collectives.json_from_chief(run.strategy, report)
         run.report_stop_save(report["saved"], report["last_good"])
@@ -289,14 +290,14 @@ class Checkpointer(Service):
         committed, so the run's last line is said before the platform's kill."""
         since = signals.seconds_since_signal()
         if (run.stopped_by == "preemption" and since is not None and self.chief
-                and self.store.staged):
+                and self.writer.staged):
             self._deadline = time.monotonic() + max(0.0, self.grace_s - since)
         try:
             return self.save(run, wait=True), None
         except StillWriting as error:
-            self.store.abandon()
-            known = self.store.last_committed(LATEST_DIR)
-            last_good = (f"step {known} ({self.store.path(LATEST_DIR, known)})"
+            self.writer.abandon()
+            known = self.writer.last_committed(LATEST_DIR)
+            last_good = (f"step {known} ({self.writer.path(LATEST_DIR, known)})"
                          if known is not None else "none known to this run")
             reason = bucket.retrying()
             logging.warning("%s when checkpoint.preemption_grace_s=%g s after the stop signal "
@@ -323,7 +324,7 @@ class Checkpointer(Service):
             raise ConfigError(
                 f"config.checkpoint.best_metric={self.best_metric!r} is not among the "
                 f"{self.best_source} values ({', '.join(sorted(logs))}).")
-        if run.step % self.k == 0:
+        if run.step % self.accum_steps == 0:
             self.save(run, BEST_DIR, {self.best_metric: float(logs[self.best_metric])})
 
     def on_log(self, run: RunContext, logs: dict[str, float]) -> None:
@@ -338,10 +339,10 @@ class Checkpointer(Service):
         if not self.enabled or not self.chief:
             return
         self._commit_pending(final=True)
-        best = self.store.best_step()
+        best = self.writer.best_step()
         if best is not None and run.step >= self.total:
             self._export_best(run, best)
-        self.store.close()
+        self.writer.close()
         self._host_state.clear()
 
     def _export_best(self, run: RunContext, step: int) -> None:
@@ -360,7 +361,7 @@ class Checkpointer(Service):
             run.export(target)
         finally:
             checkpoint_state.assign(model_only, current)
-        metrics = self.store.metrics(BEST_DIR, step)
+        metrics = self.writer.metrics(BEST_DIR, step)
         with tf.io.gfile.GFile(os.path.join(target, "best.json"), "w") as f:
             f.write(json.dumps({"step": step, **{k.partition("/")[2]: float(v)
                                                  for k, v in metrics.items()}}))

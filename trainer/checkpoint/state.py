@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from trainer.checkpoint import array_files
+from trainer.checkpoint.storage import array_files
 from trainer.distribution import host_collectives
 from trainer.errors import UserError
 from trainer.run_context import RunContext
@@ -142,7 +142,7 @@ def snapshot(run: RunContext, reuse: dict[str, list[np.ndarray]] | None = None
     """Host copies of the training state and its manifest.
 
     Arrays are ``np.ndarray`` (0-d for scalars: orbax rejects numpy scalars), page
-    aligned (:func:`trainer.checkpoint.array_files.aligned_empty`); they are snapshots, safe to
+    aligned (:func:`trainer.checkpoint.storage.array_files.aligned_empty`); they are snapshots, safe to
     write while training continues. ``reuse``: the state of an earlier snapshot whose
     arrays are overwritten in place where shape and dtype still match (the caller makes
     sure nothing reads them any more). Copying into warm buffers avoids faulting in

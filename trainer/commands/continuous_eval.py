@@ -1,6 +1,6 @@
 """Evaluating a run's checkpoints apart from training: ``--mode=eval`` and ``continuous_eval``.
 
-Model Garden's semantics, on this framework's checkpoints (:mod:`trainer.checkpoint.store`)::
+Model Garden's semantics, on this framework's checkpoints (:mod:`trainer.checkpoint.storage.reader`)::
 
     python -m trainer.main --config=... --workdir=DIR --mode=eval [--step=S]
     python -m trainer.main --config=... --workdir=DIR --mode=continuous_eval [--eval_timeout_s=T]
@@ -60,7 +60,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import cli
-from trainer.checkpoint import store as checkpoint_store
+from trainer.checkpoint.storage import reader as checkpoint_reader
 from trainer.checkpoint.state import CheckpointError
 from trainer.config import ConfigError
 from trainer.distribution import strategies
@@ -235,7 +235,7 @@ class ContinuousEvaluator:
         self.last: dict[str, float] = {}  # the last evaluation: {"step": S, "eval/...": ...}
 
     def _committed(self) -> list[int]:
-        return sorted({s for s, _ in checkpoint_store.candidates(self.trainer.workdir,
+        return sorted({s for s, _ in checkpoint_reader.candidates(self.trainer.workdir,
                                                                  warn_incomplete=False)})
 
     def run(self) -> list[int]:
@@ -260,7 +260,7 @@ class ContinuousEvaluator:
                                         "(--eval_timeout_s); stopping at step %d.",
                                         self.trainer.workdir, self.timeout_s, last)
                         break
-                    for step in set(checkpoint_store.incomplete_steps(
+                    for step in set(checkpoint_reader.incomplete_steps(
                             self.trainer.workdir)) - waited_for:
                         logging.info("continuous_eval: step %d is being written; waiting "
                                      "for its commit", step)

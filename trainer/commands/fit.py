@@ -4,7 +4,7 @@ Loaded by :func:`trainer.main.load_fit_command` once the flags, config and workd
 passed their checks. User errors raised here (configuration, checkpoint, input,
 workdir) end in one message through :func:`trainer.errors.call`. On a multi-worker
 run every task first checks that it sees the chief's workdir
-(:mod:`trainer.checkpoint.shared_workdir`), and a peer task lost during ``fit()`` ends
+(:mod:`trainer.checkpoint.guards.shared_workdir`), and a peer task lost during ``fit()`` ends
 every survivor with one ``Lost peer`` line and exit status 170 (:mod:`trainer.distribution.lost_peer`).
 
 The result of a run is one plain line on stdout, written by the chief, for scripts::
@@ -33,9 +33,10 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import errors
-from trainer.checkpoint import inventory, shared_workdir
-from trainer.checkpoint.preemption import EXIT_PREEMPTED, Preempted
-from trainer.checkpoint.store import LATEST_DIR
+from trainer.checkpoint import inventory
+from trainer.checkpoint.guards import shared_workdir
+from trainer.checkpoint.guards.preemption import EXIT_PREEMPTED, Preempted
+from trainer.checkpoint.storage.reader import LATEST_DIR
 from trainer.commands import continuous_eval
 from trainer.distribution import strategies, lost_peer
 from trainer.trainer import resolve_trainer_class

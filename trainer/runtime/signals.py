@@ -2,14 +2,14 @@
 
 The command lines (``trainer.main``, ``trainer.doctor``) call :func:`install` first
 thing, before TensorFlow is imported; ``fit()`` installs it for its duration when a
-plain script calls it (:class:`trainer.checkpoint.preemption.PreemptionWatcher`).
+plain script calls it (:class:`trainer.checkpoint.guards.preemption.PreemptionWatcher`).
 
 What a signal does:
 
 * while a *stop callback* is registered (:func:`set_stop_callback`: the training loop
   during ``fit()``), the first SIGTERM/SIGINT calls it: the loop stops at its next safe
   point (an eval pass in progress is abandoned within seconds), saves a final
-  checkpoint and the command exits 143 (:data:`trainer.checkpoint.preemption.EXIT_PREEMPTED`);
+  checkpoint and the command exits 143 (:data:`trainer.checkpoint.guards.preemption.EXIT_PREEMPTED`);
 * in any other phase (start-up, building the model or the input, restoring, the
   ``eval``/``continuous_eval`` modes, the doctor, after training) there is nothing new
   to save: the process prints one line and exits at once with 128 + the signal number

@@ -4,7 +4,7 @@ Orbax writing a step straight into a bucket cost ~130 requests per save, almost 
 after another (each directory test is two requests, OCDBT commits in rounds, the
 checksums read every file back): 20-40 s at 150-300 ms a request, whatever the state's
 size, so periodic saves were deferred and a spot VM's 30 s notice was missed. So for a
-``gs://`` workdir, :class:`trainer.checkpoint.managers.CheckpointStore` has orbax write
+``gs://`` workdir, :class:`trainer.checkpoint.storage.writer.CheckpointWriter` has orbax write
 each step into a local staging directory (its own rename commit, at local-disk speed)
 and :class:`BucketSteps` then moves it to the bucket:
 
@@ -51,7 +51,7 @@ from concurrent import futures
 from http import HTTPStatus
 from typing import Any, Iterable
 
-from trainer.checkpoint import checksums
+from trainer.checkpoint.storage import checksums
 
 SCHEME = "gs://"
 COMMIT_FILE = "commit_success.txt"  # orbax's commit marker on GCS (atomicity_types)
@@ -144,7 +144,7 @@ def _crc_b64(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(4, "big")).decode()
 
 
-class Mismatch(OSError):
+class UploadMismatch(OSError):
     """An object the bucket holds is not what was sent (size or CRC32C)."""
 
 
@@ -197,7 +197,7 @@ class BucketSteps:
     def upload(self, step: int, local: str) -> int:
         """Uploads the staged step directory ``local`` as ``step`` and commits it (the
         marker last); returns the bytes sent. Raises the storage's error, or
-        :class:`Mismatch` naming an object whose reported size or CRC32C differs from
+        :class:`UploadMismatch` naming an object whose reported size or CRC32C differs from
         the local file's (the step is then not committed)."""
         files = sorted(os.path.relpath(os.path.join(root, n), local)
                        for root, _, names in os.walk(local) for n in names)
@@ -213,7 +213,7 @@ class BucketSteps:
     def _send(self, step: int, local: str, files: list[str]) -> int:
         """Uploads ``files`` (relative to ``local``) of ``step`` in parallel; returns
         their bytes. The CRC32C of each comes from its item's checksums, written when
-        orbax finalised the item (:mod:`~trainer.checkpoint.checksums`; only the files
+        orbax finalised the item (:mod:`~trainer.checkpoint.storage.checksums`; only the files
         they do not cover are read here)."""
         from google.cloud.storage import transfer_manager
 
@@ -230,10 +230,10 @@ class BucketSteps:
                                      worker_type=transfer_manager.THREAD)
         for (rel, size, crc), (_, blob) in zip(expected, blobs):
             if blob.size is not None and int(blob.size) != size:
-                raise Mismatch(f"{self.url}/{step}/{rel}: the bucket holds {blob.size} "
+                raise UploadMismatch(f"{self.url}/{step}/{rel}: the bucket holds {blob.size} "
                                f"bytes, {size} were sent")
             if blob.crc32c != crc:
-                raise Mismatch(f"{self.url}/{step}/{rel}: the bucket reports CRC32C "
+                raise UploadMismatch(f"{self.url}/{step}/{rel}: the bucket reports CRC32C "
                                f"{blob.crc32c}, {crc} was sent")
         return sum(size for _, size, _ in expected)
 

@@ -1,11 +1,11 @@
 """The orbax managers of one workdir: writing steps, keep-N / best-N, async writes.
 
-:class:`CheckpointStore` (the chief's; :mod:`trainer.checkpoint.service` decides when
+:class:`CheckpointWriter` (the chief's; :mod:`trainer.checkpoint.service` decides when
 it saves) writes each step through orbax's ``CheckpointManager`` with the item handlers
-of :func:`trainer.checkpoint.store.saving_registry`: into ``workdir/checkpoints`` (and
+of :func:`trainer.checkpoint.storage.handlers.saving_registry`: into ``workdir/checkpoints`` (and
 ``checkpoints_best``), or for a workdir in a bucket into a local staging directory from
-which :mod:`trainer.checkpoint.bucket` uploads and commits each step. Reading is
-:mod:`trainer.checkpoint.store`'s.
+which :mod:`trainer.checkpoint.storage.bucket` uploads and commits each step. Reading is
+:mod:`trainer.checkpoint.storage.reader`'s.
 
 Contexts: host only; the chief.
 """
@@ -21,21 +21,22 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint import bucket, checksums
-from trainer.checkpoint.store import BEST_DIR, orbax, saving_registry, short_error
+from trainer.checkpoint.storage import bucket, checksums
+from trainer.checkpoint.storage.handlers import orbax, saving_registry, short_error
+from trainer.checkpoint.storage.reader import BEST_DIR
 
 
 class StillWriting(Exception):
-    """A write still runs when the time given to :meth:`CheckpointStore.wait` is up."""
+    """A write still runs when the time given to :meth:`CheckpointWriter.wait` is up."""
 
 
-class CheckpointStore:
+class CheckpointWriter:
     """The orbax managers of one workdir (chief only; created at the first save).
 
     Args:
       workdir: the run's directory. In a bucket (``gs://``) the managers write to a
         local staging directory and each step is uploaded once orbax committed it there
-        (:mod:`trainer.checkpoint.bucket`; one upload thread, so steps commit in order);
+        (:mod:`trainer.checkpoint.storage.bucket`; one upload thread, so steps commit in order);
         the steps orbax's retention removes from the staging directory are deleted from
         the bucket after the next commit, in a background thread (never after a
         ``wait`` save: a stop's save holds nothing but its own write).
@@ -117,7 +118,7 @@ class CheckpointStore:
             return False
         try:
             return checksums.verify(self.path(kind, step), read=False)
-        except (checksums.Mismatch, tf.errors.OpError, OSError):
+        except (checksums.ChecksumMismatch, tf.errors.OpError, OSError):
             return False
 
     def delete(self, kind: str, step: int) -> None:

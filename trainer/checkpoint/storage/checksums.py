@@ -33,7 +33,7 @@ ITEMS = ("state", "manifest")
 _CHUNK = 8 * 2**20  # bytes per CRC update: the GIL is released between chunks
 
 
-class Mismatch(Exception):
+class ChecksumMismatch(Exception):
     """A file of a step directory does not match its checksum; the message names it,
     ``file`` is its path relative to the step directory."""
 
@@ -184,10 +184,10 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
     again, and what is checked is what was restored. Other files are read; with
     ``read=False`` none is: only each file's presence and size are checked (one stat
     per file: what a just-committed save is checked by, see
-    :meth:`trainer.checkpoint.managers.CheckpointStore.committed`).
+    :meth:`trainer.checkpoint.storage.writer.CheckpointWriter.committed`).
 
     Returns True when verified, False when the step has no checksums at all (written
-    before them: unverified). Raises :class:`Mismatch` naming the first file that is
+    before them: unverified). Raises :class:`ChecksumMismatch` naming the first file that is
     missing, of another size or another CRC32C, or an item whose :data:`FILE` is
     missing or unreadable while another item has one.
     """
@@ -199,17 +199,17 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
         try:
             table = read_table(directory)
         except (tf.errors.NotFoundError, ValueError, KeyError, TypeError) as error:
-            raise Mismatch(f"{item}/{FILE}", f"is missing or unreadable "
+            raise ChecksumMismatch(f"{item}/{FILE}", f"is missing or unreadable "
                            f"({type(error).__name__})") from error
         for rel, (size, crc) in sorted(table.items()):
             path = os.path.join(directory, rel)
             if not tf.io.gfile.exists(path):
-                raise Mismatch(f"{item}/{rel}", "is missing")
+                raise ChecksumMismatch(f"{item}/{rel}", "is missing")
             got_size, got_crc = (known(path) or file_crc(path) if read
                                  else (tf.io.gfile.stat(path).length, crc))
             if got_size != size:
-                raise Mismatch(f"{item}/{rel}", f"has {got_size} bytes, {size} were written")
+                raise ChecksumMismatch(f"{item}/{rel}", f"has {got_size} bytes, {size} were written")
             if got_crc != crc:
-                raise Mismatch(f"{item}/{rel}", f"does not match its CRC32C (written "
+                raise ChecksumMismatch(f"{item}/{rel}", f"does not match its CRC32C (written "
                                f"{crc:08x}, read {got_crc:08x})")
     return True

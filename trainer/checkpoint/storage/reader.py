@@ -1,35 +1,19 @@
-"""Where checkpoints live and how they are read: the directories, orbax's handlers, the
-committed steps, reading and verifying a step (the managers that write them:
-:mod:`trainer.checkpoint.managers`).
+"""Reading checkpoints: the directories, the committed steps, reading and verifying a step
+(the writer: :mod:`trainer.checkpoint.storage.writer`; orbax's item handlers:
+:mod:`trainer.checkpoint.storage.handlers`).
 
 Directories: ``workdir/checkpoints`` keeps the latest ``checkpoint.max_to_keep`` steps;
 with ``checkpoint.best_metric`` a second manager in ``workdir/checkpoints_best`` keeps the
-best ``max_to_keep`` by that metric (``best_mode``). ``checkpoint.async_save`` writes in
-a background thread (training continues; the next save waits for the previous one).
-
-One step directory holds two items: ``state`` (the arrays of
-:mod:`trainer.checkpoint.state`) and ``manifest`` (JSON). Arrays are written by orbax's
-stock ``PyTreeCheckpointHandler`` (uncompressed: zstd saved little disk on a float
-training state for much more CPU per save; benchmarks/README.md), so any orbax user can
-read them; with ``checkpoint.fast_io=True`` they are aligned ``.npy`` files written with
-O_DIRECT (:mod:`trainer.checkpoint.array_files`: much less CPU per async save on VMs
-whose page cache is expensive; ``np.load`` reads them, plain orbax does not). Reading
-handles both formats.
+best ``max_to_keep`` by that metric (``best_mode``).
 
 Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it when
 complete, so a crash mid-write leaves the previous steps intact. Reading ignores such
 partial directories with a warning; a committed step that cannot be read is reported
 as :class:`Unreadable`.
 
-In a bucket (``gs://``) orbax writes each step into a local staging directory, and
-:mod:`trainer.checkpoint.bucket` uploads it in parallel and commits it with orbax's GCS
-commit marker (a handful of round trips instead of ~130 sequential requests); a restore
-lists and downloads a step in parallel and reads it locally.
-
-Only the chief imports orbax (and JAX, kept on the CPU with ``JAX_PLATFORMS=cpu``), on
-first use: a run without checkpoints starts as fast as plain Keras. Orbax takes its
-process index from JAX, which is not initialised across TF workers, so each process's
-orbax is single-process. Contexts: host only.
+In a bucket (``gs://``) a step is committed by orbax's GCS commit marker
+(:mod:`trainer.checkpoint.storage.bucket`); a restore lists and downloads a step in
+parallel and reads it locally. Contexts: host only.
 """
 
 from __future__ import annotations
@@ -40,13 +24,14 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint import array_files, bucket, checksums, orbax_logs
+from trainer.checkpoint.storage import array_files, bucket, checksums
+from trainer.checkpoint.storage.handlers import orbax, short_error, state_handler
 
 Known = Callable[[str], "tuple[int, int] | None"]  # a file's (size, CRC32C) if computed
 LATEST_DIR = "checkpoints"
@@ -56,73 +41,6 @@ BEST_DIR = "checkpoints_best"
 class Unreadable(Exception):
     """A committed step whose files cannot be read (corrupt or incomplete)."""
 
-
-
-def orbax():
-    """Imports orbax (and JAX) on first use only; JAX stays off accelerators."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import orbax.checkpoint as ocp
-
-    orbax_logs.quiet()
-    return ocp
-
-
-def state_handler(ocp, fast_io: bool, verified: bool = False, npy: Any = None):
-    """The orbax handler of the ``state`` item.
-
-    ``fast_io=False``: orbax's stock tensorstore handler (uncompressed). ``True``: the
-    O_DIRECT ``.npy`` handler of :mod:`trainer.checkpoint.array_files` (``npy``, or a new
-    one), which also reads stock checkpoints; reading always uses it, so either format
-    restores. ``verified``: the handler also writes the item's checksums (for saving;
-    see :func:`_verified_handlers`).
-    """
-    cls = _verified_handlers(ocp)["state"] if verified else ocp.PyTreeCheckpointHandler
-    if not fast_io:
-        return cls(use_compression=False)
-    import jax  # already imported by orbax; its handler keeps orbax's array metadata on
-
-    npy = npy or array_files.npy_file_handler(ocp)
-    registry = ocp.type_handlers.create_type_handler_registry(
-        (np.ndarray, npy), (jax.Array, ocp.type_handlers.get_type_handler(jax.Array)))
-    return cls(use_ocdbt=False, use_compression=False, type_handler_registry=registry,
-               **({"known_checksums": functools.partial(array_files.claim, npy)}
-                  if verified else {}))
-
-
-def saving_registry(ocp, fast_io: bool):
-    """The item handlers of a manager: ``state`` and ``manifest``, both writing their
-    checksums (registered by item, so orbax's global args registry is left alone)."""
-    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-    state = state_handler(ocp, fast_io, verified=True)
-    manifest = _verified_handlers(ocp)["manifest"]()
-    for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
-        registry.add("state", args, state)
-    for args in (ocp.args.JsonSave, ocp.args.JsonRestore):
-        registry.add("manifest", args, manifest)
-    return registry
-
-
-@functools.cache
-def _verified_handlers(ocp) -> dict[str, type]:
-    """Orbax's PyTree and JSON handlers, each writing :mod:`~trainer.checkpoint.checksums`
-    of its item when orbax finalises it (inside the temporary step directory, before the
-    commit; in orbax's background thread for an async save)."""
-
-    class VerifiedPyTree(ocp.PyTreeCheckpointHandler):
-        def __init__(self, *args, known_checksums=lambda path: None, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._known = known_checksums
-
-        def finalize(self, directory) -> None:
-            super().finalize(directory)
-            checksums.write(os.fspath(directory), self._known)
-
-    class VerifiedJson(ocp.JsonCheckpointHandler):
-        def finalize(self, directory) -> None:
-            super().finalize(directory)
-            checksums.write(os.fspath(directory))
-
-    return {"state": VerifiedPyTree, "manifest": VerifiedJson}
 
 
 # ------------------------------------------------------------------- reading
@@ -214,22 +132,16 @@ def incomplete_steps(workdir: str) -> list[int]:
     return sorted({step for step, _ in incomplete(workdir)})
 
 
-def short_error(error: Exception) -> str:
-    """The first, human-readable part of an orbax / tensorstore error."""
-    text = str(error).split(" [tensorstore_spec")[0]
-    return f"{type(error).__name__}: {text[:400]}"
-
-
 def verify(path: str, known: Known = lambda p: None) -> bool:
     """Checks the files of the committed step directory ``path`` against the checksums
-    written with them (:mod:`trainer.checkpoint.checksums`): True when they match, False
+    written with them (:mod:`trainer.checkpoint.storage.checksums`): True when they match, False
     when the step has none (written before checksums: unverified, still readable).
     ``known``: the checksums of files already read (:func:`read_state`), not read
     again. Raises :class:`Unreadable` naming the file that does not match (and its
     variable, for an array file of ours)."""
     try:
         return checksums.verify(path, known)
-    except checksums.Mismatch as error:
+    except checksums.ChecksumMismatch as error:
         variable = _variable_of(path, error.file)
         raise Unreadable(f"cannot read variable '{variable}' ({error})" if variable
                          else str(error)) from error

@@ -1,4 +1,4 @@
-"""``python -m trainer.checkpoint.inspect --workdir=DIR``: a workdir's checkpoints and their state.
+"""``python -m trainer.checkpoint.show --workdir=DIR``: a workdir's checkpoints and their state.
 
 Prints one line per step directory of ``DIR/checkpoints`` and ``DIR/checkpoints_best``,
 newest first: the step, its state (``complete``, ``incomplete`` or ``corrupt``, see
@@ -16,7 +16,8 @@ import argparse
 import sys
 
 from trainer import errors
-from trainer.checkpoint import bucket, inventory
+from trainer.checkpoint.storage import bucket
+from trainer.checkpoint import inventory
 from trainer.runtime.waiting import said_while_waiting
 from tf_cluster.storage_schemes import absolute
 
@@ -29,7 +30,7 @@ def table(entries: list[inventory.Entry]) -> list[str]:
     return [" ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + " " + r[3] for r in rows]
 
 
-def inspect(workdir: str) -> int:
+def show(workdir: str) -> int:
     """Prints ``workdir``'s checkpoints (see the module docstring); returns 0."""
     import tensorflow as tf
 
@@ -49,11 +50,11 @@ def inspect(workdir: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.checkpoint.inspect",
+    parser = argparse.ArgumentParser(prog="python -m trainer.checkpoint.show",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True, help="the run's --workdir")
     args = parser.parse_args(argv)
-    return int(errors.call(inspect, args.workdir))
+    return int(errors.call(show, args.workdir))
 
 
 if __name__ == "__main__":

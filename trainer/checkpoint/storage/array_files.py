@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.checkpoint import checksums
+from trainer.checkpoint.storage import checksums
 
 ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers (a page; >= any block)
 _CHUNK = 64 * 2**20  # bytes per write() call (Linux writes at most ~2 GiB per call)
@@ -118,7 +118,7 @@ def _write_direct(path: str, header: bytes, data: memoryview) -> None:
 def write_npy(path: str, array: np.ndarray) -> tuple[int, int]:
     """Writes ``array`` to ``path`` as an aligned-header ``.npy`` file and fsyncs it;
     returns the file's ``(size, CRC32C)``, computed from memory while the same bytes
-    are written (:class:`~trainer.checkpoint.checksums.Running`: in a worker thread for
+    are written (:class:`~trainer.checkpoint.storage.checksums.Running`: in a worker thread for
     arrays of :data:`BACKGROUND_CRC_BYTES` or more; never read back).
 
     Uses O_DIRECT when ``array`` is C-contiguous and starts on an :data:`ALIGN`
@@ -274,7 +274,7 @@ def _handler_class(ocp):
         ``checksummed`` maps each file written or read and not yet claimed
         (:func:`claim`) to its ``(size, CRC32C)``, computed from the bytes written or
         read: the checksum file of the item takes them from there at save, and the
-        check of a restore (:func:`trainer.checkpoint.checksums.verify`) at restore.
+        check of a restore (:func:`trainer.checkpoint.storage.checksums.verify`) at restore.
         """
 
         def __init__(self):
