@@ -278,3 +278,45 @@ def test_every_trainer_package_says_what_it_is_and_lists_its_public_names(packag
         defined |= {"Trainer", "Callback"}  # loaded on first use (PEP 562)
     missing = sorted(set(names) - defined)
     assert not missing, f"{init.relative_to(REPO)} lists {missing} in __all__ but has none"
+
+
+
+def modules_of_the_tests() -> dict[str, Path]:
+    """{dotted name: path} of every test module (``tests/**/test_*.py``)."""
+    return {".".join(p.relative_to(REPO).with_suffix("").parts): p
+            for p in sorted((REPO / "tests").rglob("test_*.py")) if "__pycache__" not in p.parts}
+
+
+def imported_modules(path: Path, tree: ast.AST) -> list[tuple[int, str, list[str]]]:
+    """``(line, the import as written, the full module names it may import)`` for every
+    import of ``path`` (in functions too); a relative import is resolved from the
+    package of ``path``, and ``from P import M`` may import ``P.M`` as well as ``P``."""
+    package = list(path.relative_to(REPO).parent.parts)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((node.lineno, f"import {alias.name}", [alias.name]))
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            written = f"from {'.' * node.level}{node.module or ''} import " + ", ".join(
+                alias.name for alias in node.names)
+            found.append((node.lineno, written,
+                          [module] + [f"{module}.{alias.name}" for alias in node.names]))
+    return found
+
+
+def test_no_test_module_imports_another_test_module():
+    """What several test modules share lives in a support module (tests/README.md:
+    tests/support/, or beside them, e.g. tests/cluster/runs.py); importing a test module
+    runs its module code again in another module and ties the two together."""
+    modules = modules_of_the_tests()
+    broken = []
+    for name, path in modules.items():
+        for line, written, candidates in imported_modules(path, ast.parse(path.read_text())):
+            hits = [c for c in candidates if c in modules and c != name]
+            if hits:
+                broken.append(f"{path.relative_to(REPO)}:{line}: {written} (test module {hits[0]})")
+    assert not broken, ("test modules import test modules; move what they share into a "
+                        "support module:\n" + "\n".join(broken))

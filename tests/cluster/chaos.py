@@ -36,12 +36,10 @@ import signal
 import time
 
 from tests.cluster.gcs import BUCKET, GcsEmulator
-from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import Host, SimulatedCluster
+from tests.cluster.runs import CONFIG, RUN_S, bucket_url, start, trainer_argv
 from tests.launch_helpers.running import task_pids
-from tests.support.helpers import REPO
 
-CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 STEP_S = 0.1  # input sleep per batch: 10 steps/s
 KINDS = ("sigterm_stalled_upload", "sigkill", "corrupt_newest", "bucket_errors")
 LAST = "sigkill_worker"

@@ -18,7 +18,7 @@ import re
 import time
 
 from tests.cluster import chaos
-from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
+from tests.cluster.runs import RUN_S, bucket_url, fetch, start, trainer_argv
 from tests.support.helpers import load_weights, max_abs_diff
 
 STEPS = 120

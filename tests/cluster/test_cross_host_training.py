@@ -3,12 +3,12 @@ the weights of one process, survive a preemption, a lost host and a change of wo
 count (4 workers on 2 hosts requeued as 2 on the remaining host; a change of worker
 count on one host, 4 -> 2 and 2 -> 4, is tests/checkpoint/test_elastic_resume.py's).
 
-Every run is the launcher tests' digits config (``tests/launch_helpers/weights_config.py``:
-30 steps, global batch 64, batch sharding, final weights saved by ``WeightsTrainer``),
-one CPU device per task, the workdir in the cluster's shared directory. The reference
-is the same config trained by one process (the session fixture
-``launcher_reference_weights``, shared with tests/launch/, which also checks that 2 and
-4 workers on one host end with its weights). With batch sharding the global batches do
+Every run is the launcher tests' digits config (``tests.cluster.runs.CONFIG``,
+``tests/launch_helpers/weights_config.py``: 30 steps, global batch 64, batch sharding,
+final weights saved by ``WeightsTrainer``), one CPU device per task, the workdir in the
+cluster's shared directory. The reference is the same config trained by one process
+(the session fixture ``launcher_reference_weights``, shared with tests/launch/, which
+also checks that 2 and 4 workers on one host end with its weights). With batch sharding the global batches do
 not depend on the worker count, so every layout, and every resume on another layout,
 ends with the reference's weights (<= 1e-5: only the all-reduce order differs).
 
@@ -36,17 +36,14 @@ import pytest
 
 from launch import multiworker
 from tests.cluster.gcs import BUCKET
-from tests.cluster.gcs_runs import fetch
-from tests.cluster.hosts import Host, SimulatedCluster, Watched
+from tests.cluster.hosts import SimulatedCluster
+from tests.cluster.runs import (CONFIG_FLAG, GROUP_RUN_S, SLOW, STEPS, consecutive_ports, fetch,
+                                finish_all, outputs, per_host)
 from tests.support.helpers import REPO, assert_same_weights, load_weights, max_abs_diff
 
-# Absolute: a Slurm job runs in its (shared) submit directory.
-CONFIG = f"--config={REPO / 'tests' / 'launch_helpers' / 'weights_config.py'}"
-STEPS = 30  # weights_config's train.steps
-RUN_S = 600  # bound for one run (up to 4 TensorFlow processes on 2 shared cores)
+RUN_S = GROUP_RUN_S  # bound for one run (up to 4 TensorFlow processes on 2 shared cores)
 LOST_S = 120  # bound from a host's cut to every launcher's exit (collective timeout 30 s)
 COLLECTIVE_TIMEOUT_S = 30
-SLOW = {"LAUNCH_TEST_SLOW_FROM": "10:1"}  # 1 s per input batch from batch 10 on
 EVERY_5 = "--config.checkpoint.every_steps=5"
 # A stopped task saves at its next loop boundary (5 slowed steps) before SIGKILL.
 
@@ -58,44 +55,6 @@ def examples_per_s(workdir: Path) -> float:
     speeds = [r["perf/examples_per_s"] for r in records if r.get("kind") == "train"]
     assert len(speeds) >= 2, records
     return statistics.median(speeds[1:])
-
-
-def consecutive_ports(cluster: SimulatedCluster, count: int) -> int:
-    """The first of ``count`` consecutive ports never handed out before."""
-    ports = cluster.ports(count)
-    assert ports == list(range(ports[0], ports[0] + count)), ports
-    return ports[0]
-
-
-def per_host(cluster: SimulatedCluster, hosts: Sequence[Host], tasks_per_node: int,
-             workdir: Path, flags: Sequence[str] = (), env: dict | None = None) -> list[Watched]:
-    """One ``launch.multiworker --hosts ... --node_rank I`` launcher on each of ``hosts``
-    (``flags``: the launcher's or the trainer's, after ``--config``; a later ``--grace_s``
-    wins)."""
-    port = consecutive_ports(cluster, tasks_per_node)
-    addresses = ",".join(h.address for h in hosts)
-    return [Watched(cluster.popen(host, [
-        "python", "-m", "launch.multiworker", "--hosts", addresses, "--node_rank", str(rank),
-        "--tasks_per_node", str(tasks_per_node), "--port", str(port), "--grace_s", "5",
-        CONFIG, f"--workdir={workdir}", *flags], env=env)) for rank, host in enumerate(hosts)]
-
-
-def finish_all(runs: Sequence[Watched], timeout: float = RUN_S) -> list[int]:
-    return [run.finish(timeout) for run in runs]
-
-
-def outputs(runs: Sequence[Watched], per_task: int = 25) -> str:
-    """Each launcher's own lines and the last ``per_task`` lines of each of its tasks."""
-    parts = []
-    for run in runs:
-        by_source: dict[str, list[str]] = {}
-        for line in run.lines:
-            source = line.split("]", 1)[0] + "]" if line.startswith("[") else "?"
-            by_source.setdefault(source, []).append(line)
-        parts.append(f"--- {run.where}:\n" + "\n".join(
-            "\n".join(lines if source == "[launcher]" else lines[-per_task:])
-            for source, lines in by_source.items()))
-    return "\n\n".join(parts)
 
 
 def assert_reference_weights(reference: list[np.ndarray], workdir: Path, workers: int) -> float:
@@ -213,7 +172,7 @@ def submit(slurm, cluster: SimulatedCluster, label: str, nodes: str,
     workdir, script = workdir or directory / "run", directory / "job.sbatch"
     code = multiworker.main(["--emit", "slurm", "--nodes", nodes, "--tasks_per_node", "2",
                              "--port", str(consecutive_ports(cluster, 2)), "--job_name", label,
-                             "--output", str(script), CONFIG, f"--workdir={workdir}", *flags])
+                             "--output", str(script), CONFIG_FLAG, f"--workdir={workdir}", *flags])
     assert code == 0
     return slurm.submit(script, directory=directory, env={"TZ": "UTC", **(env or {})}), workdir
 

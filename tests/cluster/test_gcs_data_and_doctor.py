@@ -26,11 +26,9 @@ import pytest
 
 from models.digits_tfds import NUM_SHARDS
 from tests.cluster.gcs import BUCKET, FORBIDDEN_BUCKET, GcsEmulator
-from tests.cluster.gcs_runs import (DIGITS, RUN_S, bucket_url, one_error_line, start,
-                                    trainer_argv)
 from tests.cluster.hosts import SimulatedCluster
-from tests.cluster.gcs_runs import fetch
-from tests.cluster.test_cross_host_training import finish_all, outputs, per_host
+from tests.cluster.runs import (DIGITS, RUN_S, bucket_url, fetch, finish_all, one_error_line,
+                                outputs, per_host, start, trainer_argv)
 from tests.support.helpers import NO_TENSORFLOW_PRELUDE, REPO
 
 # On a host: prepare the digits TFDS files in a local directory, upload every file to

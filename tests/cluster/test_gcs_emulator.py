@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.cluster.gcs import BUCKET
-from tests.cluster.test_simulated_hosts import connect
+from tests.cluster.runs import connect
 
 CLIENTS = Path(__file__).with_name("gcs_clients.py")
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 import time
 
 from tests.cluster.gcs import BUCKET, FORBIDDEN_BUCKET
-from tests.cluster.gcs_runs import DIGITS, RUN_S, bucket_url, one_error_line, start, trainer_argv
-from tests.cluster.gcs_runs import fetch
+from tests.cluster.runs import DIGITS, RUN_S, bucket_url, fetch, one_error_line, start, trainer_argv
 from tests.support.helpers import NO_TENSORFLOW_PRELUDE
 
 SHORT = ["--config.train.steps=20", "--config.train.steps_per_loop=10",

@@ -8,10 +8,8 @@ from __future__ import annotations
 import re
 import signal
 
-from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, one_error_line, start, trainer_argv
-from tests.support.helpers import REPO
+from tests.cluster.runs import CONFIG, RUN_S, bucket_url, fetch, one_error_line, start, trainer_argv
 
-CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 FLAGS = ("--config.train.steps=2000", "--config.checkpoint.every_steps=50",
          "--config.telemetry.probe_every_windows=0")
 

@@ -17,9 +17,7 @@ import time
 
 from tests.cluster.gcs import BUCKET
 from tests.cluster.hosts import Watched
-from tests.support.helpers import REPO
-
-CONFIG = f"--config={REPO / 'tests' / 'launch_helpers' / 'weights_config.py'}"
+from tests.cluster.runs import CONFIG_FLAG
 
 OUTAGE_STEPS = 60  # steps trained while the host is cut off (12 saves due meanwhile)
 RUN_S = 600
@@ -36,7 +34,7 @@ def test_training_goes_on_while_the_bucket_is_unreachable_and_adopts_no_partial_
         cluster, gcs):
     host = cluster.hosts[0]
     workdir = f"gs://{BUCKET}/outage-{cluster.ports()[0]}"
-    flags = [CONFIG, f"--workdir={workdir}", f"--config.train.steps={STEPS}",
+    flags = [CONFIG_FLAG, f"--workdir={workdir}", f"--config.train.steps={STEPS}",
              "--config.train.steps_per_loop=1", "--config.train.log_every_steps=1",
              "--config.checkpoint.every_steps=5"]
     env = {**gcs.client_env(), "LAUNCH_TEST_SLOW_FROM": "0:0.5"}  # 2 steps/s

@@ -27,7 +27,7 @@ import signal
 import time
 
 from tests.cluster import gcs_requests
-from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
+from tests.cluster.runs import RUN_S, bucket_url, start, trainer_argv
 
 LATENCY_MS = 100
 SAVE_REQUESTS = 40  # the budget ("<= ~40 requests in all")

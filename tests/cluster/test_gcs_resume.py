@@ -21,17 +21,13 @@ import re
 import shutil
 import signal
 
-from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import Host
-from tests.cluster.gcs_runs import fetch
-from tests.support.helpers import REPO, load_weights, max_abs_diff
+from tests.cluster.runs import CONFIG, RUN_S, SLOW, STEPS, bucket_url, fetch, start, trainer_argv
+from tests.support.helpers import load_weights, max_abs_diff
 
-CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
-STEPS = 30
 EVERY_10 = "--config.checkpoint.every_steps=10"
 EVERY_STEP = "--config.train.log_every_steps=1"  # a progress line (and a loop end) per step
 SIGNALLED_AT = 12  # the step whose line triggers SIGTERM
-SLOW = {"LAUNCH_TEST_SLOW_FROM": "10:1"}
 # No input-wait probe in the slowed run: its own copy of the input would read the slowed
 # batches for seconds, during which the run's prefetch gets ahead and the loop after
 # step 10 ends before the signal (seen once: the checkpoint of step 20, not 15).

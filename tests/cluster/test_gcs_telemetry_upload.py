@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 import os
 
-from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
-from tests.support.helpers import REPO
+from tests.cluster.runs import CONFIG, RUN_S, bucket_url, fetch, start, trainer_argv
 
-CONFIG = REPO / "tests" / "launch_helpers" / "weights_config.py"
 STEPS, EVERY = 200, 5
 FLAGS = (f"--config.train.steps={STEPS}", f"--config.train.steps_per_loop={EVERY}",
          f"--config.train.log_every_steps={EVERY}", "--config.checkpoint.every_steps=0",

@@ -20,9 +20,8 @@ from typing import NamedTuple
 import pytest
 
 from tests.cluster.gcs import GcsEmulator
-from tests.cluster.gcs_runs import RUN_S, bucket_url, start, trainer_argv
 from tests.cluster.hosts import SimulatedCluster
-from tests.cluster.gcs_runs import fetch
+from tests.cluster.runs import RUN_S, bucket_url, fetch, start, trainer_argv
 from tests.support.helpers import REPO
 
 STEPS, EVERY = 60, 20

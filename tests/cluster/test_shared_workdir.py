@@ -4,7 +4,7 @@ peers cannot read (or that a requeued chief on another host would not find).
 
 Each simulated host gets its own node-local directory as ``--workdir`` (what a path on
 a local disk is on a real cluster); the per-host launchers are the ones of
-``test_cross_host_training``.
+``test_cross_host_training`` (tests/cluster/runs.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from tests.cluster.hosts import Watched
-from tests.cluster.test_cross_host_training import CONFIG, consecutive_ports, outputs
+from tests.cluster.runs import CONFIG_FLAG, consecutive_ports, outputs
 from tests.support.helpers import last_lines
 
 TIMEOUT_S = 5  # checkpoint.shared_workdir_timeout_s: how long a worker waits for the file
@@ -27,7 +27,7 @@ def test_a_node_local_workdir_stops_every_host_naming_it_and_the_path(cluster):
     runs = [Watched(cluster.popen(host, [
         "python", "-m", "launch.multiworker", "--hosts", ",".join(h.address for h in hosts),
         "--node_rank", str(rank), "--tasks_per_node", "1", "--port", str(port),
-        "--grace_s", "5", CONFIG, f"--workdir={workdir}",
+        "--grace_s", "5", CONFIG_FLAG, f"--workdir={workdir}",
         f"--config.checkpoint.shared_workdir_timeout_s={TIMEOUT_S}"]))
         for rank, (host, workdir) in enumerate(zip(hosts, workdirs))]
     codes = [run.finish(BOUND_S) for run in runs]

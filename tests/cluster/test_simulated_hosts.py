@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 from tests.cluster.hosts import SimulatedCluster
+from tests.cluster.runs import CONFIG_FLAG, connect
 from tests.support.helpers import load_weights
 
 # Accepts connections until killed; prints "listening" once, then each peer's address.
@@ -29,16 +30,6 @@ while True:
     conn.close()
     print(peer[0], flush=True)
 """
-# Connects once; prints the server's hostname, or "unreachable: <error>" (exit 1).
-CLIENT = """
-import socket, sys
-try:
-    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])) as c:
-        print(c.recv(100).decode())
-except OSError as error:
-    print(f"unreachable: {error!r}")
-    sys.exit(1)
-"""
 TRAIN_S = 180  # bound for two TensorFlow processes to start and train a few steps
 
 
@@ -47,11 +38,6 @@ def start_server(cluster: SimulatedCluster, host, port: int) -> subprocess.Popen
                                   str(port)])
     assert server.stdout.readline().strip() == "listening", server.communicate(timeout=5)
     return server
-
-
-def connect(cluster: SimulatedCluster, host, to: str, port: int, timeout: float = 3):
-    return cluster.run(host, [sys.executable, "-c", CLIENT, to, str(port), str(timeout)],
-                       check=False, timeout=timeout + 30)
 
 
 def test_hosts_reach_each_other_by_name_from_their_own_address(cluster):
@@ -155,7 +141,7 @@ def test_two_hosts_train_with_multi_worker_mirrored_strategy(cluster):
     for index, host in enumerate(hosts):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         procs.append(cluster.popen(host, [
-            "python", "-m", "trainer.main", "--config=tests/launch_helpers/weights_config.py",
+            "python", "-m", "trainer.main", CONFIG_FLAG,
             f"--workdir={workdir}", "--config.distribute.strategy=multi_worker",
             "--config.train.steps=10", "--config.distribute.collective_timeout_s=60"],
             env={"TF_CONFIG": json.dumps(tf_config)}))

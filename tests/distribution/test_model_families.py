@@ -10,10 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support.families import FAMILIES
+from tests.support.families import FAMILIES, TOL
 from tests.support.helpers import relative_diff, run_in_parallel, saved_run
 
-TOL = 1e-5
 # mixed_float16 computes in float16 (machine epsilon 9.8e-4): per-replica batches sum in
 # another order, which moves a few float16 roundings after 8 Adam steps (measured: 3e-4
 # to 6e-4 relative on 2 and 4 replicas).

@@ -90,7 +90,7 @@ def _regularized_before_sync_bn(adds_loss: dict) -> dict:
 def test_a_loss_added_before_a_synchronized_batch_norm_counts_on_every_replica(
         spec_workers, adds_loss):
     from tests.properties.run_spec_worker import differences, train_on_every_replica_count
-    from tests.distribution.test_model_families import TOL
+    from tests.support.families import TOL
 
     runs = train_on_every_replica_count(spec_workers, _regularized_before_sync_bn(adds_loss))
     diffs = differences(runs, 2)

@@ -12,7 +12,8 @@ loss_scale_factor and ema_overwrite_frequency refused with one line);
 feature widths, dtypes, sequence lengths, padding, batch 8 or 16, 2 to 4 Adam steps) and
 sends it to two long-lived workers (run_spec_worker.py), one per replica count, started
 once for this module: they train it at the same time, and the final weights must agree
-within ``TOL`` relative (as in test_model_families.py). Profiles: tests/README.md.
+within ``TOL`` relative (tests/support/families.py's, as in test_model_families.py).
+Profiles: tests/README.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hypothesis import assume, event, example, given, note, settings
 from tests.properties import model_specs, profiles
 from tests.properties.run_spec_worker import (answers_of_every_replica_count, differences,
                                               train_on_every_replica_count, weights)
-from tests.distribution.test_model_families import TOL
+from tests.support.families import TOL
 
 #: examples of the property in the ``ci`` profile (scaled by the profile)
 EXAMPLES = 8

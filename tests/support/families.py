@@ -40,6 +40,10 @@ FAMILIES = ("text", "text_gather", "text_controls", "text_accum", "text_bucketed
             "unfreeze_by_callback", "unfreeze_between_fits", "regularized", "tied", "running_state", "sync_bn", "plain_bn", "text_mixed",
             "dict_io_mixed")
 EXAMPLES = 256
+#: How far (relative, ``tests.support.helpers.relative_diff``) a model's final weights on 2
+#: or 4 replicas may be from one replica's in float32: test_model_families.py and the
+#: property tests (tests/properties/test_model_properties.py, test_found_by_properties.py).
+TOL = 1e-5
 
 
 def _features(seed: int, width: int = 6) -> tuple[np.ndarray, np.ndarray]:
