@@ -167,13 +167,6 @@ class RunContext(Protocol):
         """A checkpoint of ``step`` was saved: every callback's ``on_checkpoint`` runs
         right after the announcing hook returns."""
 
-    def report_stop_save(self, saved: int | None, last_good: str) -> None:
-        """The checkpoint service's word on the save of an early stop (every worker, in
-        ``on_train_end``): ``saved``, the step whose checkpoint is committed and checked,
-        or None when it could not be written; ``last_good``, the newest good checkpoint
-        for a message ("step 200 (/w/checkpoints/200)"). ``fit()`` reports a preemption
-        by it, never by what was merely attempted."""
-
 
 class Service:
     """Base class of the framework's services: the hooks of :class:`trainer.Callback`
@@ -272,6 +265,11 @@ class RunEvents:
         for listener in self._listeners:
             listener(record)
         return record
+
+    def latest(self, kind: str, since: int = 0) -> Record | None:
+        """The newest record of ``kind`` among those reported after the first ``since``
+        (None: none)."""
+        return next((r for r in reversed(self.records[since:]) if r["kind"] == kind), None)
 
     def restore(self, step: int, workdir: str) -> Record:
         """The run resumed from the checkpoint of ``step`` in ``workdir``."""

@@ -13,6 +13,7 @@ from trainer.checkpoint import inventory as checkpoint_inventory
 from trainer.checkpoint.guards.lease import WorkdirLease
 from trainer.checkpoint.guards.preemption import PreemptionWatcher
 from trainer.checkpoint.service import Checkpointer
+from trainer.checkpoint.stop_save import StopSave
 from trainer.precision import NonFinitePolicy
 from trainer.run_context import RunEvents
 from trainer.run_context import Service
@@ -77,6 +78,9 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         # Saves after every service that changes the state or reports on it at this
         # boundary (rollback, evaluation); the final save follows the final evaluation.
         checkpointer,
+        # The save of a stop before train.steps (and a preemption's outcome, reported as
+        # its event) right after the boundary's other saves.
+        StopSave(checkpointer, config, events),
         # Last: SIGTERM is handled from when every service has started until all ended.
         PreemptionWatcher(),
     ], checkpointer

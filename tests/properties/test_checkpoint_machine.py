@@ -1,7 +1,8 @@
 """A model-based test of the checkpoint service (hypothesis state machine).
 
-The real :class:`trainer.checkpoint.service.Checkpointer` over a real orbax store on a
-local disk, driven through its hooks as the loop driver drives them: loops that end on
+The real :class:`trainer.checkpoint.service.Checkpointer` (and the stop's save,
+:class:`trainer.checkpoint.stop_save.StopSave`) over a real orbax store on a local disk,
+driven through their hooks as the loop driver drives them: loops that end on
 save steps, a store that turns slow (async writes stay in flight until waited for: a
 bucket at 300 ms per request, so a due save is deferred), a write that fails (a full
 disk), a committed step corrupted on disk, stops (a preemption's save in
@@ -38,9 +39,11 @@ from tests.support.checkpoint_service import HeldStore, ServiceRun, set_step, we
 from trainer.checkpoint import inventory, resume
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.service import Checkpointer
+from trainer.checkpoint.stop_save import StopSave
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage.reader import LATEST_DIR
 from trainer.errors import StorageError
+from trainer.run_context import RunEvents
 
 EVERY = 2  # checkpoint.every_steps; each loop of the machine ends on a save step
 TOTAL = 40
@@ -71,8 +74,17 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
             self.store = HeldStore(self.workdir, cfg.checkpoint, "")
             self.service = Checkpointer(cfg, self.workdir, True, writer=self.store,
                                         deferral=SaveDeferral(EVERY, wait_s=0))
+            self.events = RunEvents()
+            self.stop_save = StopSave(self.service, cfg, self.events)
             self.run = ServiceRun(self.trainer, self.workdir)
             self.service.on_fit_start(self.run)
+
+        def reported(self) -> list[tuple[int | None, str]]:
+            """What the stop's saves reported (``saved``, ``last_good``), once each."""
+            reports = [(r["saved"], r["last_good"]) for r in self.events.records
+                       if r["kind"] == "preemption"]
+            self.events.records.clear()
+            return reports
 
         def committed(self) -> dict[int, str]:
             return {e.step: e.state for e in inventory.survey(self.workdir)
@@ -137,11 +149,12 @@ def test_the_checkpoint_service_never_reports_what_did_not_happen(toy_trainer, t
             self.run.stopped_by = "preemption"
             try:
                 self.service.on_train_end(self.run)
+                self.stop_save.on_train_end(self.run)
             except StorageError as error:
                 assert self.store.caused(error), error
-                assert not self.run.reports  # a failed stop save reports nothing saved
+                assert not self.reported()  # a failed stop save reports nothing saved
             else:  # no storage fault: the stop's step is saved, whatever came before
-                (saved, last_good), = self.run.reports
+                (saved, last_good), = self.reported()
                 assert saved == step, (saved, last_good)
                 assert self.committed().get(step) == inventory.COMPLETE, self.committed()
                 assert f"step {step} " in last_good

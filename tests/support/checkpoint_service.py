@@ -5,7 +5,7 @@ hand, as the loop driver does, with a store whose writes the test controls.
   in flight (``slow``) until waited for, and whose next write can fail (``fail_next``);
   the errors it injected are kept (``injected``), so a test accepts only those.
 * :class:`ServiceRun`: a Trainer's run context as the service sees it, with the
-  checkpoints announced to callbacks and the stop reports recorded.
+  checkpoints announced to callbacks recorded.
 * :func:`set_step` / :func:`weights_of`: the weights of step ``s`` hold the value ``s``,
   so what a checkpoint holds names its step.
 """
@@ -80,13 +80,12 @@ class HeldStore(CheckpointWriter):
 
 
 class ServiceRun:
-    """The trainer's run context in ``workdir``, with the stop reports and
-    announcements recorded."""
+    """The trainer's run context in ``workdir``, with the checkpoints announced
+    recorded."""
 
     def __init__(self, trainer, workdir: str):
         self._context, self._trainer, self.workdir = trainer.context, trainer, workdir
         self.announced: list[int] = []
-        self.reports: list[tuple[int | None, str]] = []
         self.stopped_by = None
 
     def __getattr__(self, name):
@@ -98,9 +97,6 @@ class ServiceRun:
 
     def announce_checkpoint(self, step: int) -> None:
         self.announced.append(step)
-
-    def report_stop_save(self, saved, last_good) -> None:
-        self.reports.append((saved, last_good))
 
 
 def weights_of(trainer) -> float:

@@ -1,8 +1,9 @@
 """Checkpointing as a service: the save policy (a service) and the best export.
 
-Saves happen at every multiple of ``checkpoint.every_steps``, at ``train.steps`` and
-when training stops early (``request_stop`` or preemption: then synchronously, and all
-workers pass a barrier before ``fit()`` returns or raises). With gradient accumulation
+Saves happen at every multiple of ``checkpoint.every_steps`` and at ``train.steps``
+(all workers pass a barrier before ``fit()`` returns); the save of a run that stops
+early (``request_stop`` or preemption) is :mod:`trainer.checkpoint.stop_save`'s, through
+:meth:`Checkpointer.save`. With gradient accumulation
 only steps that are multiples of ``perf.grad_accum_steps`` are saved (a step inside a
 window holds partial per-replica sums; config validation makes ``every_steps`` and
 ``train.steps`` multiples). With ``checkpoint.best_metric`` (``"eval/NAME"`` or
@@ -13,7 +14,7 @@ every callback's ``on_checkpoint`` runs once the saving hook returns.
 
 The loop is held only while the state is copied to host memory; that copy goes into
 buffers kept between the saves of one ``fit()`` (one state-sized host copy per
-directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint.storage.reader` for
+directory in use, freed when ``fit()`` returns). See :mod:`trainer.checkpoint.storage` for
 files and formats and :mod:`trainer.checkpoint.state` for what is saved and how it is
 matched.
 
@@ -77,7 +78,6 @@ class Checkpointer(Service):
         self.accum_steps = config.perf.grad_accum_steps
         self.every = cfg.every_steps
         self.total = config.train.steps
-        self.grace_s = cfg.preemption_grace_s
         self.chief = chief
         self.best_metric = cfg.best_metric
         self.best_source = cfg.best_metric.partition("/")[0]
@@ -88,13 +88,13 @@ class Checkpointer(Service):
         self.failures, self.deferral = SaveFailures(workdir), deferral or SaveDeferral(self.every)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
-        self._deadline: float | None = None  # a preemption's stop save: grace period's end
 
     def next_boundary(self, step: int) -> float:
         return next_multiple(step, self.every if self.enabled else 0)
 
     def save(self, run: RunContext, kind: str = LATEST_DIR,
-             metrics: dict[str, float] | None = None, wait: bool = False) -> bool:
+             metrics: dict[str, float] | None = None, wait: bool = False,
+             deadline: float | None = None) -> bool:
         """Saves the current state (chief writes; every worker announces a save of the
         latest state, so every callback's ``on_checkpoint`` runs). A step already saved
         to ``kind`` by this run is not saved again; with ``wait`` (a stop's save) its
@@ -102,23 +102,25 @@ class Checkpointer(Service):
         is not. A save skipped (:mod:`~trainer.checkpoint.deferral`) or failed is not
         a saved step: the stop's save at that step writes it. Returns whether the step
         is saved (with ``wait``, on the chief: committed, as the storage shows; checked
-        once)."""
+        once). ``deadline`` (monotonic seconds; a preemption's grace period): the waits
+        for a bucket's uploads end then, raising :class:`StillWriting`."""
         checked = wait and self.chief
         if self._saved.get(kind) == run.step:
             if not checked:
                 return True
-            self._commit_pending(kind)
+            self._commit_pending(kind, deadline=deadline)
             if self.writer.committed(kind, run.step):
                 return True
             self._saved.pop(kind, None)
         if not checkpoint_state.all_finite(run):
-            self.wait()  # a pending save of an earlier step is a good checkpoint
+            if self.chief:  # a pending save of an earlier step is a good checkpoint
+                self._commit_pending(deadline=deadline)
             raise NonFiniteError(
                 f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
                 f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
                 f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
                 f"or set optimizer.clipnorm.")
-        if self.chief and not self._write(run, kind, metrics, wait):
+        if self.chief and not self._write(run, kind, metrics, wait, deadline):
             return False
         self._saved[kind] = run.step
         if kind == LATEST_DIR:
@@ -126,7 +128,7 @@ class Checkpointer(Service):
         return not checked or self.writer.committed(kind, run.step)
 
     def _write(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
-               wait: bool) -> bool:
+               wait: bool, deadline: float | None) -> bool:
         """Writes the current state to ``kind`` (chief); False when it was skipped
         (:mod:`~trainer.checkpoint.deferral`) or a storage fault stopped it."""
         if not wait and kind == LATEST_DIR and run.step < self.total:
@@ -137,7 +139,7 @@ class Checkpointer(Service):
             if self.deferral.skip(run.step, lambda: self.writer.in_flight(kind),
                                   os.path.join(run.workdir, kind), why=bucket.retrying):
                 return False
-        self._commit_pending(kind)  # an async write may still read the buffers reused
+        self._commit_pending(kind, deadline=deadline)  # the buffers reused may still be read
         try:
             if self.writer.vanished(kind):
                 self._recreate(kind, run.step)
@@ -148,7 +150,7 @@ class Checkpointer(Service):
             with said_while_waiting(f"the checkpoint of step {run.step} being written to "
                                     f"{os.path.join(run.workdir, kind)}", why=bucket.retrying):
                 self.writer.save(kind, run.step, state, manifest, metrics, wait,
-                                timeout=self._remaining())
+                                timeout=_remaining(deadline))
         except StillWriting:
             raise
         except Exception as error:  # noqa: BLE001 - only storage faults are handled
@@ -185,9 +187,10 @@ class Checkpointer(Service):
                         "it again. The last good checkpoint is %s.", directory, step,
                         inventory.describe_last_good(self.writer.workdir))
 
-    def _commit_pending(self, kind: str | None = None, final: bool = False) -> None:
-        """Waits for the async writes of ``kind`` (default: all); one that failed on a
-        storage fault is handled (:meth:`_storage_fault`)."""
+    def _commit_pending(self, kind: str | None = None, final: bool = False,
+                        deadline: float | None = None) -> None:
+        """Waits for the async writes of ``kind`` (default: all), until ``deadline`` at
+        most; one that failed on a storage fault is handled (:meth:`_storage_fault`)."""
         for name in [k for k in self.writer.kinds() if kind in (None, k)]:
             step = self.writer.pending(name)
             notice = (contextlib.nullcontext() if step is None else said_while_waiting(
@@ -196,7 +199,7 @@ class Checkpointer(Service):
                 why=bucket.retrying))  # none: no thread
             try:
                 with notice:
-                    self.writer.wait(name, timeout=self._remaining())
+                    self.writer.wait(name, timeout=_remaining(deadline))
             except StillWriting:
                 raise
             except Exception as error:  # noqa: BLE001 - only storage faults are handled
@@ -216,10 +219,6 @@ class Checkpointer(Service):
             del self._saved[kind]  # not saved: a stop's save at this step writes it again
         self.writer.discard(kind)
         self.failures.failed(error, os.path.join(self.writer.workdir, kind), step, final)
-
-    def _remaining(self) -> float | None:
-        """Seconds left of a preemption's grace period (None: no bound)."""
-        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def wait(self) -> None:
         """Blocks until pending async saves are committed (chief; others return)."""
@@ -262,62 +261,11 @@ class Checkpointer(Service):
             self.save(run)  # the last step even inside an accumulation: the run ends
 
     def on_train_end(self, run: RunContext) -> None:
-        """The final checkpoint when training stopped before ``train.steps``, written
-        synchronously and checked committed; every worker reports what the chief found
-        (``run.report_stop_save``), and none leaves before the save."""
-        if not self.enabled:
-            return
-        if run.step >= self.total:
+        """At ``train.steps`` (its save was the last loop's): every worker waits for the
+        others, so none leaves before the save. An early stop's save is
+        :class:`trainer.checkpoint.stop_save.StopSave`'s."""
+        if self.enabled and run.step >= self.total:
             host_collectives.barrier(run.strategy)
-            return
-        committed, last_good = self._stop_save(run)
-        if committed:
-            self._check_grace(run)
-        report = None
-        if self.chief:
-            saved = run.step if committed else None
-            report = {"saved": saved, "last_good": (
-                f"step {saved} ({self.writer.path(LATEST_DIR, saved)})" if saved is not None
-                else last_good or inventory.describe_last_good(run.workdir))}
-        report = host_collectives.json_from_chief(run.strategy, report)
-        run.report_stop_save(report["saved"], report["last_good"])
-
-    def _stop_save(self, run: RunContext) -> tuple[bool, str | None]:
-        """The stop's save: ``(committed, the last good checkpoint when already known)``.
-        After a preemption, on a workdir in a bucket, the waits are bounded by what is
-        left of ``checkpoint.preemption_grace_s``: a write still running then is given
-        up (one warning) and the last good checkpoint is the newest this run knows
-        committed, so the run's last line is said before the platform's kill."""
-        since = signals.seconds_since_signal()
-        if (run.stopped_by == "preemption" and since is not None and self.chief
-                and self.writer.staged):
-            self._deadline = time.monotonic() + max(0.0, self.grace_s - since)
-        try:
-            return self.save(run, wait=True), None
-        except StillWriting as error:
-            self.writer.abandon()
-            known = self.writer.last_committed(LATEST_DIR)
-            last_good = (f"step {known} ({self.writer.path(LATEST_DIR, known)})"
-                         if known is not None else "none known to this run")
-            reason = bucket.retrying()
-            logging.warning("%s when checkpoint.preemption_grace_s=%g s after the stop signal "
-                            "ran out (the storage is slow or failing%s): the run ends now "
-                            "without it; the last good checkpoint is %s.", error, self.grace_s,
-                            f": {reason}" if reason else "", last_good)
-            return False, last_good
-        finally:
-            self._deadline = None
-
-    def _check_grace(self, run: RunContext) -> None:
-        """Says when a preemption's save committed past the grace period (a spot VM may
-        be gone by then): never skipped, so the time is what to act on."""
-        since = signals.seconds_since_signal()
-        if run.stopped_by == "preemption" and since is not None and since > self.grace_s:
-            logging.warning(
-                "The stop's checkpoint committed %.0f s after the stop signal, past "
-                "checkpoint.preemption_grace_s=%g: a spot VM may be gone before that. Make "
-                "the loops shorter (train.steps_per_loop) or the state smaller, or write to "
-                "faster storage.", since, self.grace_s)
 
     def _save_best(self, run: RunContext, logs: dict[str, float]) -> None:
         if self.best_metric not in logs:
@@ -366,3 +314,8 @@ class Checkpointer(Service):
             f.write(json.dumps({"step": step, **{k.partition("/")[2]: float(v)
                                                  for k, v in metrics.items()}}))
         logging.info("exported the best checkpoint (step %d, %s) to %s", step, metrics, target)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (monotonic), at least 0; None: no bound."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

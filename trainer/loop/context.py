@@ -147,9 +147,6 @@ class LoopContext:
     def announce_checkpoint(self, step: int) -> None:
         self._announced.append(("on_checkpoint", step))
 
-    def report_stop_save(self, saved: int | None, last_good: str) -> None:
-        self._driver.stop_save = (saved, last_good)
-
     def take_announcements(self) -> list[tuple[str, Any]]:
         """The dispatcher's side: the ``(hook, argument)`` pairs announced since the last
         call, in order (and forgets them)."""

@@ -17,8 +17,9 @@ local flag; after the callbacks of every loop boundary the workers agree on the 
 small all-reduce per loop with several workers), so every worker stops at one step.
 Inside a gradient-accumulation window the stop waits for the window's last step. Then
 ``on_train_end`` runs (the final checkpoint), and ``fit()`` returns, or raises
-:class:`trainer.errors.Preempted` after a preemption, with what the checkpoint service
-reported of its save (``run.report_stop_save``).
+:class:`trainer.errors.Preempted` after a preemption, with the outcome of the stop's
+save that a service reported as the run's ``preemption`` event during ``on_train_end``
+(:mod:`trainer.checkpoint.stop_save`); the driver is never called back.
 
 The services see only its run context (:mod:`trainer.loop.context`). Contexts: the
 driver runs on the host in cross-replica context, the steps in replica context.
@@ -80,7 +81,6 @@ class LoopDriver:
         self.input_report: dict = {}  # {"input_layout": ...} of the train dataset (checkpointed)
         self._stop_reason, self._preempt = None, False  # a stop's reason; preemption noticed
         self.stopped_by: str | None = None  # why the last fit() stopped early (None: steps)
-        self.stop_save: tuple | None = None  # (saved, last good): run.report_stop_save
         self.last_loop: tuple[int, float] = (0, 0.0)  # (steps, host seconds) of the last call
         self.last_outputs: dict[str, tf.Tensor] = {}  # the last call's outputs (last step)
         self.input = TrainInput(  # the train iterator of fit() calls
@@ -310,7 +310,6 @@ class LoopDriver:
             self._eval_input()
         planner = self.planner
         self._stop_reason, self._preempt, self.stopped_by = None, False, None
-        self.stop_save = None
         self.train_readout.reset()
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start()  # when it raises, what started has ended
@@ -351,11 +350,12 @@ class LoopDriver:
                     break
             if window_steps and self.stopped_by != "preemption":  # a stop inside a window
                 callbacks.on_log(self._window_logs(outputs, window_steps, window_seconds))
+            reported = len(t.events.records)
             callbacks.on_train_end()
-            if self.stopped_by == "preemption":
-                saved, last_good = self.stop_save or (None, "none (no workdir)")
-                t.events.preemption(t.step, saved, last_good)
-                raise Preempted(t.step, saved, last_good)
+            if self.stopped_by == "preemption":  # as the stop's save reported it
+                record = (t.events.latest("preemption", since=reported)
+                          or t.events.preemption(t.step, None, "none (no workdir)"))
+                raise Preempted(t.step, record["saved"], record["last_good"])
         except BaseException:
             callbacks.on_fit_end(dict(self.history.results))
             raise

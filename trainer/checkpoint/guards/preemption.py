@@ -4,9 +4,9 @@
 :mod:`trainer.runtime.signals` for the duration of ``fit()``. It only sets a flag
 (``run.request_preemption()``; an eval pass in progress is abandoned within seconds); at
 the next loop boundary
-every worker agrees on it (the driver's stop all-reduce), the final checkpoint is saved
-synchronously (``on_train_end``), all workers pass a barrier and ``fit()`` raises
-:class:`Preempted`. ``trainer.main`` then exits with :data:`EXIT_PREEMPTED` = 143
+every worker agrees on it (the driver's stop all-reduce), the stop's checkpoint is saved
+synchronously (:mod:`trainer.checkpoint.stop_save`, in ``on_train_end``), every worker
+learns its outcome and ``fit()`` raises :class:`Preempted`. ``trainer.main`` then exits with :data:`EXIT_PREEMPTED` = 143
 (128 + SIGTERM, what a process killed by SIGTERM reports), which schedulers treat as
 retryable: Kubeflow's ``restartPolicy: ExitCode`` retries 128-255, Slurm requeues, and
 ``launch.multiworker --max_restarts`` restarts without counting. A restart resumes.
