@@ -1,9 +1,10 @@
 """The benchmarks as one suite.
 
-    python -m benchmarks [--list]                  every benchmark, its summary, "root"
-                                                   if it needs it
+    python -m benchmarks [--list]                  every benchmark by group (the question
+                                                   it answers): its short name, summary,
+                                                   "root" if it needs it
     python -m benchmarks NAME [NAME ...] [-- ARGS] run those, one after another, each as
-                                                   python -m benchmarks.NAME ARGS
+                                                   python -m benchmarks.GROUP.NAME ARGS
     python -m benchmarks --all [-- ARGS]           run every benchmark (those needing root
                                                    only as root)
 
@@ -29,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the benchmarks (default)")
     parser.add_argument("--all", action="store_true", help="run every benchmark")
     args = parser.parse_args(own)
-    benchmarks = suite.discover()
+    groups = suite.discover()
     if args.list or not (args.names or args.all):
-        print(suite.format_list(benchmarks))
+        print(suite.format_list(groups))
         return 0
+    benchmarks = suite.every_benchmark(groups)
     chosen = benchmarks if args.all else suite.select(args.names, benchmarks)
     return 1 if suite.run(chosen, extra, is_root=suite.running_as_root()) else 0
 

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.device_check`` in its dry mode (no GPU here: CPU devices, tiny
+"""``python -m benchmarks.device.device_check`` in its dry mode (no GPU here: CPU devices, tiny
 sizes), as CI runs it: the table, its JSON copy, the exit status, the reasons of the
 skipped rows; and its budget (a check that would not fit is skipped, a hang is killed).
 
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from benchmarks import device_check
+from benchmarks.device import device_check
 from tests.support.helpers import REPO, subprocess_env
 
 STATUSES = {"ok", "FAIL", "skipped"}
@@ -24,7 +24,7 @@ def dry_run(tmp_path, checks: str, budget_s: float = 240) -> tuple[dict, str]:
     """The command's JSON copy and its output; asserts what every dry run must hold."""
     out = tmp_path / "check.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.device_check", "--dry", f"--budget_s={budget_s}",
+        [sys.executable, "-m", "benchmarks.device.device_check", "--dry", f"--budget_s={budget_s}",
          f"--checks={checks}", f"--out={out}"],
         cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=budget_s + 60)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

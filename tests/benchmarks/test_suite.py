@@ -10,18 +10,23 @@ import re
 import subprocess
 import sys
 
-from benchmarks import suite, table
+import pytest
+
+from benchmarks import suite
+from benchmarks.common import table
 from tests.support.helpers import REPO, subprocess_env
 
 BENCHMARKS = REPO / "benchmarks"
+GROUPS = {"speed", "overhead", "parallel", "checkpoints", "device"}
+MAIN = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n'
 
 
 def runnable_modules() -> set[str]:
-    """Computed here from the files, apart from the suite's own reading: a module with a
-    top-level ``def main(`` and an ``if __name__ == "__main__":`` line, less those that
-    declare ``PART_OF`` (a worker another benchmark starts)."""
+    """Computed here from the files, apart from the suite's own reading: a module of a
+    sub-package with a top-level ``def main(`` and an ``if __name__ == "__main__":``
+    line, less those that declare ``PART_OF`` (a worker another benchmark starts)."""
     names = set()
-    for path in BENCHMARKS.glob("*.py"):
+    for path in BENCHMARKS.glob("*/*.py"):
         source = path.read_text()
         if (re.search(r"^def main\(", source, re.M)
                 and re.search(r"^if __name__ == [\"']__main__[\"']:", source, re.M)
@@ -31,30 +36,50 @@ def runnable_modules() -> set[str]:
     return names
 
 
-def listed() -> dict[str, str]:
+def list_output() -> str:
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=REPO,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "tensorflow" not in proc.stderr.lower()
-    rows = [line for line in proc.stdout.splitlines() if line and not line.startswith(" ")]
-    return {line.split()[0]: line for line in rows[:-1]}
+    return proc.stdout
+
+
+def listed() -> dict[str, str]:
+    """The benchmarks' lines of ``--list`` (indented under their group's heading), by name."""
+    rows = [line for line in list_output().splitlines() if line.startswith("  ")]
+    return {line.split()[0]: line for line in rows}
 
 
 def test_list_names_every_module_that_runs_a_main():
     rows = listed()
     assert set(rows) == runnable_modules()
-    # the known ones, the two in flight included once their files exist
-    expected = {"throughput", "checkpoint", "controls", "multihost_throughput", "chaos_run"}
-    expected |= {name for name in ("bucket_checkpoint", "device_check")
-                 if (BENCHMARKS / f"{name}.py").exists()}
+    expected = {"throughput", "checkpoint", "controls", "multihost_throughput", "chaos_run",
+                "bucket_checkpoint", "device_check"}  # the known ones
     assert expected <= set(rows)
     assert not {"workloads", "throughput_impls", "multihost_worker", "suite", "table"} & set(rows)
 
 
+def test_list_groups_the_benchmarks_under_the_question_they_answer():
+    heading, under = "", {}
+    for line in list_output().splitlines():
+        if line.startswith("  "):
+            under[line.split()[0]] = heading
+        elif line:
+            heading = line
+    questions = {group.name: group.question for group in suite.discover()}
+    assert set(questions) == GROUPS and not GROUPS & set(under)
+    for name, heading in under.items():
+        group, _, question = heading.partition(": ")
+        assert (BENCHMARKS / group / f"{name}.py").is_file(), heading
+        assert question == questions[group] and question.endswith("?"), heading
+    assert under["throughput"].startswith("speed: ")
+    assert under["bucket_checkpoint"].startswith("checkpoints: ")
+
+
 def test_every_listed_benchmark_has_its_command_in_the_readme():
     readme = (BENCHMARKS / "README.md").read_text()
-    missing = [b.name for b in suite.discover()
-               if not re.search(rf"python -m benchmarks\.{b.name}\b", readme)]
+    missing = [b.module for b in suite.every_benchmark(suite.discover())
+               if not re.search(rf"python -m {re.escape(b.module)}\b", readme)]
     assert not missing, f"benchmarks/README.md has no section running {missing}"
 
 
@@ -67,22 +92,42 @@ def test_list_says_which_need_root_and_gives_each_summary():
 
 
 def test_discovery_rules_on_a_directory_of_its_own(tmp_path):
-    main = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n'
-    (tmp_path / "bench_a.py").write_text('"""A bench.\n\nMore."""\n' + main)
-    (tmp_path / "bench_root.py").write_text('"""Shaped links.\n\nNeeds root: tc."""\n' + main)
-    (tmp_path / "worker.py").write_text('"""W."""\nPART_OF = "benchmarks.bench_a"\n' + main)
-    (tmp_path / "helper.py").write_text('"""Helpers."""\ndef main():\n    pass\n')
-    found = {b.name: b for b in suite.discover(tmp_path)}
-    assert set(found) == {"bench_a", "bench_root"}
-    assert found["bench_a"] == suite.Benchmark("bench_a", "A bench.", needs_root=False)
-    assert found["bench_root"].needs_root
+    group = tmp_path / "group_a"
+    group.mkdir()
+    (group / "__init__.py").write_text('"""Is A fast?\n\nMore."""\n')
+    (group / "bench_a.py").write_text('"""A bench.\n\nMore."""\n' + MAIN)
+    (group / "bench_root.py").write_text('"""Shaped links.\n\nNeeds root: tc."""\n' + MAIN)
+    helpers = tmp_path / "helpers"  # a package without benchmarks: no group shown
+    helpers.mkdir()
+    (helpers / "__init__.py").write_text('"""Shared."""\n')
+    (helpers / "worker.py").write_text('"""W."""\nPART_OF = "benchmarks.group_a.bench_a"\n' + MAIN)
+    (helpers / "helper.py").write_text('"""Helpers."""\ndef main():\n    pass\n')
+    (tmp_path / "stray.py").write_text('"""Not in a group."""\n' + MAIN)
+    assert suite.discover(tmp_path) == [suite.Group("group_a", "Is A fast?", (
+        suite.Benchmark("group_a", "bench_a", "A bench.", needs_root=False),
+        suite.Benchmark("group_a", "bench_root", "Shaped links.", needs_root=True)))]
+    assert suite.Benchmark("group_a", "bench_a", "", False).module == "benchmarks.group_a.bench_a"
+
+
+def test_groups_come_in_their_order_and_names_name_one_benchmark(tmp_path):
+    for name in ("zeta", "alpha", "speed"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f'"""{name}?"""\n')
+        (tmp_path / name / f"bench_{name}.py").write_text('"""B."""\n' + MAIN)
+    assert [g.name for g in suite.discover(tmp_path)] == ["speed", "alpha", "zeta"]
+    (tmp_path / "alpha" / "bench_zeta.py").write_text('"""B."""\n' + MAIN)
+    with pytest.raises(ValueError, match="bench_zeta"):
+        suite.discover(tmp_path)
+    (tmp_path / "alpha" / "bench_zeta.py").rename(tmp_path / "alpha" / "zeta.py")
+    with pytest.raises(ValueError, match="zeta"):
+        suite.discover(tmp_path)
 
 
 def test_a_benchmark_needing_root_is_skipped_and_counted_without_root():
-    benchmark = suite.Benchmark("bucket_checkpoint", "x", needs_root=True)
+    benchmark = suite.Benchmark("checkpoints", "bucket_checkpoint", "x", needs_root=True)
     out = io.StringIO()
     assert suite.run([benchmark], [], is_root=False, out=out) == 1
-    assert "skipped: benchmarks.bucket_checkpoint needs root" in out.getvalue()
+    assert "skipped: benchmarks.checkpoints.bucket_checkpoint needs root" in out.getvalue()
 
 
 def test_unknown_name_is_one_line_naming_the_list():
@@ -127,7 +172,8 @@ def test_a_table_without_baseline_has_no_ratio_column_name():
 def test_the_root_only_benchmarks_format_their_results_in_the_table():
     """multihost_throughput and chaos_run need simulated hosts: their formatting is
     checked here on sample results."""
-    from benchmarks import chaos_run, multihost_throughput
+    from benchmarks.checkpoints import chaos_run
+    from benchmarks.parallel import multihost_throughput
 
     text = multihost_throughput.format_row({
         "workload": "deep_mlp", "link": "1gbit", "compute_s": 0.07, "plan": "3.89 MiB",

@@ -1,7 +1,8 @@
 """Checkpoint cost on a ~50M-parameter model: save / restore times and the training stall.
 
-    python -m benchmarks.checkpoint [--width 2048 --layers 12] [--interval 25] [--rounds 3] [--pairs 8]
-                                    [--json benchmarks/results/checkpoint.json]
+    python -m benchmarks.checkpoints.checkpoint [--width 2048 --layers 12] [--interval 25]
+                                                [--rounds 3] [--pairs 8]
+                                                [--json benchmarks/results/checkpoint.json]
 
 Model: an MLP of ``layers`` Dense(width) layers (50.4M parameters at the defaults),
 Adam (so the saved state is 3x the parameters: weights, two slots), fp32, batch 32,
@@ -43,7 +44,7 @@ the "async_tensorstore" arm).
    the loop (1., measured directly). Run for both array writers; the last lines
    print the ratio of their stalls.
 4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer:
-   see ``benchmarks/checkpoint_checksums.py``. ``--only checksums`` runs the warm-up
+   see ``benchmarks/common/checkpoint_checksums.py``. ``--only checksums`` runs the warm-up
    and this part alone.
 """
 
@@ -57,9 +58,9 @@ import statistics
 import tempfile
 import time
 
-from benchmarks import checkpoint_checksums
-from benchmarks.checkpoint_checksums import PAUSE_S, WRITERS
-from benchmarks.table import Row, format_table
+from benchmarks.common import checkpoint_checksums
+from benchmarks.common.checkpoint_checksums import PAUSE_S, WRITERS
+from benchmarks.common.table import Row, format_table
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -73,7 +74,7 @@ def _trainer(args, workdir: str):
     import keras
     import numpy as np
 
-    from benchmarks.arrays_trainer import ArraysTrainer
+    from benchmarks.common.arrays_trainer import ArraysTrainer
     from trainer import config as config_lib
 
     rng = np.random.default_rng(0)
@@ -185,22 +186,29 @@ def _window_stall(trainer, interval: int, pairs: int, tensorstore: bool) -> list
             for s in range(start + period, trainer.step, period)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--interval", type=int, default=25, help="steps between saves")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=8,
-                        help="window pairs (after a save / clean) for the one-run estimate")
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--only", choices=("all", "checksums"), default="all",
-                        help="checksums: the warm-up and part 4 only")
-    args = parser.parse_args()
-    if args.only == "checksums":
-        return _checksums_only(args)
+def _side_by_side(trainer, args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Part 2: per arm (``baseline`` and :data:`ARMS`), the wall and process-CPU seconds
+    of one ``fit()`` over ``INTERVALS_PER_RUN`` intervals in each round, the arms in a
+    rotating order."""
+    steps = INTERVALS_PER_RUN * args.interval
+    arms = {"baseline": (0, True), "async": (args.interval, True),
+            "async_tensorstore": (args.interval, True, True),
+            "sync": (args.interval, False)}
+    runs: dict[str, list[float]] = {name: [] for name in arms}
+    cpu: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(args.rounds):
+        names = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
+        for name in names:
+            wall, cpu_s = _fit(trainer, steps, *arms[name])
+            runs[name].append(wall)
+            cpu[name].append(cpu_s)
+    return runs, cpu
 
+
+def _measure(args) -> dict:
+    """Parts 1 to 4 on one Trainer in a temporary workdir (deleted after): the model's
+    size, the save times (``times``), the side-by-side fits (``runs``, ``cpu``), the
+    one-run window stalls per writer (``window``) and the checksums' costs (``costs``)."""
     workdir = tempfile.mkdtemp(prefix="ckpt_bench_")
     try:
         trainer = _trainer(args, workdir)
@@ -209,32 +217,28 @@ def main() -> None:
         state_bytes = sum(v.numpy().nbytes for v in trainer.model.variables
                           + trainer.optimizer.variables)
         times = _save_times(trainer, args.rounds)
-
-        steps = INTERVALS_PER_RUN * args.interval
-        arms = {"baseline": (0, True), "async": (args.interval, True),
-                "async_tensorstore": (args.interval, True, True),
-                "sync": (args.interval, False)}
-        runs: dict[str, list[float]] = {name: [] for name in arms}
-        cpu: dict[str, list[float]] = {name: [] for name in arms}
-        for r in range(args.rounds):
-            names = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
-            for name in names:
-                wall, cpu_s = _fit(trainer, steps, *arms[name])
-                runs[name].append(wall)
-                cpu[name].append(cpu_s)
+        runs, cpu = _side_by_side(trainer, args)
         window = {writer: _window_stall(trainer, args.interval, args.pairs, writer == "tensorstore")
                   for writer in WRITERS}
         costs = checkpoint_checksums.cost(trainer, args.rounds, _fit)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    return {"params": params, "state_bytes": state_bytes, "times": times, "runs": runs,
+            "cpu": cpu, "window": window, "costs": costs}
 
+
+def _summarise(args, measured: dict) -> tuple[dict, dict[str, float]]:
+    """``(result, median)``: the figures the table and ``--json`` report (result), and
+    the median of each save time and side-by-side arm (median)."""
+    times, runs, cpu, window = (measured[k] for k in ("times", "runs", "cpu", "window"))
     median = {k: statistics.median(v) for k, v in {**times, **runs}.items()}
     interval_s = median["baseline"] / INTERVALS_PER_RUN
     saves = INTERVALS_PER_RUN - 1
     result = {
-        "params": params, "state_mb": state_bytes / 2**20, "interval_steps": args.interval,
-        "step_ms": 1000 * interval_s / args.interval, **{k: median[k] for k in times},
-        "rounds": args.rounds, "runs_s": runs, "runs_cpu_s": cpu,
+        "params": measured["params"], "state_mb": measured["state_bytes"] / 2**20,
+        "interval_steps": args.interval, "step_ms": 1000 * interval_s / args.interval,
+        **{k: median[k] for k in times}, "rounds": args.rounds, "runs_s": runs,
+        "runs_cpu_s": cpu,
     }
     for name in ARMS:
         stalls = [(t - b) / saves for t, b in zip(runs[name], runs["baseline"])]
@@ -248,7 +252,14 @@ def main() -> None:
         stall = median["async_hold_s"] + statistics.median(window[writer])
         result[f"{writer}_async_window_stall_s"] = stall
         result[f"{writer}_async_window_stall_pct_of_interval"] = 100 * stall / interval_s
+    for name in ("async", "async_tensorstore"):
+        result[f"{name}_cpu_pct_of_interval"] = 100 * median[f"{name}_cpu_s"] / interval_s
+    return result, median
 
+
+def _rows(args, result: dict, median: dict[str, float], window: dict) -> list[Row]:
+    """The table of parts 1 to 3; ratios: the .npy writer over the tensorstore writer."""
+    interval_s = median["baseline"] / INTERVALS_PER_RUN
     rows = [Row("step", result["step_ms"], "ms",
                 note=f"a save every {args.interval} steps ({interval_s:.1f} s)")]
     for name, _, _ in SAVES:  # one save, not a run's first
@@ -257,8 +268,6 @@ def main() -> None:
                  Row(f"{name} save: process CPU", median[f"{name}_cpu_s"], "s",
                      note="every thread, until committed")]
     rows.append(Row("restore (read + assign)", median["restore_s"], "s"))
-    for name in ("async", "async_tensorstore"):
-        result[f"{name}_cpu_pct_of_interval"] = 100 * median[f"{name}_cpu_s"] / interval_s
     rows.append(Row("process CPU of one async save, .npy writer", median["async_cpu_s"], "s",
                     median["async_cpu_s"] / median["async_tensorstore_cpu_s"],
                     note=f"{result['async_cpu_pct_of_interval']:.1f}% of the interval (what it "
@@ -281,21 +290,48 @@ def main() -> None:
                  f" (hold {median['async_hold_s']:.2f} s + background-write contention, median "
                  f"of {len(window[writer])} window pairs: "
                  f"{[round(x, 2) for x in window[writer]]})"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--interval", type=int, default=25, help="steps between saves")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=8,
+                        help="window pairs (after a save / clean) for the one-run estimate")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--only", choices=("all", "checksums"), default="all",
+                        help="checksums: the warm-up and part 4 only")
+    args = parser.parse_args()
+    if args.only == "checksums":
+        return _checksums_only(args)
+
+    measured = _measure(args)
+    result, median = _summarise(args, measured)
     print(format_table(
-        f"checkpoint: {params / 1e6:.1f}M parameters, saved state {result['state_mb']:.0f} MB "
-        f"(weights + Adam slots), median of {args.rounds} rounds; ratios: the .npy O_DIRECT "
-        "writer over orbax's tensorstore writer", rows, "tensorstore writer"))
+        f"checkpoint: {measured['params'] / 1e6:.1f}M parameters, saved state "
+        f"{result['state_mb']:.0f} MB (weights + Adam slots), median of {args.rounds} rounds; "
+        "ratios: the .npy O_DIRECT writer over orbax's tensorstore writer",
+        _rows(args, result, median, measured["window"]), "tensorstore writer"))
     print("fit() times per round: " + ", ".join(
-        f"{k} {[round(t, 1) for t in v]}" for k, v in runs.items()))
-    result.update(checkpoint_checksums.report(costs, result["state_mb"]))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        f"{k} {[round(t, 1) for t in v]}" for k, v in measured["runs"].items()))
+    result.update(checkpoint_checksums.report(measured["costs"], result["state_mb"]))
+    _write_json(args.json, result)
 
 
 def _ratio(new: float, old: float) -> float | None:
     return new / old if old > 0 else None
+
+
+def _write_json(path: str | None, result: dict) -> None:
+    """Writes ``result`` to ``path`` (its directory made), when a path is given."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
 
 
 def _checksums_only(args) -> None:
@@ -309,10 +345,7 @@ def _checksums_only(args) -> None:
         result = checkpoint_checksums.report(costs, state_mb)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    _write_json(args.json, result)
 
 
 if __name__ == "__main__":

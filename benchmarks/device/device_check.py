@@ -1,9 +1,9 @@
 """Device check: one command that proves the framework's accelerator paths, in a budget.
 
-    python -m benchmarks.device_check [--budget_s 480] [--out check.json] [--dry]
-                                      [--checks devices,virtual,...]
+    python -m benchmarks.device.device_check [--budget_s 480] [--out check.json] [--dry]
+                                             [--checks devices,virtual,...]
 
-Runs every check of :mod:`benchmarks.device_checks` (devices, memory growth and the
+Runs every check of :mod:`benchmarks.common.device_checks` (devices, memory growth and the
 allocator; one GPU as 2 virtual GPUs under MirroredStrategy; float32 / mixed_float16 /
 mixed_bfloat16; XLA off / on / the execution plan's choice; MFU and the doctor's
 verdict; a checkpoint from device memory; the framework against the hand-written loop
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from tf_cluster.tpu import tpu_attached
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MARK = "%%DEVICE_CHECK%%"
 #: name -> (share of the budget, least seconds worth starting, dry; the same, full size).
 WEIGHTS = {
@@ -84,7 +84,7 @@ def run_child(name: str, dry: bool, timeout_s: float) -> list[dict]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if dry:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a dry run on a GPU machine stays on the CPU
-    cmd = [sys.executable, "-m", "benchmarks.device_check", "--child", name] + (
+    cmd = [sys.executable, "-m", "benchmarks.device.device_check", "--child", name] + (
         ["--dry"] if dry else [])
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:  # one check in this fresh process; the parent stays TensorFlow-free
-        from benchmarks import device_checks
+        from benchmarks.common import device_checks
 
         rows = device_checks.run_check(args.child, args.dry)
         print(MARK + json.dumps(rows), flush=True)

@@ -1,7 +1,7 @@
 """Compressed gradient all-reduce (``distribute.grad_compression``): its effect on where
 the default example job ends, on 2 Mirrored replicas over virtual CPU devices.
 
-    python -m benchmarks.grad_compression [--steps 1000] [--json out.json]
+    python -m benchmarks.parallel.grad_compression [--steps 1000] [--json out.json]
 
 The digits job exactly as ``models/configs/digits.py`` sets it (the README's quickstart:
 MLP 64->128->10, Adam 3e-3, global batch 64, eval every 500 steps) with
@@ -35,10 +35,10 @@ import sys
 import tempfile
 import time
 
-from benchmarks import table
-from benchmarks.table import Row
+from benchmarks.common import table
+from benchmarks.common.table import Row
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VARIANTS = {  # name: (precision.policy, distribute.grad_compression, reference variant)
     "none": ("float32", "none", ""),
     "none (repeat)": ("float32", "none", "none"),
@@ -75,7 +75,7 @@ def child(variant: str, steps: int, out: str) -> None:
 def run_variant(variant: str, steps: int, out: str) -> dict:
     """One variant in a fresh process (2 logical CPUs, set before TensorFlow starts)."""
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.grad_compression", "--child",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.parallel.grad_compression", "--child",
                            variant, "--steps", str(steps), "--out", out], cwd=REPO, env=env,
                           text=True, capture_output=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -2,10 +2,10 @@
 restore cost in requests and round trips, what async saves cost training, the restore
 time, and the preemption save against a 30 s grace period.
 
-    sudo python -m benchmarks.bucket_checkpoint [--rounds 5] [--latency_ms 20] [--rate_mbit 200]
-                                               [--interval_s 6] [--json PATH]
-    sudo python -m benchmarks.bucket_checkpoint --requests [--latencies 50,150,300]
-                                               [--code DIR]
+    sudo python -m benchmarks.checkpoints.bucket_checkpoint [--rounds 5] [--latency_ms 20]
+        [--rate_mbit 200] [--interval_s 6] [--json PATH]
+    sudo python -m benchmarks.checkpoints.bucket_checkpoint --requests
+        [--latencies 50,150,300] [--code DIR]
 
 ``--requests``: the request bill, from the emulator's request log
 (:mod:`tests.cluster.gcs_requests`: requests by phase, and rounds, the sequential round
@@ -30,8 +30,8 @@ link, and ``--latency_ms`` added by the emulator before each answer (one round t
 request: this machine's kernel has no ``sch_netem``, "Specified qdisc kind is unknown").
 The cluster is taken down at the end.
 
-On host h0, in ONE process (the ``transformer`` workload of ``benchmarks/workloads.py``,
-Adam, one device, workdir ``gs://BUCKET/bench/...``):
+On host h0, in ONE process (the ``transformer`` workload of
+``benchmarks/common/workloads.py``, Adam, one device, workdir ``gs://BUCKET/bench/...``):
 
 1. Training cost of async saves: each round runs, in rotating order, ``fit()`` over
    ``INTERVALS`` save intervals of about ``--interval_s`` seconds of training with an
@@ -102,7 +102,7 @@ def _fit(trainer, span: _Span, steps: int, every: int) -> float:
 
 
 def child(args) -> dict:
-    from benchmarks import workloads
+    from benchmarks.common import workloads
 
     root = f"gs://{args.bucket}/bench/{int(time.time())}"
     span = _Span()
@@ -184,11 +184,11 @@ def parent(args) -> dict:
         _shape(cluster, args.rate_mbit)
         env = cluster.env({**emulator.client_env(),
                            "PYTHONPATH": subprocess_env()["PYTHONPATH"]})
-        argv = [sys.executable, "-m", "benchmarks.bucket_checkpoint", "--child",
+        argv = [sys.executable, "-m", "benchmarks.checkpoints.bucket_checkpoint", "--child",
                 "--bucket", BUCKET, "--rounds", str(args.rounds),
                 "--interval_s", str(args.interval_s)]
         proc = subprocess.Popen(cluster.wrap(cluster.hosts[0], argv), env=env,
-                                cwd=Path(__file__).resolve().parent.parent,
+                                cwd=Path(__file__).resolve().parents[2],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         results = None
         for line in proc.stdout:
@@ -347,7 +347,8 @@ def main() -> None:
         child_main(args)
         return
     if os.geteuid() != 0:
-        raise SystemExit("benchmarks.bucket_checkpoint makes network namespaces: run it as root")
+        raise SystemExit("benchmarks.checkpoints.bucket_checkpoint makes network namespaces: "
+                         "run it as root")
     if args.requests:
         rows = request_bills(args)
         report_bills(rows)

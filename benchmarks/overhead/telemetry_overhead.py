@@ -1,9 +1,10 @@
 """Telemetry overhead: the same MLP run with telemetry off, on without probes, and on
 (the default), side by side in one process; prints examples/s and ratios to "off".
 
-    python -m benchmarks.telemetry_overhead [--rounds 7] [--steps 2000] [--json out.json]
+    python -m benchmarks.overhead.telemetry_overhead [--rounds 7] [--steps 2000]
+                                                     [--json out.json]
 
-The MLP workload (``benchmarks.workloads``: 784 -> 256 -> 10, batch 64) has the
+The MLP workload (``benchmarks.common.workloads``: 784 -> 256 -> 10, batch 64) has the
 cheapest step, so per-window costs show most. Every mode is its own Trainer on the same
 strategy; each round runs ``--steps`` more steps of every mode (``fit()`` again, in a
 rotating order) with ``train.log_every_steps=100`` and ``steps_per_loop=50``; the "on"
@@ -30,7 +31,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -38,7 +39,7 @@ MODES = ("off", "on_no_probes", "on")
 
 
 def _trainer(workload, mode: str, steps_per_loop: int, log_every: int, workdir: str | None):
-    from benchmarks.workloads import framework_trainer
+    from benchmarks.common.workloads import framework_trainer
 
     overrides = {"train.log_every_steps": log_every, "distribute.strategy": "one_device",
                  "perf.plan": "fixed"}  # the modes compare one plan
@@ -47,11 +48,79 @@ def _trainer(workload, mode: str, steps_per_loop: int, log_every: int, workdir: 
     return framework_trainer(workload, steps_per_loop, workdir=workdir, **overrides)
 
 
+def _timed(fn, clock: dict):
+    """``fn``, its seconds added to ``clock["callbacks"]``."""
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock["callbacks"] += time.perf_counter() - start
+    return wrapper
+
+
+def _timed_on_log(part, clock: dict, windows: dict):
+    """``part.on_log`` (the Telemetry service's), timed: its seconds added to
+    ``clock["callbacks"]`` and filed in ``windows`` by whether the window probed."""
+    on_log = part.on_log
+
+    def wrapper(trainer, logs):
+        start = time.perf_counter()
+        try:
+            return on_log(trainer, logs)
+        finally:
+            seconds = time.perf_counter() - start
+            clock["callbacks"] += seconds
+            probed = bool(part.records) and (
+                part.records[-1].get("perf/probe_step") == trainer.step)
+            windows["probed" if probed else "plain"].append(seconds)
+    return wrapper
+
+
+def _instrument(trainers: dict, spent: dict, on_log_s: dict) -> None:
+    """Removes the Telemetry service of the ``off`` Trainer; times the hooks of the
+    others' (into ``spent[mode]``, ``on_log`` also into ``on_log_s[mode]``)."""
+    from trainer.telemetry.service import Telemetry
+
+    for mode, t in trainers.items():
+        services = t.callbacks.services
+        part = next(p for p in services if isinstance(p, Telemetry))
+        if mode == "off":
+            services.remove(part)
+            continue
+        for name in ("on_fit_start", "on_loop_end", "on_eval_end", "on_fit_end"):
+            setattr(part, name, _timed(getattr(part, name), spent[mode]))
+        part.on_log = _timed_on_log(part, spent[mode], on_log_s[mode])
+
+
+def _probe_seconds(windows: dict) -> float:
+    """The probes' share of ``on_log``: probed windows minus the plain median."""
+    if not windows["probed"]:
+        return 0.0
+    plain = statistics.median(windows["plain"]) if windows["plain"] else 0.0
+    return max(0.0, sum(windows["probed"]) - plain * len(windows["probed"]))
+
+
+def _summary(rates: dict[str, list[float]], spent: dict, on_log_s: dict) -> dict:
+    """Per mode: examples/s (median, spread), the ratios to ``off``, and the shares of
+    the fit's time spent in the callbacks and in the probes."""
+    modes = {}
+    for mode in MODES:
+        ratios = [v / o for v, o in zip(rates[mode], rates["off"])]
+        clock, probes = spent[mode], _probe_seconds(on_log_s[mode])
+        modes[mode] = {"examples_per_s": statistics.median(rates[mode]),
+                       "spread": (min(rates[mode]), max(rates[mode])),
+                       "ratio_to_off": statistics.median(ratios),
+                       "min_ratio": min(ratios), "max_ratio": max(ratios),
+                       "callback_share": (clock["callbacks"] - probes) / clock["fit"],
+                       "probe_share": probes / clock["fit"]}
+    return modes
+
+
 def run(rounds: int, steps: int) -> dict:
     from absl import logging
 
-    from benchmarks.workloads import WORKLOADS
-    from trainer.telemetry.service import Telemetry
+    from benchmarks.common.workloads import WORKLOADS
 
     logging.set_verbosity(logging.WARNING)
     workload = WORKLOADS["mlp"]
@@ -62,41 +131,7 @@ def run(rounds: int, steps: int) -> dict:
 
     spent = {mode: {"fit": 0.0, "callbacks": 0.0} for mode in MODES}
     on_log_s = {mode: {"probed": [], "plain": []} for mode in MODES}
-
-    def timed(fn, clock: dict):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                clock["callbacks"] += time.perf_counter() - start
-        return wrapper
-
-    def timed_on_log(part: Telemetry, mode: str):
-        """``part.on_log``, timed; its seconds also filed by whether the window probed."""
-        on_log = part.on_log
-
-        def wrapper(trainer, logs):
-            start = time.perf_counter()
-            try:
-                return on_log(trainer, logs)
-            finally:
-                seconds = time.perf_counter() - start
-                spent[mode]["callbacks"] += seconds
-                probed = bool(part.records) and (
-                    part.records[-1].get("perf/probe_step") == trainer.step)
-                on_log_s[mode]["probed" if probed else "plain"].append(seconds)
-        return wrapper
-
-    for mode, t in trainers.items():
-        services = t.callbacks.services
-        part = next(p for p in services if isinstance(p, Telemetry))
-        if mode == "off":
-            services.remove(part)
-            continue
-        for name in ("on_fit_start", "on_loop_end", "on_eval_end", "on_fit_end"):
-            setattr(part, name, timed(getattr(part, name), spent[mode]))
-        part.on_log = timed_on_log(part, mode)
+    _instrument(trainers, spent, on_log_s)
 
     def fit(mode: str, n: int) -> float:
         t = trainers[mode]
@@ -106,14 +141,6 @@ def run(rounds: int, steps: int) -> dict:
         seconds = time.perf_counter() - start
         spent[mode]["fit"] += seconds
         return n * workload.batch_size / seconds
-
-    def probe_seconds(mode: str) -> float:
-        """The probes' share of ``on_log``: probed windows minus the plain median."""
-        windows = on_log_s[mode]
-        if not windows["probed"]:
-            return 0.0
-        plain = statistics.median(windows["plain"]) if windows["plain"] else 0.0
-        return max(0.0, sum(windows["probed"]) - plain * len(windows["probed"]))
 
     for mode in MODES:
         fit(mode, steps)  # trace, build the probes, warm up
@@ -126,18 +153,9 @@ def run(rounds: int, steps: int) -> dict:
         order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         for mode in order:
             rates[mode].append(fit(mode, steps))
-    out = {"workload": "mlp", "batch": workload.batch_size, "steps_per_round": steps,
-           "rounds": rounds, "log_every_steps": 100, "steps_per_loop": 50, "modes": {}}
-    for mode in MODES:
-        ratios = [v / o for v, o in zip(rates[mode], rates["off"])]
-        clock, probes = spent[mode], probe_seconds(mode)
-        out["modes"][mode] = {"examples_per_s": statistics.median(rates[mode]),
-                              "spread": (min(rates[mode]), max(rates[mode])),
-                              "ratio_to_off": statistics.median(ratios),
-                              "min_ratio": min(ratios), "max_ratio": max(ratios),
-                              "callback_share": (clock["callbacks"] - probes) / clock["fit"],
-                              "probe_share": probes / clock["fit"]}
-    return out
+    return {"workload": "mlp", "batch": workload.batch_size, "steps_per_round": steps,
+            "rounds": rounds, "log_every_steps": 100, "steps_per_loop": 50,
+            "modes": _summary(rates, spent, on_log_s)}
 
 
 def main() -> None:

@@ -1,15 +1,15 @@
 """The EMA update alone, per implementation, next to Adam's update of the same
 variables (the MLP workload's weights: 784x256, 256, 256x10, 10), in one process.
 
-    python -m benchmarks.ema_update [--rounds 15] [--updates 500]
+    python -m benchmarks.overhead.ema_update [--rounds 15] [--updates 500]
 
 Each implementation runs ``--updates`` updates inside one ``tf.function`` (a
 ``tf.while_loop``), rounds interleaved; prints the median and best microseconds per
 update. Less disturbed by other processes than a whole training step, it shows what
-the EMA adds to a step: compare with the step time of ``benchmarks.controls``.
+the EMA adds to a step: compare with the step time of ``benchmarks.overhead.controls``.
 Implementations: ``fused`` (the framework's default on one replica: one XLA-compiled
 function), ``ops`` (three ops per variable, ``fused=False``), ``gd`` (a difference and
-``ResourceApplyGradientDescent``, benchmarks/ema_variants.py), ``adam`` (Keras Adam's
+``ResourceApplyGradientDescent``, benchmarks/common/ema_variants.py), ``adam`` (Keras Adam's
 ``apply``, for scale), ``empty`` (the loop alone).
 """
 
@@ -19,7 +19,7 @@ import argparse
 import os
 import time
 
-from benchmarks.table import format_table, from_rounds
+from benchmarks.common.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,7 +31,7 @@ def updates(n: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from benchmarks.ema_variants import ApplyGradientDescentEMA
+    from benchmarks.common.ema_variants import ApplyGradientDescentEMA
     from trainer.step.ema import ExponentialMovingAverage
 
     weights = [tf.Variable(tf.random.normal(s)) for s in SHAPES]

@@ -1,15 +1,15 @@
 """The small-model regression check: the framework's default config vs the hand-written
 loop on the rows where the host work around each loop call shows.
 
-    python -m benchmarks.small_model_regression [--rounds 9] [--seconds 2]
-                                                [--rows mlp/default,mlp/mirrored2]
+    python -m benchmarks.speed.small_model_regression [--rounds 9] [--seconds 2]
+                                                      [--rows mlp/default,mlp/mirrored2]
 
 Run it before you stop when you changed anything a ``fit()`` does per loop call or at
 its start and end (the loop, the callbacks and services, the input, the plan). A row
 is the MLP 784-256-10 at global batch 64 with the DEFAULT config (``perf.plan="auto"``)
 on one device (``mlp/default``) or on 2 Mirrored replicas of virtual CPU devices
 (``mlp/mirrored2``); each row runs in its own process (a process hosts one device
-layout) the paired interleaved rounds of :func:`benchmarks.throughput.measure`: the
+layout) the paired interleaved rounds of :func:`benchmarks.speed.throughput.measure`: the
 framework (``a``: one short ``fit()`` per round) and the hand-written K-step in-graph
 loop (``c``, and ``c+xla`` where XLA compiles; the per-round faster is the reference,
 ``best``). Per row it prints the median [min..max] of the per-round ratios a / best:
@@ -18,7 +18,7 @@ loop (``c``, and ``c+xla`` where XLA compiles; the per-round faster is the refer
   or a new one; the services' ``on_fit_start``) and end (final callbacks, the iterator
   kept) included;
 * ``in fit``: a's loop calls and the host work between them, after the first call
-  (:func:`benchmarks.throughput_impls.fit_clock`): a fit that builds a new iterator
+  (:func:`benchmarks.common.throughput_impls.fit_clock`): a fit that builds a new iterator
   skips the batches consumed before it in its first call, which grows with the step the
   fit starts from (a's fits continue the kept iterator: no skip);
 
@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from benchmarks import table
-from benchmarks.table import Row
-from benchmarks.throughput import measure
+from benchmarks.common import table
+from benchmarks.common.table import Row
+from benchmarks.speed.throughput import measure
 
 ROWS = ("mlp/default", "mlp/mirrored2")
 
@@ -108,7 +108,7 @@ def call_costs(framework, steps: int, best_step_s: float, repeats: int) -> dict:
 
 def run_row(row: str, rounds: int, seconds: float, repeats: int) -> dict:
     """One row in this process: the paired rounds, then the cost table."""
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.workloads import WORKLOADS
 
     workload, strategy = row.split("/")
     built: dict = {}
@@ -191,10 +191,10 @@ def main() -> None:
     for row in rows:
         print(f"running {row} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.small_model_regression", "--row_child", row,
+            [sys.executable, "-m", "benchmarks.speed.small_model_regression", "--row_child", row,
              "--rounds", str(args.rounds), "--seconds", str(args.seconds),
              "--repeats", str(args.repeats)],
-            capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
         if proc.returncode:
             print(proc.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{row}: the child process failed ({proc.returncode})")

@@ -1,4 +1,4 @@
-"""The implementations compared by :mod:`benchmarks.throughput` (one class each).
+"""The implementations compared by :mod:`benchmarks.speed.throughput` (one class each).
 
 Every implementation trains the same workload (model, Adam, synthetic in-memory data,
 global batch) and exposes ``run(steps)``: train that many more steps. ``warm_up`` runs
@@ -123,7 +123,7 @@ class Framework(_Impl):
     clock = None
 
     def __init__(self, workload, strategy, plan: str, jit: bool = False, **overrides):
-        from benchmarks.workloads import framework_trainer
+        from benchmarks.common.workloads import framework_trainer
 
         self.auto = plan == "auto"
         self.clock = fit_clock()

@@ -1,12 +1,12 @@
-"""One worker of the multi-host throughput benchmark (``benchmarks/multihost_throughput.py``
-starts one per simulated host, with TF_CONFIG; without TF_CONFIG it is the one-worker
-compute baseline).
+"""One worker of the multi-host throughput benchmark
+(``benchmarks/parallel/multihost_throughput.py`` starts one per simulated host, with
+TF_CONFIG; without TF_CONFIG it is the one-worker compute baseline).
 
-    python -m benchmarks.multihost_worker --workload wide_mlp --steps 8 --rounds 3
+    python -m benchmarks.common.multihost_worker --workload wide_mlp --steps 8 --rounds 3
 
 Builds MultiWorkerMirroredStrategy from TF_CONFIG (the default strategy without it) and
 its implementations, in this one process: ``framework`` (``Trainer.fit`` with the
-DEFAULT config: benchmarks.throughput_impls' ``a-short``, short fits never measured),
+DEFAULT config: benchmarks.common.throughput_impls' ``a-short``, short fits never measured),
 ``framework_plan`` (the default config in a run long enough for ``perf.plan="auto"``
 to measure: ``a``; with several workers its candidates include an all-reduce pack size)
 and ``hand`` (the in-graph loop a careful user writes: ``strategy.run`` of a replica step
@@ -27,7 +27,7 @@ import json
 import os
 import time
 
-PART_OF = "benchmarks.multihost_throughput"  # started by it, one per host: not listed alone
+PART_OF = "benchmarks.parallel.multihost_throughput"  # started by it, one per host: not listed
 
 
 def main() -> None:
@@ -48,8 +48,8 @@ def main() -> None:
 
     import tensorflow as tf
 
-    from benchmarks.throughput_impls import Framework, HandInGraph
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.throughput_impls import Framework, HandInGraph
+    from benchmarks.common.workloads import WORKLOADS
 
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}"))
     strategy = (tf.distribute.MultiWorkerMirroredStrategy() if cluster

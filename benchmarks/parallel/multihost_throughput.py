@@ -1,7 +1,7 @@
 """Throughput across hosts on shaped links: the framework vs a hand-written
 MultiWorkerMirroredStrategy loop, 2 simulated hosts x 1 worker.
 
-    sudo python -m benchmarks.multihost_throughput [--links 10gbit,1gbit,100mbit]
+    sudo python -m benchmarks.parallel.multihost_throughput [--links 10gbit,1gbit,100mbit]
         [--workloads wide_mlp,deep_mlp,transformer] [--rounds 3] [--compression bf16]
         [--json PATH]
 
@@ -10,7 +10,7 @@ private bridge; started here if down). Each link speed is set with ``tc qdisc ..
 on both hosts' interfaces (egress: every byte a host sends); a per-packet delay
 (``netem``) is added when the kernel has it (``--delay_ms``; this machine's kernel has no
 ``sch_netem``: the runs below are rate-limited only). Per link and workload, both hosts
-run ``benchmarks/multihost_worker.py`` (TF_CONFIG of 2 workers), which pairs the
+run ``benchmarks/common/multihost_worker.py`` (TF_CONFIG of 2 workers), which pairs the
 framework (``Trainer.fit``, default config, a short run: the configured plan), the
 framework whose execution plan was measured on the run (``framework_plan``: a pack
 size is one of its candidates; each group has an empty plan cache of its own), the
@@ -39,7 +39,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 STEPS = {"10gbit": 12, "3gbit": 8, "1gbit": 6, "300mbit": 4, "100mbit": 3}
 
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.workloads import WORKLOADS
     from tests.cluster.hosts import DEFAULT_DIR, SimulatedCluster
 
     cluster = SimulatedCluster(hosts=2, root=Path(DEFAULT_DIR))
@@ -135,7 +135,7 @@ def main() -> None:
     try:
         for name in args.workloads.split(","):
             workload = WORKLOADS[name]
-            base = ["python", "-m", "benchmarks.multihost_worker", "--workload", name,
+            base = ["python", "-m", "benchmarks.common.multihost_worker", "--workload", name,
                     "--rounds", str(args.rounds), "--pack_bytes", str(args.pack_bytes),
                     "--compression", args.compression]
             for host in hosts:

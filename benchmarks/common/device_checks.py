@@ -1,4 +1,5 @@
-"""The checks of ``python -m benchmarks.device_check``, each run in a process of its own.
+"""The checks of ``python -m benchmarks.device.device_check``, each run in a process of
+its own.
 
 Every check is a function ``check(size) -> list[row]`` (a row: ``check``, ``status``
 ``ok`` / ``FAIL`` / ``skipped``, ``figure``, ``unit``, ``detail``; the list:
@@ -9,10 +10,10 @@ so it must be the only one in its process: the command line runs each in a child
 with what they would prove.
 
 The framework is reached by its public API: ``trainer.Trainer`` (:class:`WorkloadTrainer`
-over :mod:`benchmarks.workloads`), the ``distribute`` config (memory growth, virtual
+over :mod:`benchmarks.common.workloads`), the ``distribute`` config (memory growth, virtual
 devices, the all-reduce), ``trainer.telemetry.flops`` (MFU), ``trainer.doctor.measure``
 (the verdict), the checkpoint service and inventory; the hand-written loops are
-:mod:`benchmarks.throughput_impls`' (through :func:`benchmarks.throughput.measure`).
+:mod:`benchmarks.common.throughput_impls`' (through :func:`benchmarks.speed.throughput.measure`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import throughput
-from benchmarks.arrays_trainer import ArraysTrainer
-from benchmarks.workloads import WORKLOADS
+from benchmarks.common.arrays_trainer import ArraysTrainer
+from benchmarks.common.workloads import WORKLOADS
+from benchmarks.speed import throughput
 from trainer import config as config_lib
 from trainer.checkpoint import inventory
 from trainer.checkpoint.service import Checkpointer
@@ -92,9 +93,9 @@ def no_gpu(check: str, proves: str, detail: str = "") -> Row:
 
 
 class WorkloadTrainer(ArraysTrainer):
-    """The workload ``config.model.workload`` of :mod:`benchmarks.workloads` on its
+    """The workload ``config.model.workload`` of :mod:`benchmarks.common.workloads` on its
     synthetic data (4,096 examples, repeated), Adam; importable by path for the doctor
-    (``benchmarks.device_checks:WorkloadTrainer``)."""
+    (``benchmarks.common.device_checks:WorkloadTrainer``)."""
 
     def build_model(self):
         return WORKLOADS[self.config.model.workload].build_model()
@@ -109,7 +110,7 @@ def workload_config(workload: str, steps: int, **overrides) -> ml_collections.Co
     ``tpu`` check asks for it), no logging noise; ``overrides``: ``"section.field"`` ->
     value."""
     config = config_lib.get_config()
-    config.trainer = "benchmarks.device_checks:WorkloadTrainer"
+    config.trainer = "benchmarks.common.device_checks:WorkloadTrainer"
     config.model.workload = workload
     config.train.global_batch_size = WORKLOADS[workload].batch_size
     config.train.steps = config.train.steps_per_loop = steps
@@ -304,7 +305,7 @@ def check_precision(size: Size) -> list[Row]:
 
 
 def _speed(size: Size, workload: str, impls: tuple[str, ...]) -> dict:
-    """:func:`benchmarks.throughput.measure` on ``workload``: the framework's
+    """:func:`benchmarks.speed.throughput.measure` on ``workload``: the framework's
     implementations ``impls`` and the hand-written loops c and c+xla, in paired rounds."""
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="device-check-plans-")
     return throughput.measure(workload, "default", size.rounds, size.seconds, impls)
@@ -475,7 +476,7 @@ def check_tpu(size: Size) -> list[Row]:
                 f"two Trainers in one process (notebook path); loss {results['train/loss']:.4f}")]
 
 
-#: name -> the check (what each would prove: ``benchmarks.device_check.WHY``).
+#: name -> the check (what each would prove: ``benchmarks.device.device_check.WHY``).
 CHECKS: dict[str, Callable[[Size], list[Row]]] = {
     "devices": check_devices, "virtual": check_virtual, "precision": check_precision,
     "speed_transformer": check_speed_transformer, "speed_cnn": check_speed_cnn,

@@ -1,7 +1,7 @@
 """Input at scale: the framework's TFDS input path, file vs batch sharding, the service.
 
-    python -m benchmarks.input_scale [--examples 6000] [--files 8] [--rounds 3]
-                                     [--seconds 2] [--service_workers 2]
+    python -m benchmarks.speed.input_scale [--examples 6000] [--files 8] [--rounds 3]
+                                           [--seconds 2] [--service_workers 2]
 
 The workload is input-heavy: a TFDS dataset of JPEG-encoded 64x64x3 images
 (``synthetic_jpegs``, ``--files`` TFRecord files, built once into ``--data_dir``) whose
@@ -37,17 +37,17 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BATCH = 128
 SIZE = 64
 
 
 def _builder(data_dir: str, examples: int, files: int):
-    from benchmarks.synthetic_jpegs import prepare
+    from benchmarks.common.synthetic_jpegs import prepare
 
     return prepare(data_dir, examples, files)
 
@@ -187,7 +187,7 @@ def compare_sharding(data_dir: str, examples: int, files: int) -> dict:
     per_worker = examples  # each worker delivers 2 half-epochs' worth = one epoch
     for sharding in ("data", "file"):
         procs = [subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.input_scale", "--child", sharding, str(i),
+            [sys.executable, "-m", "benchmarks.speed.input_scale", "--child", sharding, str(i),
              "--data_dir", data_dir, "--examples", str(examples), "--files", str(files)],
             cwd=REPO, stdout=subprocess.PIPE, text=True) for i in range(2)]
         results = [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1])

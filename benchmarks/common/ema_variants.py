@@ -1,4 +1,4 @@
-"""EMA update variants measured by ``benchmarks.controls`` next to the framework's own
+"""EMA update variants measured by ``benchmarks.overhead.controls`` next to the framework's own
 (:class:`trainer.step.ema.ExponentialMovingAverage`, fused or not). Benchmark-only: each is a
 subclass whose :meth:`update` replaces the framework's, on the same variables.
 

@@ -1,10 +1,10 @@
 """The runtime settings the execution plan does NOT choose: do they pay on this machine?
 
-    python -m benchmarks.runtime_settings threads [--workloads mlp,cnn,transformer]
-                                                  [--strategy default|mirrored2]
-                                                  [--settings 0/0,1/2,2/1,1/1,2/2,4/4]
-                                                  [--rounds 5] [--seconds 3]
-    python -m benchmarks.runtime_settings input [--rounds 5] [--seconds 3]
+    python -m benchmarks.speed.runtime_settings threads [--workloads mlp,cnn,transformer]
+                                                        [--strategy default|mirrored2]
+                                                        [--settings 0/0,1/2,2/1,1/1,2/2,4/4]
+                                                        [--rounds 5] [--seconds 3]
+    python -m benchmarks.speed.runtime_settings input [--rounds 5] [--seconds 3]
 
 ``threads``: TensorFlow's inter-op and intra-op thread pools can be sized only before its
 runtime starts, so every setting is its own long-lived process (a child) that trains the
@@ -16,7 +16,7 @@ and report examples/s (the idle children wait on their pipe). Settings are
 itself). Printed: median examples/s and the median per-round ratio to ``0/0``.
 
 ``input``: the options of the user's ``tf.data`` pipeline on an input-heavy workload
-(:mod:`benchmarks.synthetic_jpegs`: JPEG decode + augment per example, batch 128,
+(:mod:`benchmarks.common.synthetic_jpegs`: JPEG decode + augment per example, batch 128,
 through ``trainer.data`` as every run does), trained end to end by the framework in ONE
 process, the variants interleaved: ``default`` (what the framework does: AUTOTUNE
 everywhere, TF's shared thread pool), ``private_pool_2`` / ``private_pool_4``
@@ -38,12 +38,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import table
-from benchmarks.table import Row, from_rounds
+from benchmarks.common import table
+from benchmarks.common.table import Row, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 K = 100  # steps per loop (and per timed chunk) of the thread children's trainers
 INPUT_K = 20  # the same for the input part's (a JPEG batch costs far more)
 THREAD_SETTINGS = ("0/0", "1/2", "2/1", "1/1", "2/2", "4/4")
@@ -67,8 +67,8 @@ def thread_child(workload_name: str, setting: str, strategy_name: str) -> None:
     ``run SECONDS`` line on stdin with one JSON line ``{"examples_per_s": ...}``."""
     import tensorflow as tf
 
-    from benchmarks.throughput_impls import setup_devices
-    from benchmarks.workloads import WORKLOADS, framework_trainer
+    from benchmarks.common.throughput_impls import setup_devices
+    from benchmarks.common.workloads import WORKLOADS, framework_trainer
 
     inter, intra = (int(n) for n in setting.split("/"))
     tf.config.threading.set_inter_op_parallelism_threads(inter)
@@ -98,7 +98,7 @@ def measure_threads(workload_name: str, strategy_name: str, settings: list[str],
     try:
         for setting in settings:  # one at a time: warm-ups do not compete
             child = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.runtime_settings", "--thread_child",
+                [sys.executable, "-m", "benchmarks.speed.runtime_settings", "--thread_child",
                  setting, "--workloads", workload_name, "--strategy", strategy_name],
                 cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             children[setting] = child
@@ -129,7 +129,7 @@ def _jpeg_trainer(builder, model_name: str, variant: str):
     import tensorflow as tf
 
     import trainer
-    from benchmarks.input_scale import BATCH, framework_fn
+    from benchmarks.speed.input_scale import BATCH, framework_fn
     from trainer import config as config_lib
 
     user_fn = framework_fn(builder)
@@ -179,8 +179,8 @@ def _jpeg_trainer(builder, model_name: str, variant: str):
 
 
 def measure_input(model_name: str, rounds: int, seconds: float, data_dir: str) -> dict:
-    from benchmarks.input_scale import BATCH
-    from benchmarks.synthetic_jpegs import prepare
+    from benchmarks.common.synthetic_jpegs import prepare
+    from benchmarks.speed.input_scale import BATCH
 
     builder = prepare(data_dir)
     trainers = {v: _jpeg_trainer(builder, model_name, v) for v in INPUT_VARIANTS}

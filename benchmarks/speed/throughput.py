@@ -1,11 +1,11 @@
 """Training throughput: the framework vs the loops a user would write instead.
 
-    python -m benchmarks.throughput --workload mlp --strategy default [--rounds 3]
-                                    [--impls a,a-fixed,c] [--seconds 2]
-    python -m benchmarks.throughput --all [--json benchmarks/results/throughput.json]
+    python -m benchmarks.speed.throughput --workload mlp --strategy default [--rounds 3]
+                                          [--impls a,a-fixed,c] [--seconds 2]
+    python -m benchmarks.speed.throughput --all [--json benchmarks/results/throughput.json]
 
 Implementations (same model, Adam, same synthetic in-memory data, same global batch;
-classes in :mod:`benchmarks.throughput_impls`):
+classes in :mod:`benchmarks.common.throughput_impls`):
 
   a        this framework's ``Trainer.fit`` with its DEFAULT config (``perf.plan="auto"``,
            default ``train.steps_per_loop``): the planner times candidate plans (XLA
@@ -58,10 +58,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import table
-from benchmarks.table import Row
-from benchmarks.throughput_impls import (IMPLEMENTATIONS, K, PLANNED_RUN_S, REFERENCES, build,
-                                         setup_devices)
+from benchmarks.common import table
+from benchmarks.common.table import Row
+from benchmarks.common.throughput_impls import (IMPLEMENTATIONS, K, PLANNED_RUN_S, REFERENCES,
+                                                build, setup_devices)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -131,11 +131,11 @@ def measure(workload_name: str, strategy_name: str, rounds: int, seconds: float,
     ``only``: the implementations to run (the references c and c+xla are always
     included). ``best`` is the per-round faster of c and c+xla. The framework's
     results also hold ``in_fit``: the same summary of its rates inside each ``fit()``
-    (without the fit's start and end; :func:`benchmarks.throughput_impls.fit_clock`).
+    (without the fit's start and end; :func:`benchmarks.common.throughput_impls.fit_clock`).
     ``built``: when given, receives the implementations that ran, by name (to look
     into after the rounds).
     """
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.workloads import WORKLOADS
 
     strategy = setup_devices(strategy_name)
     workload = WORKLOADS[workload_name]
@@ -198,7 +198,7 @@ def _peak_rss_mb() -> float:
 
 def cold_start_child(impl: str, workload_name: str, strategy_name: str) -> None:
     """Runs in a fresh process: first step, then K more; prints one JSON line."""
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.workloads import WORKLOADS
 
     strategy = setup_devices(strategy_name)
     implementation = build(impl, WORKLOADS[workload_name], strategy)
@@ -222,9 +222,9 @@ def cold_start(workload_name: str, strategy_name: str, names=COLD_START,
         for impl in names:
             started = time.time()
             proc = subprocess.run(
-                [sys.executable, "-m", "benchmarks.throughput", "--cold_start_child", impl,
+                [sys.executable, "-m", "benchmarks.speed.throughput", "--cold_start_child", impl,
                  "--workload", workload_name, "--strategy", strategy_name],
-                capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+                capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
             try:
                 line = json.loads(proc.stdout.strip().splitlines()[-1])
                 samples[impl].append((line["first_step_done"] - started, line["peak_rss_mb"]))
@@ -322,7 +322,7 @@ def main() -> None:
         runs = []
         for workload in ("mlp", "cnn", "transformer"):
             for strategy in STRATEGIES:
-                cmd = [sys.executable, "-m", "benchmarks.throughput", "--workload", workload,
+                cmd = [sys.executable, "-m", "benchmarks.speed.throughput", "--workload", workload,
                        "--strategy", strategy, "--rounds", str(args.rounds),
                        "--seconds", str(args.seconds), "--impls", args.impls,
                        "--json", "/dev/stdout"]
@@ -330,7 +330,7 @@ def main() -> None:
                     "--cold_runs", str(args.cold_runs)]
                 print(f"running {workload} / {strategy} ...", file=sys.stderr, flush=True)
                 proc = subprocess.run(cmd, capture_output=True, text=True,
-                                      cwd=Path(__file__).resolve().parent.parent)
+                                      cwd=Path(__file__).resolve().parents[2])
                 try:
                     runs.append(json.loads(proc.stdout.split("\n%%JSON%%\n")[-1]))
                 except json.JSONDecodeError:

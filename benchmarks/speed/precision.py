@@ -1,9 +1,9 @@
 """Precision and XLA throughput of the framework, side by side in one process.
 
-    python -m benchmarks.precision [--workloads mlp,cnn] [--rounds 5] [--steps 200]
-                                   [--strategy default|one_device]
+    python -m benchmarks.speed.precision [--workloads mlp,cnn] [--rounds 5] [--steps 200]
+                                         [--strategy default|one_device]
 
-For each workload of :mod:`benchmarks.workloads` (``mlp``: 784->256->10, batch 64;
+For each workload of :mod:`benchmarks.common.workloads` (``mlp``: 784->256->10, batch 64;
 ``digits``: 64->128->10, batch 64; ``cnn``: 32x32x3, conv 32/64/128 + dense, batch 128) it builds one ``Trainer`` per
 variant under the default strategy (or ``--strategy one_device``; Adam, synthetic
 in-memory data):
@@ -29,8 +29,8 @@ import statistics
 import sys
 import time
 
-from benchmarks import table
-from benchmarks.table import Row
+from benchmarks.common import table
+from benchmarks.common.table import Row
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -45,7 +45,7 @@ STEPS_PER_LOOP = 50
 
 def build_trainer(workload, policy: str, jit: bool, strategy: str):
     """A Trainer for ``workload`` with the given policy, XLA setting and strategy name."""
-    from benchmarks.workloads import framework_trainer
+    from benchmarks.common.workloads import framework_trainer
 
     return framework_trainer(workload, STEPS_PER_LOOP, **{
         "precision.policy": policy, "perf.jit_compile": jit, "distribute.strategy": strategy,
@@ -62,7 +62,7 @@ def run_steps(t, steps: int) -> float:
 
 def bench_workload(name: str, rounds: int, steps: int, strategy: str) -> list[dict]:
     """Rows ``{workload, variant, median, min, max, ratio}`` (examples/s) or ``error``."""
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.workloads import WORKLOADS
 
     workload = WORKLOADS[name]
     trainers, rows = {}, {}

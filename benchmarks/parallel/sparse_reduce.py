@@ -1,7 +1,7 @@
 """Sparse gradients across 2 Mirrored replicas: the dense all-reduce vs gathered rows.
 
-    python -m benchmarks.sparse_reduce [--rounds 7] [--steps 20] [--small_steps 400]
-                                       [--sizes large,small] [--json out.json]
+    python -m benchmarks.parallel.sparse_reduce [--rounds 7] [--steps 20] [--small_steps 400]
+                                                [--sizes large,small] [--json out.json]
 
 The text classifier (:mod:`models.text_classifier`: ``Embedding(vocab, dim,
 mask_zero=True)`` over padded variable-length batches, its config
@@ -27,7 +27,7 @@ sequences (64 steps) and seen every padded length (the first fits after a short 
 were several times slower in trial runs). Then every round trains ``--steps`` more steps
 of each large-table Trainer and ``--small_steps`` of each small-table one (its step is
 ~100x cheaper; a chunk of well over 0.1 s), one ``fit()`` each (through
-:class:`benchmarks.throughput_impls.Framework`'s ``run``), the policies in rotating order
+:class:`benchmarks.common.throughput_impls.Framework`'s ``run``), the policies in rotating order
 per round. Printed per size and policy: median examples/s over rounds, min, max, and the
 median per-round ratio to ``dense`` with its [min..max]. ``resolved`` is what the
 gradient path decided when it traced the step (read from
@@ -45,9 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import table
-from benchmarks.table import Row
-from benchmarks.throughput_impls import Framework
+from benchmarks.common import table
+from benchmarks.common.table import Row
+from benchmarks.common.throughput_impls import Framework
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -57,7 +57,7 @@ SIZES = {"large": (200_000, 64), "small": (2_000, 16)}  # vocab, dim
 
 class _TextFramework(Framework):
     """:class:`Framework`'s ``run`` / ``warm_up`` (chunks of ``fit()``) on a Trainer
-    built here instead of from a :mod:`benchmarks.workloads` workload."""
+    built here instead of from a :mod:`benchmarks.common.workloads` workload."""
 
     def __init__(self, trainer):  # not Framework.__init__: there is no workload
         self.auto = False  # perf.plan="fixed": no plan to measure in the warm-up

@@ -2,7 +2,7 @@
 side with runs without it in one process; prints examples/s, ratios and the milliseconds
 of one check.
 
-    python -m benchmarks.consistency_check [--workloads mlp,transformer] [--rounds 5]
+    python -m benchmarks.overhead.consistency_check [--workloads mlp,transformer] [--rounds 5]
         [--steps 1000] [--replicas 2]
 
 Modes (each its own Trainer on the same workload, Adam, ``steps_per_loop=50``, Mirrored
@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -32,7 +32,7 @@ MODES = ("off", "auto", "every_loop")
 def measure(workload_name: str, rounds: int, steps: int, replicas: int) -> dict:
     from absl import logging
 
-    from benchmarks.workloads import WORKLOADS, framework_trainer
+    from benchmarks.common.workloads import WORKLOADS, framework_trainer
     from trainer.distribution.replica_check import ReplicaCheck
 
     logging.set_verbosity(logging.WARNING)

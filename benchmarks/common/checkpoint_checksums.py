@@ -1,4 +1,5 @@
-"""Part 4 of ``benchmarks/checkpoint.py``: what the CRC32C checksums of a checkpoint cost.
+"""Part 4 of ``benchmarks/checkpoints/checkpoint.py``: what the CRC32C checksums of a
+checkpoint cost.
 
 Per array writer, median over rounds, next to a synchronous save and a restore of the
 same writer (checksums included; ``PAUSE_S`` before the save). For the ``.npy`` writer,
@@ -19,7 +20,7 @@ import statistics
 import time
 from typing import Callable
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 PAUSE_S = 5.0  # before a timed save: a VM's kernel returns freed memory after ~2 s
 WRITERS = ("npy", "tensorstore")  # checkpoint.fast_io True (trainer.checkpoint.storage.array_files); False

@@ -8,12 +8,12 @@ Every workload is small enough for 2 CPU cores and fixed by the issue that asked
 * ``transformer``: encoder classifier, seq 128, d 128, 2 layers, 4 heads, batch 32;
 * ``wide_mlp``: 784 -> 4096 -> 2048 -> 10, batch 128: 11.6 M parameters (46 MB of
   float32 gradients per step), the communication-heavy model of the multi-host
-  benchmark (``benchmarks/multihost_throughput.py``);
+  benchmark (``benchmarks/parallel/multihost_throughput.py``);
 * ``deep_mlp``: 784 -> 1024 x 8 -> 10, batch 128: 8.2 M parameters (33 MB of
   gradients) over 9 layers of about the same size, the multi-host benchmark's model
   where gradient packs have a backward pass to overlap;
 * ``transformer_tiny`` (seq 32, d 32, 1 layer, 2 heads, batch 16) and ``cnn_tiny`` (the
-  cnn at batch 16): the device check's sizes on a CPU (``benchmarks/device_check.py``
+  cnn at batch 16): the device check's sizes on a CPU (``benchmarks/device/device_check.py``
   dry mode), where float16 is emulated.
 """
 
@@ -136,7 +136,7 @@ def framework_trainer(workload: Workload, steps_per_loop: int | None, strategy=N
     ``overrides`` maps ``"section.field"`` to values set on the config before the
     Trainer is built; ``strategy``, ``workdir`` and ``callbacks`` are passed through.
     """
-    from benchmarks.arrays_trainer import ArraysTrainer
+    from benchmarks.common.arrays_trainer import ArraysTrainer
     from trainer import config as config_lib
 
     x, y = workload.data(4096)

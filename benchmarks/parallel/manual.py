@@ -1,6 +1,7 @@
 """Manual data parallelism vs Mirrored on equal devices (2 virtual CPU devices).
 
-    python -m benchmarks.manual [--workloads mlp,cnn] [--rounds 3] [--seconds 2] [--json F]
+    python -m benchmarks.parallel.manual [--workloads mlp,cnn] [--rounds 3] [--seconds 2]
+                                         [--json F]
 
 One process, 2 logical CPU devices, the same model, Adam, in-memory data and global
 batch for every implementation; ``Trainer.fit`` with ``steps_per_loop=50``:
@@ -30,8 +31,8 @@ import os
 import statistics
 import time
 
-from benchmarks import table
-from benchmarks.table import Row
+from benchmarks.common import table
+from benchmarks.common.table import Row
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -46,7 +47,7 @@ IMPLEMENTATIONS = {
 
 
 def _trainer(workload, distribute: dict):
-    from benchmarks.workloads import framework_trainer
+    from benchmarks.common.workloads import framework_trainer
 
     return framework_trainer(workload, K, **{
         "telemetry.probe_every_windows": 0, "distribute.virtual_devices": 2, "perf.plan": "fixed",
@@ -62,7 +63,7 @@ def _run(t, steps: int) -> float:
 
 
 def measure(workload_name: str, rounds: int, seconds: float) -> dict:
-    from benchmarks.workloads import WORKLOADS
+    from benchmarks.common.workloads import WORKLOADS
 
     workload = WORKLOADS[workload_name]
     trainers = {name: _trainer(workload, d) for name, d in IMPLEMENTATIONS.items()}

@@ -1,7 +1,7 @@
 """A longer chaos campaign than CI's: N random faults on one run into a bucket.
 
-    sudo python -m benchmarks.chaos_run [--faults 8] [--steps 400] [--seed 0] [--every 10]
-                                        [--latency_ms 0] [--json PATH]
+    sudo python -m benchmarks.checkpoints.chaos_run [--faults 8] [--steps 400] [--seed 0]
+                                                    [--every 10] [--latency_ms 0] [--json PATH]
 
 Needs root and the tests' simulated hosts with the GCS emulator (``.ci/run`` starts
 them; ``tests/cluster/netns_hosts.sh up 2 && python -m tests.cluster.gcs start`` by
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 
 def format_summary(title: str, max_dw: float, wall_s: float, reference_s: float,

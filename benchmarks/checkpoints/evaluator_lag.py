@@ -1,6 +1,6 @@
 """How far the continuous evaluator trails the trainer in a local 2-worker group.
 
-    python -m benchmarks.evaluator_lag [--steps 600] [--every 50] [--workdir /tmp/lag]
+    python -m benchmarks.checkpoints.evaluator_lag [--steps 600] [--every 50] [--workdir /tmp/lag]
 
 Runs ``python -m launch.multiworker --workers 2 --evaluator`` on the digits config at
 full speed (checkpoints every ``--every`` steps, all kept), then reads the two streams:
@@ -21,9 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _records(path: str) -> list[dict]:

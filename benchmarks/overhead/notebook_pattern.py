@@ -1,7 +1,7 @@
 """The notebook pattern: several digits Trainers built and fitted one after another in
 ONE Python process, against a fresh process's fit.
 
-    python -m benchmarks.notebook_pattern [--trainers 4] [--steps 1000] [--runs 1]
+    python -m benchmarks.overhead.notebook_pattern [--trainers 4] [--steps 1000] [--runs 1]
 
 Each run starts one child process that builds and fits ``--trainers`` digits Trainers
 (default config, a fresh workdir each; the cell of a notebook run again) and a fresh
@@ -23,9 +23,9 @@ import tempfile
 import threading
 import time
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def child(trainers: int, steps: int) -> None:
@@ -67,7 +67,7 @@ def run_child(trainers: int, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     env.setdefault("TFDS_DATA_DIR", os.path.join(tempfile.gettempdir(), "notebook_pattern_tfds"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.notebook_pattern", "--child", str(trainers),
+        [sys.executable, "-m", "benchmarks.overhead.notebook_pattern", "--child", str(trainers),
          "--steps", str(steps)], cwd=REPO, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     fits, done_at = [], None

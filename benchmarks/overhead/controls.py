@@ -1,14 +1,15 @@
 """Step-time overhead of the training controls: grad-norm logging and the EMA of the
 weights, side by side with a plain run in one process; prints examples/s and ratios.
 
-    python -m benchmarks.controls [--workloads mlp,transformer] [--rounds 5] [--steps 400]
+    python -m benchmarks.overhead.controls [--workloads mlp,transformer] [--rounds 5]
+                                           [--steps 400]
 
 Modes (each its own Trainer on the same workload, Adam, ``steps_per_loop=50``, no
 workdir): ``plain`` (``telemetry.grad_norm=False``, no EMA), ``grad_norm`` (the default:
 the global norm of the reduced gradients is added up in the graph every update) and
 ``ema`` (``optimizer.ema_decay=0.999`` on top: the framework's EMA, one XLA-compiled
 update per step on one replica). ``--ema_variants`` adds the other implementations of
-the same EMA on top of ``grad_norm`` (benchmarks/ema_variants.py): ``ema_ops`` (three
+the same EMA on top of ``grad_norm`` (benchmarks/common/ema_variants.py): ``ema_ops`` (three
 TensorFlow ops per variable, ``fused=False``: the unfused implementation),
 ``ema_gd`` (two ops: a difference and ``ResourceApplyGradientDescent``) and
 ``ema_every4`` / ``ema_every10`` (the fused update every N updates with decay d**N).
@@ -29,7 +30,7 @@ import os
 import statistics
 import time
 
-from benchmarks.table import Row, format_table
+from benchmarks.common.table import Row, format_table
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -44,7 +45,7 @@ EMA_VARIANTS = ("ema_ops", "ema_gd", "ema_every4", "ema_every10")
 
 def variant_ema(mode: str, trainer):
     """The EMA object of an ``--ema_variants`` mode (replaces the trainer's own)."""
-    from benchmarks import ema_variants
+    from benchmarks.common import ema_variants
     from trainer.step.ema import ExponentialMovingAverage
 
     if mode == "ema_ops":
@@ -58,7 +59,7 @@ def variant_ema(mode: str, trainer):
 def measure(workload_name: str, rounds: int, steps: int, modes: list[str]) -> dict:
     from absl import logging
 
-    from benchmarks.workloads import WORKLOADS, framework_trainer
+    from benchmarks.common.workloads import WORKLOADS, framework_trainer
 
     logging.set_verbosity(logging.WARNING)
     workload = WORKLOADS[workload_name]
