@@ -26,6 +26,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from tf_cluster.storage_schemes import is_local
+
 NUM_SHARDS = 4
 TEST_FRACTION = 0.2
 
@@ -117,7 +119,7 @@ def lock_path(root: str) -> str:
     """The lock file that serialises this machine's first :func:`prepare` calls of
     ``root``: in ``root`` when it is a local directory; for a bucket (``gs://...``,
     where ``flock`` cannot reach) a local file in the temp directory named by its hash."""
-    if "://" not in root:
+    if is_local(root):
         return os.path.join(root, ".sklearn_digits.lock")
     digest = hashlib.sha256(root.encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"sklearn_digits-{digest}.lock")

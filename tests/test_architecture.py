@@ -320,3 +320,44 @@ def test_no_test_module_imports_another_test_module():
                 broken.append(f"{path.relative_to(REPO)}:{line}: {written} (test module {hits[0]})")
     assert not broken, ("test modules import test modules; move what they share into a "
                         "support module:\n" + "\n".join(broken))
+
+
+#: Where a path lives is asked in one module, and a bucket is reached through one client:
+#: (what a line must not contain, the one module that may, what to call instead).
+PATH_QUESTIONS = (
+    ('"://" in', "tf_cluster/storage_schemes.py", "storage_schemes.is_local"),
+    ('"://" not in', "tf_cluster/storage_schemes.py", "storage_schemes.is_local"),
+    ('startswith("gs://")', "tf_cluster/storage_schemes.py", "storage_schemes.is_bucket"),
+    ("storage.Client(", "trainer/runtime/gcs.py", "trainer.runtime.gcs.client"),
+    ("Retry(", "trainer/runtime/gcs.py", "trainer.runtime.gcs.retry"),
+)
+
+
+def test_where_a_path_lives_is_asked_in_one_module_and_buckets_have_one_client():
+    """"Is this a GCS bucket" and "is this a local path" are ``is_bucket`` and ``is_local``
+    of :mod:`tf_cluster.storage_schemes`; every request to a bucket goes through the
+    client and retry policy of :mod:`trainer.runtime.gcs` (an address such as
+    ``grpc://`` in tf_cluster's TF_CONFIG and TPU code is no path)."""
+    addresses = {"tf_cluster/tf_config.py", "tf_cluster/tpu.py"}
+    found = []
+    for root in ("trainer", "models", "tf_cluster"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            where = str(path.relative_to(REPO))
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                for text, home, instead in PATH_QUESTIONS:
+                    if (text in line.replace("'", '"') and where != home
+                            and not (text.startswith('"://"') and where in addresses)):
+                        found.append(f"{where}:{number}: {line.strip()} (use {instead})")
+    assert not found, "\n".join(found)
+
+
+def test_no_project_module_is_named_like_a_standard_library_module():
+    """A module named like one of the standard library's (``inspect``, ``signal``...)
+    shadows it for a script run from its directory and misleads a reader."""
+    clash = [str(p.relative_to(REPO)) for root in (*PROJECT, "benchmarks", "tests")
+             for p in (REPO / root).rglob("*.py")
+             if p.stem in sys.stdlib_module_names and p.stem != "__init__"]
+    clash += [str(p.relative_to(REPO)) for root in (*PROJECT, "benchmarks", "tests")
+              for p in (REPO / root).rglob("__init__.py")
+              if p.parent.name in sys.stdlib_module_names]
+    assert not clash, f"named like a standard-library module: {clash}; rename them"

@@ -27,7 +27,7 @@ from typing import Iterable
 import ml_collections
 from absl import flags
 
-from tf_cluster.storage_schemes import absolute, unreachable_scheme
+from tf_cluster.storage_schemes import absolute, is_bucket, is_local, unreachable_scheme
 from trainer import config as config_lib
 from trainer.checks import bucket
 from trainer.errors import UsageError, UserError, WorkdirError, report, write_error
@@ -220,7 +220,7 @@ def check_workdir(path: str, contact_bucket: bool = True) -> None:
     asked, e.g. on a machine that only submits the job). A non-chief worker task of a
     TF_CONFIG cluster writes nothing (only the chief does), so it neither creates nor
     checks a local directory."""
-    if "://" in path:
+    if not is_local(path):
         problem = unreachable_scheme(path, "--workdir")
         if problem:
             raise WorkdirError(problem)
@@ -252,7 +252,7 @@ def check_bucket(url: str, what: str) -> None:
     30), it cannot be listed: no such bucket (404), no permission (403), no credentials,
     no answer, or google-cloud-storage / tensorstore not installed
     (:func:`trainer.checks.bucket.bucket_problem`; no TensorFlow). Other URLs pass."""
-    if not url.lower().startswith("gs://"):
+    if not is_bucket(url):
         return
     problem = bucket.bucket_problem(url, what)
     if problem:

@@ -45,6 +45,7 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
+from tf_cluster.storage_schemes import is_bucket
 from trainer import cli, errors
 from trainer import config as config_lib
 from trainer.runtime import fast_exit, signals
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
     if _CHECK_ONLY.value:
         print(f"ok: --config={config_flags.get_config_filename(flags.FLAGS['config'])} and "
               f"--workdir={_WORKDIR.value} pass the checks"
-              f"{' (a bucket is checked when the job starts)' if '://' in _WORKDIR.value else ''}.")
+              f"{' (a bucket is checked when the job starts)' if is_bucket(_WORKDIR.value) else ''}.")
         return 0
     workdir = cli.resolve_paths(config, _WORKDIR.value)
     return load_fit_command().run(config, workdir, _MODE.value, _STEP.value,

@@ -10,7 +10,8 @@ import sys
 from google.auth.exceptions import DefaultCredentialsError
 
 from tests.support.helpers import REPO
-from trainer.checks.bucket import bucket_problem, split_gs_url
+from trainer.checks.bucket import bucket_problem
+from trainer.runtime.gcs import split_url
 
 
 def no_package():
@@ -50,5 +51,5 @@ def test_the_package_check_imports_no_tensorflow():
 
 
 def test_a_gs_url_splits_into_bucket_and_path():
-    assert split_gs_url("gs://runs/a/b/") == ("runs", "a/b")
-    assert split_gs_url("gs://runs") == ("runs", "")
+    assert split_url("gs://runs/a/b/") == ("runs", "a/b")
+    assert split_url("gs://runs") == ("runs", "")

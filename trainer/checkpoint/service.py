@@ -39,7 +39,6 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from trainer.checkpoint.storage import bucket
 from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
@@ -52,7 +51,7 @@ from trainer.distribution import host_collectives
 from trainer.errors import storage_fault
 from trainer.precision import NonFiniteError
 from trainer.run_context import RunContext, Service, next_multiple
-from trainer.runtime import signals
+from trainer.runtime import gcs, signals
 from trainer.runtime.waiting import said_while_waiting
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
@@ -137,7 +136,7 @@ class Checkpointer(Service):
                              "(a stop signal came).", run.step)
                 return False
             if self.deferral.skip(run.step, lambda: self.writer.in_flight(kind),
-                                  os.path.join(run.workdir, kind), why=bucket.retrying):
+                                  os.path.join(run.workdir, kind), why=gcs.retry_reason):
                 return False
         self._commit_pending(kind, deadline=deadline)  # the buffers reused may still be read
         try:
@@ -148,7 +147,7 @@ class Checkpointer(Service):
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
             with said_while_waiting(f"the checkpoint of step {run.step} being written to "
-                                    f"{os.path.join(run.workdir, kind)}", why=bucket.retrying):
+                                    f"{os.path.join(run.workdir, kind)}", why=gcs.retry_reason):
                 self.writer.save(kind, run.step, state, manifest, metrics, wait,
                                 timeout=_remaining(deadline))
         except StillWriting:
@@ -196,7 +195,7 @@ class Checkpointer(Service):
             notice = (contextlib.nullcontext() if step is None else said_while_waiting(
                 f"the checkpoint of step {step} being written to "
                 f"{os.path.join(self.writer.workdir, name)} to commit",
-                why=bucket.retrying))  # none: no thread
+                why=gcs.retry_reason))  # none: no thread
             try:
                 with notice:
                     self.writer.wait(name, timeout=_remaining(deadline))

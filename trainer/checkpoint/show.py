@@ -16,10 +16,10 @@ import argparse
 import sys
 
 from trainer import errors
-from trainer.checkpoint.storage import bucket
 from trainer.checkpoint import inventory
+from trainer.runtime import gcs
 from trainer.runtime.waiting import said_while_waiting
-from tf_cluster.storage_schemes import absolute
+from tf_cluster.storage_schemes import absolute, is_bucket
 
 
 def table(entries: list[inventory.Entry]) -> list[str]:
@@ -34,11 +34,11 @@ def show(workdir: str) -> int:
     """Prints ``workdir``'s checkpoints (see the module docstring); returns 0."""
     import tensorflow as tf
 
-    if not bucket.is_bucket(workdir) and not tf.io.gfile.isdir(workdir):
+    if not is_bucket(workdir) and not tf.io.gfile.isdir(workdir):
         raise errors.WorkdirError(f"--workdir={workdir} is not a directory; name the "
                                   f"--workdir of a run.")
     with said_while_waiting(f"the checkpoints of {workdir} to be listed and read",
-                            why=bucket.retrying):
+                            why=gcs.retry_reason):
         entries = inventory.survey(absolute(workdir))
     for line in table(entries):
         print(line)

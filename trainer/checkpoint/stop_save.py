@@ -29,12 +29,11 @@ from absl import logging
 
 from trainer.checkpoint import inventory
 from trainer.checkpoint.service import Checkpointer
-from trainer.checkpoint.storage import bucket
 from trainer.checkpoint.storage.reader import LATEST_DIR
 from trainer.checkpoint.storage.writer import StillWriting
 from trainer.distribution import host_collectives
 from trainer.run_context import RunContext, Service
-from trainer.runtime import signals
+from trainer.runtime import gcs, signals
 
 
 class StopSave(Service):
@@ -88,7 +87,7 @@ class StopSave(Service):
             known = writer.last_committed(LATEST_DIR)
             last_good = (f"step {known} ({writer.path(LATEST_DIR, known)})"
                          if known is not None else "none known to this run")
-            reason = bucket.retrying()
+            reason = gcs.retry_reason()
             logging.warning("%s when checkpoint.preemption_grace_s=%g s after the stop signal "
                             "ran out (the storage is slow or failing%s): the run ends now "
                             "without it; the last good checkpoint is %s.", error, self.grace_s,

@@ -18,7 +18,8 @@ answer into one line naming the bucket and what to check:
   retries did not get past): the last error seen and how to wait longer.
 
 The bound is :data:`DEFAULT_CHECK_S` seconds (``TRAINER_BUCKET_CHECK_S`` changes it):
-the call runs in a daemon thread, retried with backoff (connection errors, 429 and 5xx)
+the call runs in a daemon thread, retried with backoff (the process's one retry policy,
+:mod:`trainer.runtime.gcs`: connection errors, 408, 429 and 5xx; from 0.5 s to 4 s here)
 up to the bound, and is abandoned when the bound passes. TensorFlow's own retry policy
 (``GCS_RETRY_CONFIG_*``) is left as it is: during training, a long outage is better
 waited out than failed.
@@ -32,19 +33,13 @@ import re
 import threading
 from typing import Any, Callable
 
+from trainer.runtime import gcs
+
 DEFAULT_CHECK_S = 30.0
 CHECK_S_ENV = "TRAINER_BUCKET_CHECK_S"
 _REQUEST_TIMEOUT_S = (5.0, 10.0)  # connect, read: one try; retries fill the bound
 _CONNECTION_REASON = re.compile(r"(Failed to establish a new connection|Connection to \S+ timed "
                                 r"out|Read timed out)[^'\")]*")
-
-
-def split_gs_url(url: str) -> tuple[str, str]:
-    """``gs://BUCKET/PATH`` -> ``("BUCKET", "PATH")`` (PATH without a leading or
-    trailing ``/``; empty for the bucket's root)."""
-    rest = url.split("://", 1)[1]
-    bucket, _, path = rest.partition("/")
-    return bucket, path.strip("/")
 
 
 def check_seconds() -> float:
@@ -55,21 +50,13 @@ def check_seconds() -> float:
         return DEFAULT_CHECK_S
 
 
-def default_client() -> Any:
-    """A ``google.cloud.storage.Client`` (raises ImportError when the package is missing,
-    ``google.auth``'s DefaultCredentialsError when there are no credentials)."""
-    from google.cloud import storage  # optional: the [gcs] extra
-
-    return storage.Client()
-
-
 def bucket_problem(url: str, what: str, *, timeout_s: float | None = None,
-                   client_factory: Callable[[], Any] = default_client) -> str | None:
+                   client_factory: Callable[[], Any] = gcs.client) -> str | None:
     """None when ``url`` (``gs://BUCKET/PATH``) can be listed within ``timeout_s``
     (default :func:`check_seconds`); otherwise one line (see the module docstring)
     starting with ``what=url`` (e.g. ``--workdir=gs://b/run``). ``client_factory``
     returns the google-cloud-storage client to ask."""
-    bucket, path = split_gs_url(url)
+    bucket, path = gcs.split_url(url)
     where = f"{what}={url}"
     if importlib.util.find_spec("tensorstore") is None:
         return _missing(where, "tensorstore")
@@ -111,15 +98,10 @@ def _list_one(client_factory: Callable[[], Any], bucket: str, path: str, timeout
         kind = "credentials" if isinstance(error, auth_exceptions.DefaultCredentialsError) else "error"
         outcome[kind] = error
         return
-    from google.api_core import exceptions, retry
+    from google.api_core import exceptions
 
     try:
-        transient = retry.if_exception_type(
-            exceptions.TooManyRequests, exceptions.InternalServerError,
-            exceptions.BadGateway, exceptions.ServiceUnavailable, exceptions.GatewayTimeout,
-            ConnectionError, TimeoutError, *_transport_errors())
-        policy = retry.Retry(predicate=transient, initial=0.5, maximum=4.0, multiplier=2.0,
-                             timeout=timeout_s, on_error=retried.append)
+        policy = gcs.retry(timeout_s, initial_s=0.5, maximum_s=4.0, on_error=retried.append)
         list(client.list_blobs(bucket, prefix=f"{path}/" if path else None, max_results=1,
                                timeout=_REQUEST_TIMEOUT_S, retry=policy))
         outcome["listed"] = None
@@ -127,14 +109,6 @@ def _list_one(client_factory: Callable[[], Any], bucket: str, path: str, timeout
         return  # the bound passed while retrying: no answer (the last error is in retried)
     except Exception as error:  # noqa: BLE001 (every failure becomes the one line)
         outcome["error"] = error
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """The connection errors of the HTTP layers under google-cloud-storage."""
-    import requests
-    from google.auth import exceptions as auth_exceptions
-
-    return (requests.ConnectionError, requests.Timeout, auth_exceptions.TransportError)
 
 
 def _explain(where: str, bucket: str, error: BaseException, timeout_s: float) -> str:

@@ -1,4 +1,5 @@
-"""The ground every part stands on: signals, fast exit, waits, tracing, Keras compatibility.
+"""The ground every part stands on: signals, fast exit, waits, tracing, Keras compatibility,
+the bucket client.
 
 * :mod:`trainer.runtime.signals` — SIGTERM/SIGINT answered in every phase.
 * :mod:`trainer.runtime.fast_exit` — ending a finished process quickly.
@@ -6,9 +7,11 @@
 * :mod:`trainer.runtime.tracing` — how code meets ``tf.function`` tracing (AutoGraph
   for user hooks only, per-object functions).
 * :mod:`trainer.runtime.keras_compat` — the only module that touches Keras-private code.
+* :mod:`trainer.runtime.gcs` — the process's Google Cloud Storage client and its one
+  retry policy, for every request to a bucket.
 
 Importing this package loads none of them: the command lines use ``signals`` and
 ``fast_exit`` before TensorFlow is imported.
 """
 
-__all__ = ["fast_exit", "keras_compat", "signals", "tracing", "waiting"]
+__all__ = ["fast_exit", "gcs", "keras_compat", "signals", "tracing", "waiting"]

@@ -33,6 +33,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from tf_cluster.storage_schemes import is_local
 from trainer.run_context import RunContext, Service
 
 _NOT_METRICS = ("kind", "step", "time")
@@ -95,7 +96,7 @@ class MlflowLogger(Service):
         if new:
             mlflow.log_params(flatten_config(self.config))
             if run.workdir:
-                mlflow.set_tag("workdir", run.workdir if "://" in run.workdir
+                mlflow.set_tag("workdir", run.workdir if not is_local(run.workdir)
                                else os.path.abspath(run.workdir))
         logging.info("MLflow: logging to run %s at %s", self.run_id, mlflow.get_tracking_uri())
 

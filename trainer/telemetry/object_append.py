@@ -7,7 +7,9 @@ grow with the square of the run's length (one events file was uploaded 333 times
 MB, in one run). Here the records are written to local files first; each
 :meth:`ComposedObject.sync` uploads the bytes added since the last one as a part object,
 composes ``[object, part]`` into the object (GCS compose: a server-side concatenation,
-one new generation of the same name) and deletes the part. Readers (TensorBoard, the
+one new generation of the same name) and deletes the part. Requests go through the
+process's client (:mod:`trainer.runtime.gcs`); all but the compose, which is not
+idempotent, are retried by its policy. Readers (TensorBoard, the
 doctor, ``tf.io.gfile``) see one object that grows, as before.
 
 Contexts: host; one thread per object (the telemetry writer thread).
@@ -15,8 +17,9 @@ Contexts: host; one thread per object (the telemetry writer thread).
 
 from __future__ import annotations
 
-import functools
 import os
+
+from trainer.runtime import gcs
 
 
 def upload_errors() -> tuple[type[BaseException], ...]:
@@ -29,23 +32,15 @@ def upload_errors() -> tuple[type[BaseException], ...]:
     return (OSError, GoogleAPIError)
 
 
-@functools.cache
-def _client():
-    """The google-cloud-storage client of the process."""
-    from google.cloud import storage
-
-    return storage.Client()
-
-
 class ComposedObject:
     """The object ``remote`` (``gs://bucket/name``) kept equal to the local file
     ``local`` plus what the object held before (a resumed run's metrics.jsonl goes on
     where the earlier run stopped)."""
 
     def __init__(self, local: str, remote: str):
-        bucket, _, self.name = remote[len("gs://"):].partition("/")
+        bucket, self.name = gcs.split_url(remote)
         self.local = local
-        self._bucket = _client().bucket(bucket)
+        self._bucket = gcs.client().bucket(bucket)
         self._offset = 0
         self._parts = 0
         self._exists: bool | None = None
@@ -63,15 +58,15 @@ class ComposedObject:
             data = f.read(size - self._offset)
         target = self._bucket.blob(self.name)
         if self._exists is None:
-            self._exists = target.exists()
+            self._exists = target.exists(retry=gcs.retry())
         if not self._exists:
-            target.upload_from_string(data)
+            target.upload_from_string(data, retry=gcs.retry())
             self._exists = True
         else:
             self._parts += 1
             part = self._bucket.blob(f"{self.name}.part-{os.getpid()}-{self._parts}")
-            part.upload_from_string(data)
-            target.compose([target, part])
-            part.delete()
+            part.upload_from_string(data, retry=gcs.retry())
+            target.compose([target, part])  # not idempotent: google-cloud-storage's default
+            part.delete(retry=gcs.retry())
         self._offset += len(data)
         return len(data)

@@ -31,6 +31,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
 
+from tf_cluster.storage_schemes import is_bucket
 from trainer.errors import storage_fault
 from trainer.telemetry.object_append import ComposedObject, upload_errors
 from trainer.runtime import keras_compat, signals
@@ -99,7 +100,7 @@ class SummaryWriters:
         logdirs = logdirs or {kind: os.path.join(workdir, kind) for kind in ("train", "eval")}
         # In a bucket: local files, each flush composing what they gained onto the objects.
         self._staging = (tempfile.mkdtemp(prefix="tf-trainer-records-")
-                         if jsonl.startswith("gs://") else None)
+                         if is_bucket(jsonl) else None)
         self._local_dirs = {kind: self._local(logdir, f"tb-{kind}")
                             for kind, logdir in logdirs.items()}
         self._remote_dirs = {self._local_dirs[k]: logdirs[k] for k in logdirs}

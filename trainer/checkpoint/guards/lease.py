@@ -37,8 +37,10 @@ from typing import Callable
 
 from absl import logging
 
+from tf_cluster.storage_schemes import is_bucket, is_local
 from trainer.errors import WorkdirError
 from trainer.run_context import RunContext, Service
+from trainer.runtime import gcs
 
 FILE = "lease.json"
 RENEWALS_PER_LEASE = 6  # renewals within one checkpoint.lease_s
@@ -137,21 +139,22 @@ class LocalLeaseFile:
 
 class BucketLeaseFile:
     """The lease object in a bucket (``gs://``): created and swapped under generation
-    preconditions (google-cloud-storage)."""
+    preconditions, through the process's client and its retry policy
+    (:mod:`trainer.runtime.gcs`; google-cloud-storage retries a conditional request too)."""
 
     def __init__(self, path: str):
         from google.api_core import exceptions
-        from google.cloud import storage
 
-        bucket, _, name = path[len("gs://"):].partition("/")
-        self._blob = storage.Client().bucket(bucket).blob(name)
+        bucket, name = gcs.split_url(path)
+        self._blob = gcs.client().bucket(bucket).blob(name)
+        self._retry = gcs.retry()
         self._failed = exceptions.PreconditionFailed
         self._missing = exceptions.NotFound
         self._generation: dict[bytes, int] = {}
 
     def create(self, data: bytes) -> bool:
         try:
-            self._blob.upload_from_string(data, if_generation_match=0)
+            self._blob.upload_from_string(data, if_generation_match=0, retry=self._retry)
         except self._failed:
             return False
         self._generation = {data: self._blob.generation}
@@ -159,7 +162,7 @@ class BucketLeaseFile:
 
     def read(self) -> bytes | None:
         try:
-            data = self._blob.download_as_bytes()
+            data = self._blob.download_as_bytes(retry=self._retry)
         except self._missing:
             return None
         self._generation = {data: self._blob.generation}
@@ -171,9 +174,10 @@ class BucketLeaseFile:
             return False
         try:
             if data is None:
-                self._blob.delete(if_generation_match=generation)
+                self._blob.delete(if_generation_match=generation, retry=self._retry)
             else:
-                self._blob.upload_from_string(data, if_generation_match=generation)
+                self._blob.upload_from_string(data, if_generation_match=generation,
+                                            retry=self._retry)
         except (self._failed, self._missing):
             return False
         self._generation = {} if data is None else {data: self._blob.generation}
@@ -183,7 +187,7 @@ class BucketLeaseFile:
 def lease_file(workdir: str):
     """The lease file of ``workdir``: a bucket object for ``gs://``, else a file."""
     path = os.path.join(workdir, FILE)
-    return BucketLeaseFile(path) if workdir.startswith("gs://") else LocalLeaseFile(path)
+    return BucketLeaseFile(path) if is_bucket(workdir) else LocalLeaseFile(path)
 
 
 class WorkdirLease(Service):
@@ -210,7 +214,7 @@ class WorkdirLease(Service):
     def on_fit_start(self, run: RunContext) -> None:
         if not (self.lease_s and self.chief and run.workdir):
             return
-        if "://" not in run.workdir:
+        if is_local(run.workdir):
             os.makedirs(run.workdir, exist_ok=True)
         self._file = lease_file(run.workdir)
         self._acquire(os.path.join(run.workdir, FILE))

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tf_cluster.storage_schemes import is_local
 from trainer.checkpoint.storage import checksums
 
 ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers (a page; >= any block)
@@ -253,7 +254,7 @@ def _npy_path(info) -> str:
 
 def _is_local(info) -> bool:
     """Whether ``info``'s directory is on a local file system (not ``gs://`` ...)."""
-    return "://" not in str(info.parent_dir)
+    return is_local(str(info.parent_dir))
 
 
 @functools.cache

@@ -31,39 +31,30 @@ and :class:`BucketSteps` then moves it to the bucket:
   (``_CHECKPOINT_METADATA``: the metrics best-N ranks by) into the staging directory, so
   orbax's retention there sees the bucket's steps as it would see them in the bucket.
 
-The client retries what GCS says is transient (429, 5xx, a dropped connection; backoff
-from 1 s doubling to 32 s, for 120 s at most, as google-cloud-storage's default);
-:func:`retrying` says what it last retried, which
-:func:`trainer.runtime.waiting.said_while_waiting` adds to the line it prints every 10 s
-while a caller waits. Contexts: host; any thread.
+Every request goes through the process's client and its one retry policy
+(:mod:`trainer.runtime.gcs`: what GCS says is transient, backoff from 1 s doubling to
+32 s, for 120 s at most), whose :func:`~trainer.runtime.gcs.retry_reason` says what it
+last retried. Contexts: host; any thread.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import os
 import shutil
 import tempfile
-import threading
-import time
 from concurrent import futures
-from http import HTTPStatus
 from typing import Any, Iterable
 
 from trainer.checkpoint.storage import checksums
+from trainer.runtime import gcs
+from tf_cluster.storage_schemes import BUCKET_SCHEME
 
-SCHEME = "gs://"
 COMMIT_FILE = "commit_success.txt"  # orbax's commit marker on GCS (atomicity_types)
 METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's step metadata (metrics, timestamps)
 PARALLEL = 8  # objects sent or fetched at once (the HTTP pool holds 10 connections)
 METRICS_ITEM = "metrics"  # orbax's item of a step's metrics (best-N ranks by them)
 _STUB = (METADATA_FILE, COMMIT_FILE, METRICS_ITEM)  # what a staged step keeps, uploaded
-
-
-def is_bucket(path: str | None) -> bool:
-    """Whether ``path`` is in a bucket (``gs://``), where steps are staged."""
-    return bool(path) and path.lower().startswith(SCHEME)
 
 
 def staging_dir(label: str, parent: str = "") -> str:
@@ -72,71 +63,6 @@ def staging_dir(label: str, parent: str = "") -> str:
     if parent:
         os.makedirs(parent, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"tf-trainer-staging-{label}-", dir=parent or None)
-
-
-@functools.cache
-def _client() -> Any:
-    """The google-cloud-storage client of the process (the ``gcs`` extra)."""
-    from google.cloud import storage
-
-    return storage.Client()
-
-
-RETRY_SAID_S = 60.0  # a retry older than this is no longer what a wait is about
-_retried: dict[str, Any] = {}  # the last error the client retried ("error", "at")
-_retried_lock = threading.Lock()
-
-
-def _note_retry(error: BaseException) -> None:
-    with _retried_lock:
-        _retried.update(error=error, at=time.monotonic())
-
-
-TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})  # statuses GCS says to retry
-
-
-def _status(error: BaseException) -> int | None:
-    """The HTTP status of a client error (google-api-core's, or an upload's
-    ``InvalidResponse``), or None."""
-    code = getattr(error, "code", None)
-    if isinstance(code, int):
-        return code
-    response = getattr(error, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def _transient(error: BaseException) -> bool:
-    """Whether the client retries ``error``: a status GCS says is transient, or a
-    connection that failed or broke."""
-    import requests
-
-    return _status(error) in TRANSIENT or isinstance(error, (
-        ConnectionError, requests.exceptions.ConnectionError,
-        requests.exceptions.ChunkedEncodingError, requests.exceptions.Timeout))
-
-
-def retrying() -> str | None:
-    """What the bucket's client retried last, within :data:`RETRY_SAID_S` ("the bucket
-    answered 503 (Service Unavailable); its client retries"), or None."""
-    with _retried_lock:
-        error, at = _retried.get("error"), _retried.get("at")
-    if error is None or time.monotonic() - at > RETRY_SAID_S:
-        return None
-    status = _status(error)
-    answer = (f"answered {status} ({HTTPStatus(status).phrase})" if status in TRANSIENT
-              else f"did not answer ({type(error).__name__})")
-    return f"the bucket {answer}; its client retries"
-
-
-@functools.cache
-def _retry() -> Any:
-    """The retry policy of every request here: :func:`_transient` errors, backoff from
-    1 s doubling to 32 s, 120 s in all (google-cloud-storage's default), each retried
-    error noted for :func:`retrying`."""
-    from google.api_core.retry import Retry
-
-    return Retry(predicate=_transient, initial=1.0, maximum=32.0, multiplier=2.0,
-                 timeout=120.0, on_error=_note_retry)
 
 
 def _crc_b64(crc: int) -> str:
@@ -153,13 +79,13 @@ class BucketSteps:
 
     def __init__(self, url: str):
         self.url = url.rstrip("/")
-        bucket, _, prefix = self.url[len(SCHEME):].partition("/")
+        bucket, _, prefix = self.url[len(BUCKET_SCHEME):].partition("/")
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._bucket_name = bucket
 
     @property
     def bucket(self) -> Any:
-        return _client().bucket(self._bucket_name)
+        return gcs.client().bucket(self._bucket_name)
 
     def _name(self, step: int, rel: str = "") -> str:
         return f"{self.prefix}{step}/{rel}" if rel else f"{self.prefix}{step}/"
@@ -169,7 +95,7 @@ class BucketSteps:
         """``{name relative to the directory: size}`` of every object under it (or under
         ``step``'s directory), in one request per 1,000 objects."""
         prefix = self.prefix if step is None else self._name(step)
-        blobs = _client().list_blobs(self._bucket_name, prefix=prefix, retry=_retry(),
+        blobs = gcs.client().list_blobs(self._bucket_name, prefix=prefix, retry=gcs.retry(),
                                      fields="items(name,size),nextPageToken")
         return {b.name[len(self.prefix):]: int(b.size or 0) for b in blobs}
 
@@ -225,7 +151,7 @@ class BucketSteps:
             blob.crc32c = _crc_b64(crc)  # checked by GCS on receipt
             blobs.append((os.path.join(local, rel), blob))
             expected.append((rel, size, blob.crc32c))
-        transfer_manager.upload_many(blobs, upload_kwargs={"retry": _retry()},
+        transfer_manager.upload_many(blobs, upload_kwargs={"retry": gcs.retry()},
                                      max_workers=PARALLEL, raise_exception=True,
                                      worker_type=transfer_manager.THREAD)
         for (rel, size, crc), (_, blob) in zip(expected, blobs):
@@ -256,7 +182,7 @@ class BucketSteps:
         from google.api_core.exceptions import NotFound
 
         try:
-            self.bucket.blob(self.prefix + rel).delete(retry=_retry())
+            self.bucket.blob(self.prefix + rel).delete(retry=gcs.retry())
         except NotFound:
             pass  # already gone (another cleaner, or a retry of a delete that went through)
 
@@ -273,7 +199,7 @@ class BucketSteps:
             path = os.path.join(local, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             pairs.append((self.bucket.blob(self._name(step, rel)), path))
-        transfer_manager.download_many(pairs, download_kwargs={"retry": _retry()},
+        transfer_manager.download_many(pairs, download_kwargs={"retry": gcs.retry()},
                                        max_workers=PARALLEL, raise_exception=True,
                                        worker_type=transfer_manager.THREAD)
         return names
@@ -299,7 +225,7 @@ class BucketSteps:
         def fetch(name: str) -> None:
             target = os.path.join(local, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            self.bucket.blob(self.prefix + name).download_to_filename(target, retry=_retry())
+            self.bucket.blob(self.prefix + name).download_to_filename(target, retry=gcs.retry())
 
         with futures.ThreadPoolExecutor(PARALLEL, "bucket-seed") as pool:
             list(pool.map(fetch, small))

@@ -27,6 +27,8 @@ import google_crc32c
 import numpy as np
 import tensorflow as tf
 
+from tf_cluster.storage_schemes import is_local
+
 FILE = "crc32c.json"
 NOT_COVERED = frozenset({FILE, "commit_success.txt"})
 ITEMS = ("state", "manifest")
@@ -117,7 +119,7 @@ def file_crc(path: str) -> tuple[int, int]:
     reused buffer (1.8x faster than through ``tf.io.gfile``), a remote one (``gs://``)
     through ``tf.io.gfile``."""
     crc, size = 0, 0
-    if "://" in path:
+    if not is_local(path):
         with tf.io.gfile.GFile(path, "rb") as f:
             while chunk := f.read(_CHUNK):
                 crc, size = extend(crc, chunk), size + len(chunk)

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_cluster.storage_schemes import is_bucket
 from trainer.checkpoint.storage import array_files, bucket, checksums
 from trainer.checkpoint.storage.handlers import orbax, short_error, state_handler
 
@@ -55,7 +56,7 @@ def candidates(workdir: str, warn_incomplete: bool = True) -> list[tuple[int, st
     A step orbax is still writing (or never finished: ``<step>.orbax-checkpoint-tmp-*``)
     is not among them; ``warn_incomplete`` logs a warning for each such directory.
     """
-    if bucket.is_bucket(workdir):
+    if is_bucket(workdir):
         return _bucket_steps(workdir, warn_incomplete)[0]
     existing = _existing_dirs(workdir)
     if not existing:
@@ -74,7 +75,7 @@ def candidates(workdir: str, warn_incomplete: bool = True) -> list[tuple[int, st
 def incomplete(workdir: str) -> list[tuple[int, str]]:
     """``(step, path)`` of every directory orbax has not committed (being written, or a
     save that never finished), in both directories, newest first."""
-    if bucket.is_bucket(workdir):
+    if is_bucket(workdir):
         return _bucket_steps(workdir, False)[1]
     existing = _existing_dirs(workdir)
     if not existing:
@@ -112,7 +113,7 @@ def readable(path: str) -> Iterator[str]:
     """A path to read the committed step directory ``path`` from: itself, or for a step
     in a bucket a local copy (listed and downloaded in parallel; removed afterwards),
     so reading and checking its files costs no further requests."""
-    if not bucket.is_bucket(path):
+    if not is_bucket(path):
         yield path
         return
     local = tempfile.mkdtemp(prefix="tf-trainer-restore-")

@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tf_cluster.storage_schemes import is_bucket
 from trainer.checkpoint.storage import bucket, checksums
 from trainer.checkpoint.storage.handlers import orbax, saving_registry, short_error
 from trainer.checkpoint.storage.reader import BEST_DIR
@@ -49,7 +50,7 @@ class CheckpointWriter:
         self.workdir, self.cfg, self.best_name = workdir, cfg, best_name
         self._managers: dict[str, Any] = {}
         self._pending: dict[str, int] = {}
-        self._staged = bucket.is_bucket(workdir)
+        self._staged = is_bucket(workdir)
         self._staging: str | None = None  # the local root of the staged kinds
         self._uploads: dict[str, futures.Future] = {}  # each kind's last upload
         self._in_bucket: dict[str, set[int]] = {}  # committed steps in the bucket, by kind
