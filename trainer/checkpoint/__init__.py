@@ -1,22 +1,66 @@
-"""Checkpoints: what is saved, where it lives, when it is written, and preemption.
+"""Checkpoints: what is saved, when, where the bytes go, and what guards them.
 
-* :mod:`trainer.checkpoint.state` — what a checkpoint holds and how it is matched back
-  to a Trainer's variables (a pytree of numpy arrays, matched by name).
-* :mod:`trainer.checkpoint.storage` — where the bytes go: the writer (orbax managers,
-  keep-N / best-N, async writes), the reader, a bucket's steps, checksums.
-* :mod:`trainer.checkpoint.storage.bucket` — a step in a bucket (``gs://``): staged, uploaded in
-  parallel, committed by one marker.
-* :mod:`trainer.checkpoint.storage.array_files` — the opt-in ``O_DIRECT`` ``.npy`` writer.
-* :mod:`trainer.checkpoint.service` — the save policy (a service) and the best export.
-* :mod:`trainer.checkpoint.resume` — restoring the newest good checkpoint (verified).
-* :mod:`trainer.checkpoint.guards.preemption` — SIGTERM during ``fit()`` becomes a checkpoint
-  and a retryable exit.
-* :mod:`trainer.checkpoint.guards.lease` — one run per workdir.
-* :mod:`trainer.checkpoint.storage.orbax_logs` — orbax's log noise kept off the output.
+The map (every module of the package is on it; ``trainer.checkpoint.`` is left out):
 
-A new checkpoint format is a change to ``state`` (what) and ``store`` (how it is
-written); the service only decides when.
+* the policy, on top: ``service`` (when to save: periodic, best, final; the best export),
+  ``stop_save`` (the save of a run that stops early, within a preemption's grace
+  period), ``deferral`` (a periodic save due while the last write still runs),
+  ``save_failures`` (a failed save: warn, retry, then stop), ``resume`` (restoring the
+  newest good checkpoint), ``inventory`` (what a workdir's steps are worth), ``show``
+  (``python -m trainer.checkpoint.show --workdir=DIR``);
+* what a checkpoint holds: ``state`` (the variables by name, the manifest);
+* where the bytes go: ``storage`` — ``storage.writer`` (orbax's managers),
+  ``storage.steps`` (``steps_for(workdir)``: the one dispatch, chosen once, to
+  ``storage.local_steps`` or ``storage.bucket_steps``), ``storage.reader`` (one step
+  directory read and verified), ``storage.handlers`` (orbax and its item handlers),
+  ``storage.bucket`` (a checkpoint directory's objects in a bucket),
+  ``storage.array_files`` (the ``O_DIRECT`` ``.npy`` files), ``storage.orbax_logs``,
+  ``storage.checksums``;
+* what guards the run from outside, imported by nothing else here: ``guards`` —
+  ``guards.lease`` (one run per workdir), ``guards.shared_workdir`` (every task sees
+  the chief's workdir), ``guards.preemption`` (SIGTERM becomes a stop).
+
+Periodic save. The loop driver calls ``service`` (``Checkpointer.on_loop_end``) at
+every multiple of ``checkpoint.every_steps``: ``deferral`` skips it while the last
+write still runs; ``state`` copies the variables to host memory; ``storage.writer``
+hands them to orbax's manager in the directory ``storage.steps`` chose when the writer
+was made: ``storage.local_steps`` (``workdir/checkpoints``, orbax's own rename commit)
+or ``storage.bucket_steps`` (a local staging directory, seeded from the bucket by
+``storage.bucket``); orbax writes through ``storage.handlers`` (``storage.array_files``
+with ``fast_io``; quieted by ``storage.orbax_logs``) and each item's
+``storage.checksums`` in its own thread. In a bucket, ``storage.bucket_steps``'s upload
+thread then sends the step with ``storage.bucket`` (through ``trainer.runtime.gcs``)
+and commits it by its marker. A write that fails reaches ``save_failures``, which names
+the last good checkpoint from ``inventory``.
+
+Stop's save. SIGTERM reaches ``guards.preemption``, which only sets a flag; at the next
+loop boundary every worker agrees to stop and the driver calls ``on_train_end``:
+``stop_save`` calls ``service`` (``Checkpointer.save``, synchronous, its waits bounded
+by what is left of ``checkpoint.preemption_grace_s`` in a bucket), which crosses
+``state``, ``storage.writer`` and the storage ``storage.steps`` chose
+(``storage.local_steps``, or ``storage.bucket_steps`` and ``storage.bucket``; orbax
+through ``storage.handlers``, ``storage.array_files``, ``storage.orbax_logs`` and
+``storage.checksums``) as a periodic save does, ``save_failures`` when the write fails,
+then checks the step committed;
+``stop_save`` broadcasts what the chief found and reports the run's ``preemption``
+event, from which ``fit()`` raises ``Preempted`` and ``trainer.main`` exits 143. No
+call goes back into the loop driver.
+
+Restore. A fresh process's ``Trainer.restore()`` (or ``fit()``) calls ``resume``: the
+chief lists the committed steps (``storage.steps``: ``storage.local_steps`` asks orbax,
+``storage.bucket_steps`` makes one listing with ``storage.bucket``), newest first, and
+reads the newest good one through a local copy (``storage.steps.readable``: in a
+bucket, downloaded in parallel); ``storage.reader`` reads its manifest and arrays
+(orbax through ``storage.handlers``, quieted by ``storage.orbax_logs``;
+``storage.array_files``) and checks them against
+``storage.checksums``; ``state`` matches the arrays to the variables by name and
+assigns them (``inventory`` notes a step without checksums). With several workers the
+chief's state is broadcast over the cluster's collectives.
+
+At start, ``guards.lease`` takes the workdir's lease and ``guards.shared_workdir``
+checks that every task sees the chief's workdir. A new checkpoint format is a change to
+``state`` (what) and ``storage`` (how it is written); the policy only decides when.
 """
 
 __all__ = ["deferral", "guards", "inventory", "resume", "save_failures", "service", "show",
-           "state", "storage"]
+           "state", "stop_save", "storage"]

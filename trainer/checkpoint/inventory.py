@@ -22,6 +22,7 @@ import functools
 from absl import logging
 
 from trainer.checkpoint.storage import reader
+from trainer.checkpoint.storage.steps import readable, steps_for
 
 COMPLETE, INCOMPLETE, CORRUPT = "complete", "incomplete", "corrupt"
 
@@ -41,7 +42,7 @@ def check(step: int, path: str) -> Entry:
     """The state of the committed step directory ``path`` (in a bucket: downloaded in
     parallel, then checked locally)."""
     try:
-        with reader.readable(path) as local:
+        with readable(path) as local:
             verified = reader.verify(local)
             reader.read_manifest(local)
     except reader.Unreadable as error:
@@ -53,9 +54,10 @@ def check(step: int, path: str) -> Entry:
 def survey(workdir: str) -> list[Entry]:
     """Every step directory of ``workdir`` with its state, newest first (a committed
     step before a save of the same step that did not finish)."""
-    entries = [check(step, path) for step, path in reader.candidates(workdir, False)]
+    steps = steps_for(workdir)
+    entries = [check(step, path) for step, path in steps.candidates(False)]
     entries += [Entry(step, path, INCOMPLETE, "a save that did not finish (never read)")
-                for step, path in reader.incomplete(workdir)]
+                for step, path in steps.incomplete()]
     return sorted(entries, key=lambda e: (-e.step, e.state == INCOMPLETE))
 
 
@@ -63,7 +65,7 @@ def last_good(workdir: str | None) -> Entry | None:
     """The newest complete step of ``workdir`` (None: none, or no workdir)."""
     if workdir is None:
         return None
-    for step, path in reader.candidates(workdir, warn_incomplete=False):
+    for step, path in steps_for(workdir).candidates(warn_incomplete=False):
         entry = check(step, path)
         if entry.state == COMPLETE:
             return entry

@@ -29,8 +29,8 @@ from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage.reader import Unreadable
-from trainer.checkpoint.storage.reader import candidates as _all_candidates
-from trainer.checkpoint.storage.reader import read_manifest, read_state, readable, verify
+from trainer.checkpoint.storage.reader import read_manifest, read_state, verify
+from trainer.checkpoint.storage.steps import readable, steps_for
 from trainer.data import resume as data_resume
 from trainer.distribution import host_collectives
 from trainer.run_context import RunContext
@@ -42,7 +42,7 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
 
     A step in a bucket is first copied to a local directory (one listing, the objects
-    in parallel: :func:`~trainer.checkpoint.storage.reader.readable`), so the restore costs a
+    in parallel: :func:`~trainer.checkpoint.storage.steps.readable`), so the restore costs a
     few round trips plus its bytes. Then its files are checked against their checksums
     (:class:`Unreadable` naming the file; none: an earlier version, said once); the ``.npy`` array files by the CRC of
     the bytes just read, the others read again. A failed read, or a manifest that does
@@ -67,7 +67,7 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
 def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
     """The step directories to try, newest first (only ``step``'s when given: then a
     save in progress of another step is no reason for a warning)."""
-    found = _all_candidates(workdir, warn_incomplete=step is None)
+    found = steps_for(workdir).candidates(warn_incomplete=step is None)
     if step is None:
         return found
     chosen = [c for c in found if c[0] == step]

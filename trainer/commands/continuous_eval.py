@@ -60,7 +60,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer import cli
-from trainer.checkpoint.storage import reader as checkpoint_reader
+from trainer.checkpoint.storage.steps import steps_for
 from trainer.checkpoint.state import CheckpointError
 from trainer.config import ConfigError
 from trainer.distribution import strategies
@@ -230,13 +230,13 @@ class ContinuousEvaluator:
         self.sleep, self.clock = sleep, clock
         self.final = trainer.config.train.steps
         self.stream = EvalStream(trainer.workdir)
+        self.steps = steps_for(trainer.workdir)  # where its checkpoints live
         self.best = BestExport(trainer)
         self.evaluated: list[int] = []  # the steps this run evaluated, in order
         self.last: dict[str, float] = {}  # the last evaluation: {"step": S, "eval/...": ...}
 
     def _committed(self) -> list[int]:
-        return sorted({s for s, _ in checkpoint_reader.candidates(self.trainer.workdir,
-                                                                 warn_incomplete=False)})
+        return sorted({s for s, _ in self.steps.candidates(warn_incomplete=False)})
 
     def run(self) -> list[int]:
         """Runs until the final step is evaluated or the timeout; returns the steps
@@ -260,8 +260,7 @@ class ContinuousEvaluator:
                                         "(--eval_timeout_s); stopping at step %d.",
                                         self.trainer.workdir, self.timeout_s, last)
                         break
-                    for step in set(checkpoint_reader.incomplete_steps(
-                            self.trainer.workdir)) - waited_for:
+                    for step in {s for s, _ in self.steps.incomplete()} - waited_for:
                         logging.info("continuous_eval: step %d is being written; waiting "
                                      "for its commit", step)
                         waited_for.add(step)

@@ -4,7 +4,7 @@ Why: a buffered write of a 577 MB training state costs 1.6-2.2 s of kernel CPU o
 VM that returns freed memory to its host (every page-cache page is a fresh page to
 fault in), and an async save's background write takes that CPU from training. The
 same bytes written with ``O_DIRECT`` from page-aligned host buffers cost 0.1 s
-(``benchmarks/checkpoint.py``). Reads use ``O_DIRECT`` too, for the same reason.
+(``benchmarks/checkpoints/checkpoint.py``). Reads use ``O_DIRECT`` too, for the same reason.
 
 File format: a standard ``.npy`` (version 1.0) whose header is padded with spaces to
 :data:`ALIGN` bytes, so the data starts on an aligned offset; ``np.load`` reads it.

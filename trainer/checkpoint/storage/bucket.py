@@ -1,14 +1,14 @@
-"""Checkpoint steps in a bucket (``gs://``) at the speed of the link.
+"""The objects of one checkpoint directory in a bucket (``gs://``), at the speed of the link.
 
 Orbax writing a step straight into a bucket cost ~130 requests per save, almost all one
 after another (each directory test is two requests, OCDBT commits in rounds, the
 checksums read every file back): 20-40 s at 150-300 ms a request, whatever the state's
 size, so periodic saves were deferred and a spot VM's 30 s notice was missed. So for a
-``gs://`` workdir, :class:`trainer.checkpoint.storage.writer.CheckpointWriter` has orbax write
-each step into a local staging directory (its own rename commit, at local-disk speed)
-and :class:`BucketSteps` then moves it to the bucket:
+``gs://`` workdir, orbax writes each step into a local staging directory (its own rename
+commit, at local-disk speed; :mod:`trainer.checkpoint.storage.bucket_steps`) and
+:class:`BucketDirectory` then moves it to the bucket:
 
-* :meth:`BucketSteps.upload` sends the step's files in parallel (google-cloud-storage's
+* :meth:`BucketDirectory.upload` sends the step's files in parallel (google-cloud-storage's
   ``transfer_manager``, :data:`PARALLEL` at once; one request a file up to 8 MiB), each
   carrying the CRC32C of its bytes before upload, from the checksums written with the
   step (GCS refuses an object whose bytes do not match it), and compares the size and
@@ -19,15 +19,15 @@ and :class:`BucketSteps` then moves it to the bucket:
   anywhere leaves the earlier steps as they were. A committed step is laid out as orbax
   lays it out on GCS, so plain orbax reads it. Cost: one round of parallel uploads plus
   the commit, plus bytes / bandwidth.
-* :meth:`BucketSteps.delete` removes steps (retention) in parallel, one request an
-  object after one listing; the store runs it after the commit, off the save's path.
-* :meth:`BucketSteps.listing` is every object under the directory with its size, in one
+* :meth:`BucketDirectory.delete` removes steps (retention) in parallel, one request an
+  object after one listing; it runs after the commit, off the save's path.
+* :meth:`BucketDirectory.listing` is every object under the directory with its size, in one
   request (per 1,000 objects): which steps are committed (:meth:`committed_steps`),
   which are not (:meth:`incomplete_steps`).
-* :meth:`BucketSteps.download` copies a step's objects into a local directory in
+* :meth:`BucketDirectory.download` copies a step's objects into a local directory in
   parallel (one listing, then one request an object), for a restore that reads and
   verifies locally.
-* :meth:`BucketSteps.seed` writes, for each committed step, its orbax step metadata
+* :meth:`BucketDirectory.seed` writes, for each committed step, its orbax step metadata
   (``_CHECKPOINT_METADATA``: the metrics best-N ranks by) into the staging directory, so
   orbax's retention there sees the bucket's steps as it would see them in the bucket.
 
@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
-import tempfile
 from concurrent import futures
 from typing import Any, Iterable
 
@@ -54,15 +52,6 @@ COMMIT_FILE = "commit_success.txt"  # orbax's commit marker on GCS (atomicity_ty
 METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's step metadata (metrics, timestamps)
 PARALLEL = 8  # objects sent or fetched at once (the HTTP pool holds 10 connections)
 METRICS_ITEM = "metrics"  # orbax's item of a step's metrics (best-N ranks by them)
-_STUB = (METADATA_FILE, COMMIT_FILE, METRICS_ITEM)  # what a staged step keeps, uploaded
-
-
-def staging_dir(label: str, parent: str = "") -> str:
-    """A new local directory for one workdir's staged steps, under ``parent`` (made;
-    ``""``: ``$TMPDIR``)."""
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"tf-trainer-staging-{label}-", dir=parent or None)
 
 
 def _crc_b64(crc: int) -> str:
@@ -74,7 +63,7 @@ class UploadMismatch(OSError):
     """An object the bucket holds is not what was sent (size or CRC32C)."""
 
 
-class BucketSteps:
+class BucketDirectory:
     """The step directories of one checkpoint directory in a bucket (``gs://B/P``)."""
 
     def __init__(self, url: str):
@@ -230,17 +219,3 @@ class BucketSteps:
         with futures.ThreadPoolExecutor(PARALLEL, "bucket-seed") as pool:
             list(pool.map(fetch, small))
         return committed
-
-
-def prune_to_stub(step_dir: str) -> None:
-    """Removes a staged step's files but its orbax step metadata and commit marker
-    (uploaded: the local disk keeps one state; orbax still sees the step, committed,
-    with its metrics)."""
-    for entry in os.listdir(step_dir):
-        if entry in _STUB:
-            continue
-        path = os.path.join(step_dir, entry)
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.remove(path)

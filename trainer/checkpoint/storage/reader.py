@@ -1,136 +1,42 @@
-"""Reading checkpoints: the directories, the committed steps, reading and verifying a step
-(the writer: :mod:`trainer.checkpoint.storage.writer`; orbax's item handlers:
-:mod:`trainer.checkpoint.storage.handlers`).
+"""Reading one committed step directory: its manifest, its arrays and their checksums, and
+the names every storage module shares (a workdir's two checkpoint directories, the order
+steps are tried in, :class:`Unreadable`).
 
 Directories: ``workdir/checkpoints`` keeps the latest ``checkpoint.max_to_keep`` steps;
 with ``checkpoint.best_metric`` a second manager in ``workdir/checkpoints_best`` keeps the
-best ``max_to_keep`` by that metric (``best_mode``).
-
-Atomicity: orbax writes a step into ``<step>.orbax-checkpoint-tmp-*`` and renames it when
-complete, so a crash mid-write leaves the previous steps intact. Reading ignores such
-partial directories with a warning; a committed step that cannot be read is reported
-as :class:`Unreadable`.
-
-In a bucket (``gs://``) a step is committed by orbax's GCS commit marker
-(:mod:`trainer.checkpoint.storage.bucket`); a restore lists and downloads a step in
-parallel and reads it locally. Contexts: host only.
+best ``max_to_keep`` by that metric (``best_mode``). Which steps a workdir holds, and a
+local path to read one from, are its storage's
+(:func:`trainer.checkpoint.storage.steps.steps_for`); everything here reads a local
+directory. A committed step that cannot be read is reported as :class:`Unreadable`.
+Contexts: host only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import re
-import shutil
-import tempfile
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
-from tf_cluster.storage_schemes import is_bucket
-from trainer.checkpoint.storage import array_files, bucket, checksums
+from trainer.checkpoint.storage import array_files, checksums
 from trainer.checkpoint.storage.handlers import orbax, short_error, state_handler
 
 Known = Callable[[str], "tuple[int, int] | None"]  # a file's (size, CRC32C) if computed
 LATEST_DIR = "checkpoints"
 BEST_DIR = "checkpoints_best"
+KINDS = (LATEST_DIR, BEST_DIR)  # a workdir's checkpoint directories, in the order tried
 
 
 class Unreadable(Exception):
     """A committed step whose files cannot be read (corrupt or incomplete)."""
 
 
-
-# ------------------------------------------------------------------- reading
-def _existing_dirs(workdir: str) -> list[tuple[int, str]]:
-    dirs = [os.path.join(workdir, LATEST_DIR), os.path.join(workdir, BEST_DIR)]
-    return [(rank, d) for rank, d in enumerate(dirs) if tf.io.gfile.isdir(d)]
-
-
-def candidates(workdir: str, warn_incomplete: bool = True) -> list[tuple[int, str]]:
-    """Committed steps in both directories, newest first (latest dir before best).
-
-    A step orbax is still writing (or never finished: ``<step>.orbax-checkpoint-tmp-*``)
-    is not among them; ``warn_incomplete`` logs a warning for each such directory.
-    """
-    if is_bucket(workdir):
-        return _bucket_steps(workdir, warn_incomplete)[0]
-    existing = _existing_dirs(workdir)
-    if not existing:
-        return []  # a fresh run does not pay for importing orbax
-    ocp = orbax()
-    found = []
-    for rank, directory in existing:
-        for path in (ocp.path.step.tmp_checkpoints(directory) if warn_incomplete else []):
-            logging.warning("Ignoring the incomplete checkpoint %s/%s (a save that did not "
-                            "finish; removed at the next save).", directory, path)
-        for step in ocp.path.step.checkpoint_steps(directory):
-            found.append((step, rank, os.path.join(directory, str(step))))
+def newest_first(found: list[tuple[int, int, str]]) -> list[tuple[int, str]]:
+    """``(step, rank of its directory in KINDS, path)`` -> ``(step, path)``, newest
+    first; at one step, the latest directory's copy before the best one's."""
     return [(step, path) for step, _, path in sorted(found, key=lambda f: (-f[0], f[1]))]
-
-
-def incomplete(workdir: str) -> list[tuple[int, str]]:
-    """``(step, path)`` of every directory orbax has not committed (being written, or a
-    save that never finished), in both directories, newest first."""
-    if is_bucket(workdir):
-        return _bucket_steps(workdir, False)[1]
-    existing = _existing_dirs(workdir)
-    if not existing:
-        return []
-    ocp = orbax()
-    found = [(ocp.path.step.step_from_checkpoint_name(os.path.basename(str(path))),
-              os.path.join(directory, os.path.basename(str(path))))
-             for _, directory in existing
-             for path in ocp.path.step.tmp_checkpoints(directory)]
-    return sorted(found, key=lambda f: -f[0])
-
-
-def _bucket_steps(workdir: str, warn_incomplete: bool
-                  ) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    """:func:`candidates` and :func:`incomplete` of a workdir in a bucket: one listing
-    of each checkpoint directory (a step is committed when its marker is there)."""
-    found, partial = [], []
-    for rank, kind in enumerate((LATEST_DIR, BEST_DIR)):
-        directory = os.path.join(workdir, kind)
-        steps = bucket.BucketSteps(directory)
-        names = steps.listing()
-        for step in steps.incomplete_steps(names):
-            partial.append((step, os.path.join(directory, str(step))))
-            if warn_incomplete:
-                logging.warning("Ignoring the incomplete checkpoint %s/%d (a save that did "
-                                "not finish; removed at the next save).", directory, step)
-        found += [(step, rank, os.path.join(directory, str(step)))
-                  for step in steps.committed_steps(names)]
-    ordered = [(step, path) for step, _, path in sorted(found, key=lambda f: (-f[0], f[1]))]
-    return ordered, sorted(partial, key=lambda f: -f[0])
-
-
-@contextlib.contextmanager
-def readable(path: str) -> Iterator[str]:
-    """A path to read the committed step directory ``path`` from: itself, or for a step
-    in a bucket a local copy (listed and downloaded in parallel; removed afterwards),
-    so reading and checking its files costs no further requests."""
-    if not is_bucket(path):
-        yield path
-        return
-    local = tempfile.mkdtemp(prefix="tf-trainer-restore-")
-    try:
-        directory, step = os.path.split(path.rstrip("/"))
-        try:
-            bucket.BucketSteps(directory).download(int(step), local)
-        except (OSError, ValueError) as error:
-            raise Unreadable(f"its files cannot be downloaded ({short_error(error)})") from error
-        yield local
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
-
-
-def incomplete_steps(workdir: str) -> list[int]:
-    """The steps of :func:`incomplete`, ascending, each once."""
-    return sorted({step for step, _ in incomplete(workdir)})
 
 
 def verify(path: str, known: Known = lambda p: None) -> bool:
