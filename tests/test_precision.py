@@ -195,7 +195,7 @@ def test_on_nonfinite_means_one_thing_everywhere(mode, dynamic, checks, stops, r
 
 
 FLOAT16_WARNING = ("precision.policy='mixed_float16' on CPU, without fast float16: it runs "
-                   "slower than float32 there, not faster (python -m benchmarks.precision "
+                   "slower than float32 there, not faster (python -m benchmarks.speed.precision "
                    "measures it); set precision.policy='float32' "
                    "(--config.precision.policy=float32).")
 

@@ -56,7 +56,7 @@ def float16_warning(policy: str, slow_devices: Sequence[str]) -> str | None:
                    else "float32")
     return (f"precision.policy='mixed_float16' on {', '.join(slow_devices)}, without fast "
             f"float16: it runs slower than float32 there, not faster (python -m "
-            f"benchmarks.precision measures it); set precision.policy='{alternative}' "
+            f"benchmarks.speed.precision measures it); set precision.policy='{alternative}' "
             f"(--config.precision.policy={alternative}).")
 
 

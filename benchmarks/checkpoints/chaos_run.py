@@ -69,7 +69,7 @@ def main() -> None:
 
 def _campaign(args, cluster, gcs) -> None:
     from tests.cluster import chaos
-    from tests.cluster.gcs_runs import RUN_S, bucket_url, fetch, start, trainer_argv
+    from tests.cluster.runs import RUN_S, bucket_url, fetch, start, trainer_argv
     from tests.support.helpers import load_weights, max_abs_diff
 
     tag = f"chaos-bench-{int(time.time())}"

@@ -43,7 +43,7 @@ the "async_tensorstore" arm).
    difference (median over pairs, from ``metrics.jsonl``) plus the time the save held
    the loop (1., measured directly). Run for both array writers; the last lines
    print the ratio of their stalls.
-4. The cost of the checksums (``trainer/checkpoint/checksums.py``), per array writer:
+4. The cost of the checksums (``trainer/checkpoint/storage/checksums.py``), per array writer:
    see ``benchmarks/common/checkpoint_checksums.py``. ``--only checksums`` runs the warm-up
    and this part alone.
 """

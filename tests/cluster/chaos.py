@@ -22,7 +22,7 @@ checkpoint (on another worker count than the attempts before), which runs to the
 defines it): the steps an attempt added that the run kept, at the uninterrupted
 reference's seconds per step, over the attempt's wall time from start to exit.
 
-Used by tests/cluster/test_chaos_run.py (a short campaign) and benchmarks/chaos_run.py
+Used by tests/cluster/test_chaos_run.py (a short campaign) and benchmarks/checkpoints/chaos_run.py
 (a longer one).
 """
 

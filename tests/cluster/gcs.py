@@ -60,7 +60,7 @@ class GcsEmulator:
 
     def __init__(self, cluster: SimulatedCluster, latency_ms: float = 0.0):
         self.cluster = cluster
-        self.latency_ms = latency_ms  # added before each answer (benchmarks/bucket_checkpoint.py)
+        self.latency_ms = latency_ms  # added before each answer (benchmarks/checkpoints/bucket_checkpoint.py)
         self.dir = cluster.root / "gcs"
         self.ca = self.dir / "ca.pem"
 

@@ -20,7 +20,7 @@ What it adds for the tests:
   upload's; ``t`` and ``end`` the wall-clock start and answer; seconds reading the
   body, waiting for the API lock, and handling; the body's size);
 * **latency**: ``--latency_ms`` is slept before each answer, outside the lock (a slow
-  link's round trip, for ``benchmarks/bucket_checkpoint.py``); ``DIR/latency.json``
+  link's round trip, for ``benchmarks/checkpoints/bucket_checkpoint.py``); ``DIR/latency.json``
   (``{"ms": N}``, written by :meth:`tests.cluster.gcs.GcsEmulator.set_latency`)
   changes it while the emulator runs;
 * **a forbidden bucket**: every request naming a ``--forbidden_bucket`` answers ``403``

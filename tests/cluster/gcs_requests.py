@@ -1,7 +1,7 @@
 """Reading the GCS emulator's request log as a bill: requests by phase, and the rounds.
 
 Used by ``tests/cluster/test_gcs_request_budget.py`` (the request budget of a save, a
-stop's save and a restore) and ``benchmarks/bucket_checkpoint.py`` (the same table at
+stop's save and a restore) and ``benchmarks/checkpoints/bucket_checkpoint.py`` (the same table at
 several latencies).
 
 * :func:`phase` names what a request of a run in ``gs://BUCKET/PREFIX`` was for:

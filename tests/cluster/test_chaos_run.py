@@ -3,7 +3,7 @@ preemption while an upload stalls, a SIGKILL and a corrupted newest checkpoint,
 restarted after each, then goes on as a group of two workers that loses one (SIGKILL)
 and is restarted by its launcher; it ends with the weights of the uninterrupted run, every
 preemption said saved was (the restart resumes from that very step), and the goodput
-per fault kind is printed. benchmarks/chaos_run.py runs a longer campaign with 503
+per fault kind is printed. benchmarks/checkpoints/chaos_run.py runs a longer campaign with 503
 bursts as well (each costs about a minute of the clients' back-off: kept out of CI,
 where tests/cluster/test_gcs_faults.py retries such a burst through a whole run).
 

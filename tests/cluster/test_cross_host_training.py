@@ -17,7 +17,7 @@ pipeline sleeps from batch 10 on, only in a run that finds no marker of an earli
 the resumed run goes at full speed).
 
 Measured (printed with ``-s``, never asserted; noisy on a shared machine): examples/s of
-2 hosts x 2 tasks (benchmarks/multihost_throughput.py compares layouts); seconds from a
+2 hosts x 2 tasks (benchmarks/parallel/multihost_throughput.py compares layouts); seconds from a
 host's cut to every launcher's exit; seconds from a Slurm requeue to the first resumed training window on
 2 hosts (preemption) and on 1 host (a lost host).
 """

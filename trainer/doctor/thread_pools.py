@@ -9,7 +9,7 @@ drift of the machine spreads over all of them; each setting's rate is the median
 processes. The advice names a setting only when it beats TensorFlow's own sizing by
 :data:`GAIN` or more (one process's measurement spreads by a few percent).
 
-Measured on the benchmark workloads (``python -m benchmarks.runtime_settings threads``):
+Measured on the benchmark workloads (``python -m benchmarks.speed.runtime_settings threads``):
 one intra-op thread runs an overhead-bound step (a small MLP) ~1.3x faster and a
 compute-bound one (a CNN, a transformer) 0.6-0.9x as fast: it depends on the model, so
 it is measured, never defaulted.

@@ -28,7 +28,7 @@ collective". So the gradient path reduces sparse gradients itself, by the policy
   (D + 1) < V x D; with a dynamic one (padded batches), ``"gather"`` for tables of more
   than :data:`DENSE_TABLE_ELEMENTS` elements; else ``"dense"``. ``"dense"`` on TPU
   (``tf.unique`` has no fixed shape there).
-  ``benchmarks/sparse_reduce.py`` measures both.
+  ``benchmarks/parallel/sparse_reduce.py`` measures both.
 
 Every sparse gradient leaves here with UNIQUE indices, so its global norm (clipping,
 the logged gradient norm) is the norm of the dense gradient on any replica count.
@@ -58,7 +58,7 @@ _SUM = tf.distribute.ReduceOp.SUM
 WIRE_DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}  # distribute.grad_compression
 _MIN_CAPACITY = 64
 # "auto" with a dynamic row count: tables up to this many elements go dense. Measured on
-# 2 Mirrored CPU replicas (benchmarks/sparse_reduce.py): a 2,000 x 16 table trains 1.18x
+# 2 Mirrored CPU replicas (benchmarks/parallel/sparse_reduce.py): a 2,000 x 16 table trains 1.18x
 # faster dense, a 200,000 x 64 table 1.44x faster gathered; 2**20 (4 MB of float32)
 # lies between.
 DENSE_TABLE_ELEMENTS = 2 ** 20
