@@ -135,7 +135,7 @@ class Sweep:
         trial = self.study.trial(number)
         attrs = dict(trial.user_attrs)
         argv = trials_lib.shell_split(attrs["command"])
-        verb = f"resumed (time {attrs.get('resumed')})" if resumed else "started"
+        verb = f"resumed (resume #{attrs.get('resumed')})" if resumed else "started"
         values = " ".join(f"{k}={v!r}" for k, v in json.loads(attrs["overrides"]).items())
         self.say(f"trial {number:04d} {verb}: {values}\n  {attrs['command']}")
         retries = int(attrs.get("retries", 0))

@@ -110,8 +110,8 @@ def check_value(where: str, key: str, value: Any, current: Any) -> None:
             or (isinstance(current, float) and _number(value))
             or (isinstance(current, (tuple, list)) and isinstance(value, (tuple, list))))
     if not fits:
-        raise ConfigError(f"{where}: config.{key} holds a {type(current).__name__} "
-                          f"({current!r}); {value!r} is a {type(value).__name__}.")
+        raise ConfigError(f"{where}: config.{key} is {current!r} ({type(current).__name__}); "
+                          f"{value!r} ({type(value).__name__}) cannot be set on it.")
 
 
 def parse(text: Any, config: ml_collections.ConfigDict) -> Dimension:

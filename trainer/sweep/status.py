@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from trainer.sweep.study import Study, overrides_of, state_of
+from trainer.sweep.trials import last_step
 
 BEST_CONFIG = "best_config.json"
 
@@ -39,9 +40,11 @@ def rows(study: Study) -> tuple[list[str], list[list[str]]]:
     for trial in trials:
         values = overrides_of(trial)
         attrs = trial.user_attrs
-        table.append([f"{trial.number:04d}", state_of(trial),
-                      *(_cell(values.get(k)) for k in keys), _cell(trial.value),
-                      _cell(attrs.get("step")), _cell(attrs.get("seconds")),
+        state = state_of(trial)
+        step = (attrs.get("step") if trial.state.is_finished()  # else: as far as it got
+                else last_step(attrs.get("workdir") or "") or attrs.get("step"))
+        table.append([f"{trial.number:04d}", state, *(_cell(values.get(k)) for k in keys),
+                      _cell(trial.value), _cell(step), _cell(attrs.get("seconds")),
                       _cell(attrs.get("resumed", 0))])
     return header, table
 
