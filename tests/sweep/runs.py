@@ -12,9 +12,13 @@ CONFIG = REPO / "models" / "configs" / "digits_sweep.py"
 #: Trials of a few seconds: 100 steps, one evaluation at the end.
 TINY = ("--config.train.steps=100", "--config.train.log_every_steps=50",
         "--config.eval.every_steps=0")
-#: Trials long enough to be stopped mid-run, with a checkpoint every 500 steps.
-LONG = ("--config.train.steps=4000", "--config.train.log_every_steps=500",
-        "--config.checkpoint.every_steps=500", "--config.eval.every_steps=0")
+
+
+def long_trials(steps: int) -> tuple[str, ...]:
+    """Trials long enough to be stopped mid-run (about 1 ms a step), a checkpoint every
+    500 steps."""
+    return (f"--config.train.steps={steps}", "--config.train.log_every_steps=500",
+            "--config.checkpoint.every_steps=500", "--config.eval.every_steps=0")
 
 
 def command(*flags: str, config: Path | None = CONFIG) -> list[str]:

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import time
 
-from tests.sweep.runs import LONG, TINY, checkpoint_steps, start, status, sweep, trial_pid
+from tests.sweep.runs import (TINY, checkpoint_steps, long_trials, start, status, sweep,
+                              trial_pid)
 from tests.support.helpers import REPO, subprocess_env
 
 
@@ -56,7 +57,7 @@ def test_two_trials_at_a_time_each_an_ordinary_run_its_command_reproduces(tmp_pa
 
 def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(tmp_path):
     root = tmp_path / "preempted"
-    flags = (f"--workdir={root}", "--trials=1", *LONG)
+    flags = (f"--workdir={root}", "--trials=1", *long_trials(4000))
     trial_dir = root / "trials" / "0000"
     first = start(*flags, log=tmp_path / "first.log")
     wait_for(lambda: checkpoint_steps(trial_dir))
@@ -78,7 +79,8 @@ def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(t
 
 def test_a_killed_sweep_leaves_no_trial_running_forever(tmp_path):
     root = tmp_path / "killed"
-    flags = (f"--workdir={root}", "--trials=1", *LONG)
+    # Long enough that its orphaned run still trains when the sweep runs again.
+    flags = (f"--workdir={root}", "--trials=1", *long_trials(12000))
     trial_dir = root / "trials" / "0000"
     first = start(*flags, log=tmp_path / "first.log")
     wait_for(lambda: checkpoint_steps(trial_dir))
@@ -89,5 +91,5 @@ def test_a_killed_sweep_leaves_no_trial_running_forever(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "outlived its sweep; stopping it to resume it" in again.stderr
     assert trial_pid(trial_dir) is None
-    assert {"0000": ("COMPLETE", "4000", "1")} == {
+    assert {"0000": ("COMPLETE", "12000", "1")} == {
         n: (r["state"], r["step"], r["resumed"]) for n, r in status(root).items()}
