@@ -6,9 +6,9 @@ can be overridden on the command line: ``--config.train.steps=500``.
 
 Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its own
 settings there. Every other section has a fixed set of keys, and :func:`validate`
-rejects an unknown key (a typo such as ``train.step``) with a suggestion. The whole
-schema, field by field, is documented in docs/configuration.md.
-"""
+rejects an unknown key (a typo such as ``train.step``) with a suggestion; ``sweep``'s
+values are checked by ``python -m trainer.sweep``, which alone reads them. The whole
+schema, field by field, is in docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -157,6 +157,8 @@ def get_config() -> ml_collections.ConfigDict:
             peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu, hfu (0: table)
         )
     )
+    config.sweep = ml_collections.ConfigDict(  # python -m trainer.sweep's; a run ignores it
+        dict(space=(), metric="", direction="maximize", pruner="none", max_retries=1))
     config.model = ml_collections.ConfigDict()
     # Free-form, plus "service": a tf.data service dispatcher "host:port" ("" = off) that
     # the training input goes through (trainer.data; needs train.deterministic=False).
@@ -263,12 +265,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      and best.partition("/")[2]):
         raise ConfigError(f"config.checkpoint.best_metric={best!r} must be '' or name a value "
                           f"fit() reports: 'eval/NAME' or 'train/NAME', e.g. 'eval/accuracy'.")
-    check_choice("telemetry.progress", config.telemetry.progress, ("auto", "bar", "lines", "off"))
-    parse_profile_steps(config.telemetry.profile_steps)
-    check_positive("telemetry.probe_every_windows", config.telemetry.probe_every_windows,
-                    allow_zero=True)
-    check_positive("telemetry.probe_batches", config.telemetry.probe_batches)
     tel = config.telemetry
+    check_choice("telemetry.progress", tel.progress, ("auto", "bar", "lines", "off"))
+    parse_profile_steps(tel.profile_steps)
+    check_positive("telemetry.probe_every_windows", tel.probe_every_windows, allow_zero=True)
+    check_positive("telemetry.probe_batches", tel.probe_batches)
     require("telemetry.probe_budget", tel.probe_budget, 0 <= tel.probe_budget < 1,
              "in [0, 1) (e.g. 0.005; 0: no cap)")
     check_positive("telemetry.grad_norm_every", config.telemetry.grad_norm_every)
@@ -380,8 +381,7 @@ def parse_profile_steps(spec: str) -> list[tuple[int, int]]:
 def check_batches_divisible(config: ml_collections.ConfigDict, num_replicas: int) -> None:
     """Raises ConfigError unless ``train.global_batch_size`` and ``eval.global_batch_size``
     (when set; 0 means the train batch) divide over ``num_replicas`` replicas."""
-    check_batch_divisible("train.global_batch_size", config.train.global_batch_size,
-                          num_replicas)
+    check_batch_divisible("train.global_batch_size", config.train.global_batch_size, num_replicas)
     if config.eval.global_batch_size:
         check_batch_divisible("eval.global_batch_size", config.eval.global_batch_size,
                               num_replicas)

@@ -1,0 +1,94 @@
+"""config.sweep.space and the sweep section: what parses, and every mistake in one line
+(a ConfigError naming the string), checked against the digits demo's config."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from models.configs import digits_sweep
+from trainer.config import ConfigError
+from trainer.sweep import settings, space
+
+
+@pytest.fixture
+def config():
+    return digits_sweep.get_config()
+
+
+def test_the_four_distributions_parse_and_sample_within_their_ranges(config):
+    dims = space.parse_space(("optimizer.learning_rate=log(1e-4, 3e-2)",
+                              "optimizer.weight_decay=float(0, 0.1)",
+                              "model.hidden=int(16, 128)",
+                              "optimizer.name = choice(adam, 'sgd')"), config)
+    assert [(d.key, d.dist) for d in dims] == [
+        ("optimizer.learning_rate", "log"), ("optimizer.weight_decay", "float"),
+        ("model.hidden", "int"), ("optimizer.name", "choice")]
+    assert dims[3].args == ("adam", "sgd")
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    values = space.sampler(dims, None, config, "cfg.py")(trial)
+    assert 1e-4 <= values["optimizer.learning_rate"] <= 3e-2
+    assert 0 <= values["optimizer.weight_decay"] <= 0.1
+    assert isinstance(values["model.hidden"], int) and 16 <= values["model.hidden"] <= 128
+    assert values["optimizer.name"] in ("adam", "sgd")
+    assert space.override("optimizer.name", "sgd") == "--config.optimizer.name=sgd"
+    assert space.override("model.hidden", 64) == "--config.model.hidden=64"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("optimizer.learnin_rate=log(1e-4, 1e-2)",
+     "config.optimizer has no field 'learnin_rate'"),
+    ("optimizer.learning_rate=uniform(0, 1)", "unknown distribution 'uniform'"),
+    ("optimizer.learning_rate=float(0.1, 0.01)", "the range [0.1, 0.01] is empty"),
+    ("model.hidden=int(64, 64)", "the range [64, 64] is empty"),
+    ("optimizer.learning_rate=log(0, 0.1)", "log(0, 0.1) needs 0 < lo"),
+    ("model.hidden=int(1.5, 8)", "int(1.5, 8) needs integer bounds"),
+    ("train.steps=float(10, 100)", "the field is an integer"),
+    ("train.global_batch_size=choice(32, 'big')", "'big' (str) cannot be set on it"),
+    ("model.hidden=choice(64)", "choice() needs at least two values"),
+    ("optimizer.learning_rate=log(1e-4)", "log() takes two numbers"),
+    ("optimizer.learning_rate", "is not of the form 'KEY=DIST(ARGS)'"),
+    ("optimizer=choice(1, 2)", "config.optimizer is a section"),
+])
+def test_each_bad_string_is_one_line_naming_it(config, text, says):
+    with pytest.raises(ConfigError) as raised:
+        space.parse_space((text,), config)
+    message = str(raised.value)
+    assert says in message and repr(text) in message and "\n" not in message
+
+
+def test_a_key_swept_twice_is_refused(config):
+    with pytest.raises(ConfigError, match="names model.hidden more than once"):
+        space.parse_space(("model.hidden=choice(32, 64)", "model.hidden=int(8, 16)"), config)
+
+
+def test_what_search_space_returns_is_checked_against_the_config(config):
+    with pytest.raises(ConfigError, match="config.model has no field 'hiden'"):
+        space.check_sampled({"model.hiden": 3}, config, "search_space(trial) of cfg.py")
+    with pytest.raises(ConfigError, match="must return a non-empty dict"):
+        space.check_sampled(None, config, "search_space(trial) of cfg.py")
+    assert space.check_sampled({"model.hidden": 32}, config, "x") == {"model.hidden": 32}
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("metric", "", "config.sweep.metric is empty"),
+    ("metric", "accuracy", "must name a value a run reports"),
+    ("direction", "up", "config.sweep.direction='up' is not one of"),
+    ("pruner", "median", "pruning is not built yet"),
+    ("pruner", "random", "config.sweep.pruner='random' is not one of"),
+    ("max_retries", -1, "config.sweep.max_retries=-1 must be a non-negative integer"),
+])
+def test_each_wrong_value_of_the_sweep_section_is_one_line(config, field, value, says):
+    config.sweep[field] = value
+    with pytest.raises(ConfigError) as raised:
+        settings.check_section(config, None, "cfg.py")
+    assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_sweep_needs_a_space_and_only_one(config):
+    settings.check_section(config, None, "cfg.py")
+    with pytest.raises(ConfigError, match="defines search_space.trial. and config.sweep.space"):
+        settings.check_section(config, lambda trial: {}, "cfg.py")
+    config.sweep.space = ()
+    with pytest.raises(ConfigError, match="nothing to sweep"):
+        settings.check_section(config, None, "cfg.py")

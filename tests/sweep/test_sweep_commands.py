@@ -1,0 +1,62 @@
+"""python -m trainer.sweep's bad input, each one line before or after its trial, and the
+command line free of TensorFlow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.sweep.runs import CONFIG, TINY, status, sweep
+from tests.support.helpers import REPO
+
+
+def one_line(run: subprocess.CompletedProcess) -> str:
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr[-3000:]
+    return lines[0]
+
+
+def test_the_command_line_imports_no_tensorflow():
+    code = ("import sys, trainer.sweep.cli; "
+            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_mistakes_before_any_trial_are_one_line(tmp_path):
+    workdir = f"--workdir={tmp_path / 'sweep'}"
+    cases = [
+        ((workdir, "--trials=1", "--storage=sqlite:////no/such/dir/study.db"), 1,
+         "Storage error: --storage=sqlite:////no/such/dir/study.db cannot be opened: "),
+        ((workdir, "--trials=1", "--config.sweep.space=('model.hiden=choice(32, 64)',)"), 1,
+         "Configuration error: config.sweep.space: 'model.hiden=choice(32, 64)': "
+         "config.model has no field 'hiden'"),
+        ((workdir, "--trials=1", "--config.sweep.pruner=median"), 1,
+         "Configuration error: config.sweep.pruner='median': pruning is not built yet"),
+        ((workdir,), 2, "Usage error: --trials=N is required"),
+        (("--status", workdir), 2, "holds no sweep (no study.db)"),
+    ]
+    for flags, code, says in cases:
+        run = sweep(*flags, config=None if "--status" in flags else CONFIG)
+        assert run.returncode == code, (flags, run.stderr[-2000:])
+        assert says in one_line(run), flags
+    assert not (tmp_path / "sweep" / "trials").exists()
+
+
+def test_a_metric_the_run_never_reports_fails_its_trial_in_one_line(tmp_path):
+    workdir = f"--workdir={tmp_path / 'sweep'}"
+    run = sweep(workdir, "--trials=2", "--config.sweep.metric=eval/precision", *TINY)
+    assert run.returncode == 1, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("Configuration error: config.sweep.metric='eval/precision' is not "
+                           "a value the run of trial 0000 reports (it reported: "
+                           "eval/accuracy, eval/loss, train/accuracy, train/loss)"), last
+    assert status(tmp_path / "sweep")["0000"]["state"] == "FAIL"
+    assert "0001" not in status(tmp_path / "sweep")  # the sweep ended there
+    # The study remembers what it was started with: another space is refused.
+    changed = sweep(workdir, "--trials=2", "--config.sweep.metric=eval/precision",
+                    "--config.sweep.space=('model.hidden=choice(8, 16)',)", *TINY)
+    assert changed.returncode == 1
+    assert "was started with the search space" in one_line(changed)
