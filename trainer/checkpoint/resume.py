@@ -30,7 +30,7 @@ from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage.reader import Unreadable
 from trainer.checkpoint.storage.reader import read_manifest, read_state, verify
-from trainer.checkpoint.storage.steps import readable, steps_for
+from trainer.checkpoint.storage.steps import Steps, readable, steps_for
 from trainer.data import resume as data_resume
 from trainer.distribution import host_collectives
 from trainer.run_context import RunContext
@@ -38,7 +38,8 @@ from trainer.run_context import RunContext
 _NONE, _FAILED = -1, -2
 _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the reason."
 
-def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
+def load(path: str, groups: checkpoint_state.Groups, steps: Steps | None = None
+         ) -> tuple[dict, dict]:
     """Reads and checks one step directory (chief): ``(state in groups' order, manifest)``.
 
     A step in a bucket is first copied to a local directory (one listing, the objects
@@ -47,7 +48,7 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     (:class:`Unreadable` naming the file; none: an earlier version, said once); the ``.npy`` array files by the CRC of
     the bytes just read, the others read again. A failed read, or a manifest that does
     not fit, is :class:`Unreadable` when a file does not match (naming both)."""
-    with readable(path) as local:  # a step in a bucket: downloaded once, read here
+    with (steps.readable(path) if steps else readable(path)) as local:  # read here
         try:
             manifest = read_manifest(local)
             checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
@@ -64,10 +65,10 @@ def load(path: str, groups: checkpoint_state.Groups) -> tuple[dict, dict]:
     return checkpoint_state.in_trainer_order(groups, manifest, state), manifest
 
 
-def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
+def _select(steps: Steps, workdir: str, step: int | None) -> list[tuple[int, str]]:
     """The step directories to try, newest first (only ``step``'s when given: then a
     save in progress of another step is no reason for a warning)."""
-    found = steps_for(workdir).candidates(warn_incomplete=step is None)
+    found = steps.candidates(warn_incomplete=step is None)
     if step is None:
         return found
     chosen = [c for c in found if c[0] == step]
@@ -78,15 +79,15 @@ def _select(workdir: str, step: int | None) -> list[tuple[int, str]]:
     return chosen
 
 
-def _load_first_readable(workdir: str, found: list, groups: dict, step: int | None
-                         ) -> tuple[dict, dict]:
+def _load_first_readable(steps: Steps, workdir: str, found: list, groups: dict,
+                         step: int | None) -> tuple[dict, dict]:
     """Loads the newest readable candidate; with ``step`` given, only that step. When
     none loads, :class:`CheckpointError` in one line: the last good checkpoint
     (:func:`~trainer.checkpoint.inventory.describe_last_good`), then each step's reason."""
     reasons = []
     for _, path in found:
         try:
-            return load(path, groups)
+            return load(path, groups, steps)
         except Unreadable as error:
             reasons.append(f"{path}: {error}")
             if step is None:
@@ -116,9 +117,10 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
             raise CheckpointError(f"restore(step={step}) needs a workdir; this Trainer has none.")
         return None
     found, failure, newest = [], None, _NONE
+    steps = steps_for(run.workdir)  # listed once: a step in a bucket is read by that listing
     if chief:
         try:
-            found = _select(run.workdir, step)
+            found = _select(steps, run.workdir, step)
             newest = found[0][0] if found else _NONE
         except CheckpointError as error:
             failure, newest = error, _FAILED
@@ -133,7 +135,7 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     state, manifest, failure = None, None, None
     if chief:
         try:
-            state, manifest = _load_first_readable(run.workdir, found, groups, step)
+            state, manifest = _load_first_readable(steps, run.workdir, found, groups, step)
         except CheckpointError as error:
             failure = error
     if multi:

@@ -176,12 +176,16 @@ class BucketDirectory:
             pass  # already gone (another cleaner, or a retry of a delete that went through)
 
     # ------------------------------------------------------------ reading data
-    def download(self, step: int, local: str) -> list[str]:
+    def download(self, step: int, local: str, listing: dict[str, int] | None = None
+                 ) -> list[str]:
         """Copies the objects of ``step`` into the directory ``local`` (made), in
-        parallel; returns their names relative to the step."""
+        parallel; returns their names relative to the step. ``listing``: a
+        :meth:`listing` of the directory already made (the step's objects are not
+        listed again)."""
         from google.cloud.storage import transfer_manager
 
-        names = [n.partition("/")[2] for n in self.listing(step)]
+        listed = self.listing(step) if listing is None else listing
+        names = [n[len(f"{step}/"):] for n in listed if n.startswith(f"{step}/")]
         names = [n for n in names if n and not n.endswith("/")]
         pairs = []
         for rel in names:

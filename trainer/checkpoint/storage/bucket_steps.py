@@ -51,6 +51,7 @@ class BucketSteps:
         self._committed: dict[str, set[int]] = {}  # committed steps in the bucket, by kind
         self._threads: dict[str, futures.ThreadPoolExecutor] = {}
         self._cleanups: list[futures.Future] = []
+        self._listings: dict[str, dict[str, int]] = {}  # the last listing of each directory
 
     def _in_bucket(self, kind: str) -> bucket.BucketDirectory:
         return bucket.BucketDirectory(os.path.join(self.workdir, kind))
@@ -69,7 +70,7 @@ class BucketSteps:
         for rank, kind in enumerate(KINDS):
             directory = os.path.join(self.workdir, kind)
             steps = self._in_bucket(kind)
-            names = steps.listing()
+            names = self._listings[directory] = steps.listing()
             for step in steps.incomplete_steps(names):
                 partial.append((step, os.path.join(directory, str(step))))
                 if warn_incomplete:
@@ -89,14 +90,16 @@ class BucketSteps:
 
     @contextlib.contextmanager
     def readable(self, path: str) -> Iterator[str]:
-        """A local copy of the committed step ``path`` (listed and downloaded in parallel;
-        removed afterwards), so reading and checking its files costs no further
-        requests; :class:`Unreadable` when it cannot be downloaded."""
+        """A local copy of the committed step ``path`` (downloaded in parallel, by the
+        listing :meth:`candidates` made, else listed first; removed afterwards), so
+        reading and checking its files costs no further requests; :class:`Unreadable`
+        when it cannot be downloaded."""
         local = tempfile.mkdtemp(prefix="tf-trainer-restore-")
         try:
             directory, step = os.path.split(path.rstrip("/"))
             try:
-                bucket.BucketDirectory(directory).download(int(step), local)
+                bucket.BucketDirectory(directory).download(int(step), local,
+                                                           self._listings.get(directory))
             except (OSError, ValueError) as error:
                 raise Unreadable(f"its files cannot be downloaded ({short_error(error)})") from error
             yield local

@@ -26,7 +26,10 @@ from trainer.checkpoint.storage.bucket_steps import BucketSteps
 from trainer.checkpoint.storage.local_steps import LocalSteps
 
 
-def steps_for(workdir: str, staging_parent: str = "") -> LocalSteps | BucketSteps:
+Steps = LocalSteps | BucketSteps  # what steps_for returns
+
+
+def steps_for(workdir: str, staging_parent: str = "") -> Steps:
     """The checkpoint steps of ``workdir``: in a bucket, staged under ``staging_parent``
     (``checkpoint.staging_dir``; ``""``: ``$TMPDIR``) when written; else on its file
     system."""
