@@ -116,8 +116,8 @@ def test_importlib_loads_project_modules_only_in_the_documented_entry_points(pat
 
 
 def test_the_command_lines_check_flags_without_tensorflow():
-    """trainer.main and trainer.doctor import nothing that imports TensorFlow."""
-    code = ("import sys, trainer.main, trainer.doctor.cli, trainer.cli; "
+    """trainer.main, trainer.doctor and trainer.sweep import nothing that imports TensorFlow."""
+    code = ("import sys, trainer.main, trainer.doctor.cli, trainer.cli, trainer.sweep.cli; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60)

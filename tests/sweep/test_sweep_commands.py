@@ -1,28 +1,18 @@
-"""python -m trainer.sweep's bad input, each one line before or after its trial, and the
-command line free of TensorFlow."""
+"""python -m trainer.sweep's bad input, each one line before or after its trial (that its
+command line imports no TensorFlow is tests/test_architecture.py's, with the other
+command lines)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from tests.sweep.runs import CONFIG, TINY, status, sweep
-from tests.support.helpers import REPO
 
 
 def one_line(run: subprocess.CompletedProcess) -> str:
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1, run.stderr[-3000:]
     return lines[0]
-
-
-def test_the_command_line_imports_no_tensorflow():
-    code = ("import sys, trainer.sweep.cli; "
-            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
 
 
 def test_mistakes_before_any_trial_are_one_line(tmp_path):
