@@ -67,6 +67,10 @@ def test_a_wait_says_what_the_policy_retried_last():
                                   "client retries")
 
 
+def test_the_default_policy_is_made_once():
+    assert gcs.default_retry() is gcs.default_retry()
+
+
 def test_split_url_names_the_bucket_and_the_path():
     assert gcs.split_url("gs://runs/a/b/") == ("runs", "a/b")
     assert gcs.split_url("gs://runs") == ("runs", "")

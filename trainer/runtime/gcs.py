@@ -83,6 +83,13 @@ def retry(timeout_s: float = 120.0, initial_s: float = 1.0, maximum_s: float = 3
                  timeout=timeout_s, on_error=noted)
 
 
+@functools.cache
+def default_retry() -> Any:
+    """:func:`retry` with its defaults, made once: the policy of every request but the
+    start check's (checkpoint steps, the lease, telemetry's appended objects)."""
+    return retry()
+
+
 def retry_reason() -> str | None:
     """What the bucket's client retried last, within :data:`RETRY_SAID_S` ("the bucket
     answered 503 (Service Unavailable); its client retries"), or None."""

@@ -58,15 +58,15 @@ class ComposedObject:
             data = f.read(size - self._offset)
         target = self._bucket.blob(self.name)
         if self._exists is None:
-            self._exists = target.exists(retry=gcs.retry())
+            self._exists = target.exists(retry=gcs.default_retry())
         if not self._exists:
-            target.upload_from_string(data, retry=gcs.retry())
+            target.upload_from_string(data, retry=gcs.default_retry())
             self._exists = True
         else:
             self._parts += 1
             part = self._bucket.blob(f"{self.name}.part-{os.getpid()}-{self._parts}")
-            part.upload_from_string(data, retry=gcs.retry())
+            part.upload_from_string(data, retry=gcs.default_retry())
             target.compose([target, part])  # not idempotent: google-cloud-storage's default
-            part.delete(retry=gcs.retry())
+            part.delete(retry=gcs.default_retry())
         self._offset += len(data)
         return len(data)

@@ -147,7 +147,7 @@ class BucketLeaseFile:
 
         bucket, name = gcs.split_url(path)
         self._blob = gcs.client().bucket(bucket).blob(name)
-        self._retry = gcs.retry()
+        self._retry = gcs.default_retry()
         self._failed = exceptions.PreconditionFailed
         self._missing = exceptions.NotFound
         self._generation: dict[bytes, int] = {}

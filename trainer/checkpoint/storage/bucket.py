@@ -84,7 +84,7 @@ class BucketDirectory:
         """``{name relative to the directory: size}`` of every object under it (or under
         ``step``'s directory), in one request per 1,000 objects."""
         prefix = self.prefix if step is None else self._name(step)
-        blobs = gcs.client().list_blobs(self._bucket_name, prefix=prefix, retry=gcs.retry(),
+        blobs = gcs.client().list_blobs(self._bucket_name, prefix=prefix, retry=gcs.default_retry(),
                                      fields="items(name,size),nextPageToken")
         return {b.name[len(self.prefix):]: int(b.size or 0) for b in blobs}
 
@@ -140,7 +140,7 @@ class BucketDirectory:
             blob.crc32c = _crc_b64(crc)  # checked by GCS on receipt
             blobs.append((os.path.join(local, rel), blob))
             expected.append((rel, size, blob.crc32c))
-        transfer_manager.upload_many(blobs, upload_kwargs={"retry": gcs.retry()},
+        transfer_manager.upload_many(blobs, upload_kwargs={"retry": gcs.default_retry()},
                                      max_workers=PARALLEL, raise_exception=True,
                                      worker_type=transfer_manager.THREAD)
         for (rel, size, crc), (_, blob) in zip(expected, blobs):
@@ -171,7 +171,7 @@ class BucketDirectory:
         from google.api_core.exceptions import NotFound
 
         try:
-            self.bucket.blob(self.prefix + rel).delete(retry=gcs.retry())
+            self.bucket.blob(self.prefix + rel).delete(retry=gcs.default_retry())
         except NotFound:
             pass  # already gone (another cleaner, or a retry of a delete that went through)
 
@@ -192,7 +192,7 @@ class BucketDirectory:
             path = os.path.join(local, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             pairs.append((self.bucket.blob(self._name(step, rel)), path))
-        transfer_manager.download_many(pairs, download_kwargs={"retry": gcs.retry()},
+        transfer_manager.download_many(pairs, download_kwargs={"retry": gcs.default_retry()},
                                        max_workers=PARALLEL, raise_exception=True,
                                        worker_type=transfer_manager.THREAD)
         return names
@@ -218,7 +218,8 @@ class BucketDirectory:
         def fetch(name: str) -> None:
             target = os.path.join(local, name)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            self.bucket.blob(self.prefix + name).download_to_filename(target, retry=gcs.retry())
+            self.bucket.blob(self.prefix + name).download_to_filename(
+                target, retry=gcs.default_retry())
 
         with futures.ThreadPoolExecutor(PARALLEL, "bucket-seed") as pool:
             list(pool.map(fetch, small))
