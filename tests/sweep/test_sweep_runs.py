@@ -55,12 +55,19 @@ def test_two_trials_at_a_time_each_an_ordinary_run_its_command_reproduces(tmp_pa
     assert final["eval/accuracy"] == best["value"]
 
 
-def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(tmp_path):
-    root = tmp_path / "preempted"
-    flags = (f"--workdir={root}", "--trials=1", *long_trials(4000))
+def one_trial_checkpointed(tmp_path, name: str, steps: int):
+    """A one-trial sweep of ``steps`` steps started in ``tmp_path/name``, once its trial
+    wrote a checkpoint: ``(root, flags, trial_dir, the sweep's process)``."""
+    root = tmp_path / name
+    flags = (f"--workdir={root}", "--trials=1", *long_trials(steps))
     trial_dir = root / "trials" / "0000"
     first = start(*flags, log=tmp_path / "first.log")
     wait_for(lambda: checkpoint_steps(trial_dir))
+    return root, flags, trial_dir, first
+
+
+def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(tmp_path):
+    root, flags, trial_dir, first = one_trial_checkpointed(tmp_path, "preempted", 4000)
     os.kill(wait_for(lambda: trial_pid(trial_dir)), signal.SIGTERM)  # the trial, not the sweep
     assert first.wait(timeout=120) == 143, (tmp_path / "first.log").read_text()[-3000:]
     assert "trial 0000 preempted at step" in (tmp_path / "first.log").read_text()
@@ -78,12 +85,8 @@ def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(t
 
 
 def test_a_killed_sweep_leaves_no_trial_running_forever(tmp_path):
-    root = tmp_path / "killed"
     # Long enough that its orphaned run still trains when the sweep runs again.
-    flags = (f"--workdir={root}", "--trials=1", *long_trials(12000))
-    trial_dir = root / "trials" / "0000"
-    first = start(*flags, log=tmp_path / "first.log")
-    wait_for(lambda: checkpoint_steps(trial_dir))
+    root, flags, trial_dir, first = one_trial_checkpointed(tmp_path, "killed", 12000)
     first.send_signal(signal.SIGKILL)  # the sweep itself; its trial runs on, orphaned
     first.wait(timeout=30)
     assert status(root)["0000"]["state"] == "PREEMPTED"  # its sweep is gone
