@@ -78,7 +78,9 @@ def domain(dim: Dimension):
     if dim.dist in ("float", "log"):
         return summary_v2.RealInterval(*dim.args)
     kinds = {type(v) for v in dim.args}
-    return summary_v2.Discrete(list(dim.args)) if len(kinds) == 1 and kinds <= set(_SCALARS) else None
+    if len(kinds) == 1 and kinds <= set(_SCALARS):
+        return summary_v2.Discrete(list(dim.args))
+    return None
 
 
 class HParamsView:
@@ -110,8 +112,8 @@ class HParamsView:
         with self.lock:
             if _written(self.root, EXPERIMENT):
                 return
-            names = [self.metric, *sorted(k for k in results
-                                          if k != self.metric and k.split("/")[0] in ("train", "eval"))]
+            names = [self.metric, *sorted(k for k in results if k != self.metric
+                                          and k.split("/")[0] in ("train", "eval"))]
             metrics = [summary_v2.Metric(n.split("/", 1)[1], group=n.split("/", 1)[0],
                                          display_name=n) for n in names]
             hparams = [summary_v2.HParam(d.key, domain(d)) for d in self.dims]

@@ -11,10 +11,11 @@ Telemetry builds, the same one metrics.jsonl holds.
 MLflow, as MLflow users expect: the tracking store is ``MLFLOW_TRACKING_URI`` (MLflow's
 default when unset), the experiment ``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_EXPERIMENT_ID``;
 a run already active in the process (``with mlflow.start_run(): run.fit()``) is
-used and left open, otherwise the logger starts one (named after the workdir; the run
-``MLFLOW_RUN_ID`` names, resumed with its name, as ``python -m trainer.sweep`` gives each
-trial its child run) at the first ``fit()``, resumes it at a later ``fit()`` of the same Trainer and ends it at the
-end of each ``fit()`` (FINISHED; FAILED when ``fit()`` raised; KILLED on preemption).
+used and left open, otherwise the logger starts one (named after the workdir; or
+resumes, with its name, the run ``MLFLOW_RUN_ID`` names: ``python -m trainer.sweep``
+gives each trial its child run so) at the first ``fit()``, resumes it at a later
+``fit()`` of the same Trainer and ends it at the end of each ``fit()`` (FINISHED;
+FAILED when ``fit()`` raised; KILLED on preemption).
 Only the chief logs. What is logged:
 
 * params: the whole config, flattened (``train.steps``, ``optimizer.name``...), once
