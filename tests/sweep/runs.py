@@ -47,9 +47,9 @@ def starts(trial_log: Path) -> int:
     return sum(line.startswith("$ ") for line in trial_log.read_text().splitlines())
 
 
-def status(workdir: Path) -> dict[str, dict[str, str]]:
-    """``--status``'s table: ``{trial: {column: cell}}``."""
-    run = sweep("--status", f"--workdir={workdir}", config=None, timeout=60)
+def status(workdir: Path, *flags: str) -> dict[str, dict[str, str]]:
+    """``--status``'s table: ``{trial: {column: cell}}`` (``flags``: e.g. ``--storage``)."""
+    run = sweep("--status", f"--workdir={workdir}", *flags, config=None, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.splitlines()
     header = lines[0].split()

@@ -10,9 +10,12 @@ ordinary ``trainer.main`` runs (docs/sweeps.md). No TensorFlow: it starts proces
   which trials are preempted or stale.
 * :mod:`trainer.sweep.trials` — one trial's ``python -m trainer.main`` process and what
   it reported.
+* :mod:`trainer.sweep.claims` — the file locks by which sweep processes sharing a study
+  never run one trial twice.
 * :mod:`trainer.sweep.runner` — trials P at a time (ask/tell), resumes, retries, signals,
   the progress line.
+* :mod:`trainer.sweep.slurm` — ``--emit=slurm``: the sweep as a Slurm job array.
 * :mod:`trainer.sweep.status` — the status table and ``best_config.json``.
 """
 
-__all__ = ["cli", "runner", "settings", "space", "status", "study", "trials"]
+__all__ = ["claims", "cli", "runner", "settings", "slurm", "space", "status", "study", "trials"]

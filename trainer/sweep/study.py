@@ -84,7 +84,10 @@ def open_storage(url: str):
             return optuna.storages.JournalStorage(backend)
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as error:  # noqa: BLE001 - SQLAlchemy, drivers, Optuna: all one line
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")
+        missing = getattr(error.__cause__, "name", None)  # the driver SQLAlchemy imported
+        if isinstance(error.__cause__, ImportError) and missing:
+            first = f"{first} (no module {missing!r}: install the URL's driver)"
         raise StorageError(f"--storage={url} cannot be opened: {type(error).__name__}: "
                            f"{first}. Give a SQLAlchemy URL of a database this machine "
                            f"reaches, e.g. sqlite:////abs/path/study.db, or "
