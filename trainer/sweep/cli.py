@@ -58,6 +58,8 @@ def _check_flags(argv: list[str]) -> flags.FlagValues:
         _require(values.workers >= 1, f"--workers={values.workers} must be >= 1")
         _require(not (values.one and values.parallel > 1),
                  f"--one runs a single trial: drop --parallel={values.parallel}")
+        _require(values.emit in ("", "slurm"), f"--emit={values.emit}: the sweep emits only "
+                                               f"'slurm'")
         _require(not (values.one and values.emit), "--one is what each task of --emit=slurm "
                                                    "runs: drop one of them")
     return values
@@ -90,7 +92,6 @@ def _search_space(config_path: str):
 
 def emit(values: flags.FlagValues, config_path: str, name: str) -> str:
     """``--emit=slurm``: the job array's sbatch script (:mod:`trainer.sweep.slurm`)."""
-    _require(values.emit == "slurm", f"--emit={values.emit}: the sweep emits only 'slurm'")
     own = [f"--config={os.path.abspath(config_path)}",
            f"--workdir={os.path.abspath(values.workdir)}", f"--trials={values.trials}",
            *([f"--workers={values.workers}"] if values.workers > 1 else []),
