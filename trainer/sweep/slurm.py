@@ -23,6 +23,7 @@ import re
 import shlex
 import sys
 
+from tf_cluster.batch_script import wait_for_child, warning_trap
 from tf_cluster.exit_codes import EXIT_PREEMPTED
 from trainer.errors import UsageError
 
@@ -63,10 +64,15 @@ def emit_slurm(sweep_flags: list[str], n_trials: int, parallel: int, job_name: s
         f"#SBATCH --signal=B:USR1@{warning_s}",
         "#SBATCH --requeue",
     ]
-    body = _BODY.format(exit_preempted=EXIT_PREEMPTED,
+    body = _BODY.format(trap=_WARNING_TRAP, wait=wait_for_child("sweep_pid"),
+                        exit_preempted=EXIT_PREEMPTED,
                         sweep=shlex.join(task_command(sweep_flags)))
     return "\n".join([*header, body])
 
+
+_WARNING_TRAP = warning_trap(
+    "warning signal (USR1): SIGTERM to the sweep; its trial checkpoints and exits "
+    "$EXIT_PREEMPTED", '[ -n "${sweep_pid:-}" ] && kill -TERM "$sweep_pid"')
 
 _BODY = r"""set -uo pipefail
 if [ -z "${{SLURM_JOB_ID:-}}" ]; then
@@ -76,27 +82,11 @@ fi
 # The sweep exits with this when its trial saved a checkpoint and is left to resume.
 EXIT_PREEMPTED={exit_preempted}
 log() {{ echo "[slurm-sweep $(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)] $*"; }}
-warned=0
-interrupted=0
-on_warning() {{
-  interrupted=1
-  [ "$warned" = 1 ] && return
-  warned=1
-  log "warning signal (USR1): SIGTERM to the sweep; its trial checkpoints and exits $EXIT_PREEMPTED"
-  kill -TERM "$sweep_pid"
-}}
-trap on_warning USR1
+{trap}
 log "array task ${{SLURM_ARRAY_TASK_ID:-?}} (job $SLURM_JOB_ID), run $(( ${{SLURM_RESTART_COUNT:-0}} + 1 ))"
 {sweep} &
 sweep_pid=$!
-last=
-while :; do
-  interrupted=0
-  wait "$sweep_pid"; code=$?
-  if [ "$code" = 127 ] && [ -n "$last" ]; then status=$last; break; fi  # already reaped
-  if [ "$interrupted" = 0 ]; then status=$code; break; fi
-  last=$code  # the trap interrupted wait; the sweep may still run
-done
+{wait}
 if [ "$status" = "$EXIT_PREEMPTED" ]; then
   log "the trial saved a checkpoint (exit $status): requeueing job $SLURM_JOB_ID; it resumes the trial"
   if scontrol requeue "$SLURM_JOB_ID"; then
