@@ -32,12 +32,12 @@ def array_states(job: str) -> dict[str, str]:
                           for line in shown.stdout.splitlines() if line.strip())}
 
 
-def task_running(tmp_path: Path, job: str, trial: str) -> str | None:
-    """The array task whose output says it started ``trial`` (None: none yet)."""
-    for out in tmp_path.glob(f"array-{job}_*.out"):
-        if f"trial {trial} started" in out.read_text(errors="replace"):
-            return out.stem.rsplit("_", 1)[1]
-    return None
+def started_trial(output: Path) -> str | None:
+    """The trial an array task's output says it started (None: none yet)."""
+    if not output.exists():
+        return None
+    found = re.search(r"^trial (\d{4}) started", output.read_text(errors="replace"), re.M)
+    return found.group(1) if found else None
 
 
 def test_a_job_array_runs_one_trial_per_task_and_a_warned_task_resumes_its_trial(tmp_path):
@@ -57,10 +57,13 @@ def test_a_job_array_runs_one_trial_per_task_and_a_warned_task_resumes_its_trial
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     try:
-        task = wait_for(lambda: task_running(tmp_path, job, "0000"), timeout=ARRAY_S)
-        wait_for(lambda: checkpoint_steps(root / "trials" / "0000"), timeout=ARRAY_S)
+        # The last task: its job id is the array's (a requeue by that id would requeue
+        # every task).
+        trial = wait_for(lambda: started_trial(tmp_path / f"array-{job}_1.out"),
+                         timeout=ARRAY_S)
+        wait_for(lambda: checkpoint_steps(root / "trials" / trial), timeout=ARRAY_S)
         # What Slurm sends warning_s seconds before the time limit (--signal=B:USR1@S).
-        subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_{task}"], check=True,
+        subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_1"], check=True,
                        timeout=30)
         deadline = time.monotonic() + ARRAY_S
         while not set(array_states(job).values()) <= FINAL_STATES:
@@ -70,7 +73,10 @@ def test_a_job_array_runs_one_trial_per_task_and_a_warned_task_resumes_its_trial
         subprocess.run(["scancel", job], timeout=30)
     outputs = "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("array-*.out"))
     assert array_states(job) == {"0": "COMPLETED", "1": "COMPLETED"}, outputs[-6000:]
-    assert "requeueing job" in outputs and "trial 0000 resumed (resume #1)" in outputs, outputs[-6000:]
+    other = "0001" if trial == "0000" else "0000"
+    assert "requeueing array task" in outputs, outputs[-6000:]
+    assert ", run 2" not in (tmp_path / f"array-{job}_0.out").read_text()  # only task 1 was
+    assert f"trial {trial} resumed (resume #1)" in outputs, outputs[-6000:]
     assert {n: (r["state"], r["step"], r["resumed"]) for n, r in status(root).items()} == {
-        "0000": ("COMPLETE", "3000", "1"), "0001": ("COMPLETE", "3000", "0")}
-    assert [starts(root / "trials" / f"{n}.log") for n in ("0000", "0001")] == [2, 1]
+        trial: ("COMPLETE", "3000", "1"), other: ("COMPLETE", "3000", "0")}
+    assert [starts(root / "trials" / f"{n}.log") for n in (trial, other)] == [2, 1]

@@ -11,7 +11,8 @@ job asks for ``USR1`` ``warning_s`` seconds before its time limit (``--signal=B:
 ``scancel --batch --signal=USR1 JOB_TASK`` does the same by hand). The script then
 sends one SIGTERM to its sweep process, which passes one SIGTERM to its trial: the trial
 saves a checkpoint and exits 143, the sweep releases it and exits 143, and the script
-requeues its array task (``scontrol requeue``), whose next run resumes the trial from
+requeues its array task (``scontrol requeue ARRAYJOB_TASK``: the task's own job id may be
+the array's, which would requeue every task), whose next run resumes the trial from
 that checkpoint, counted once. Any exit of the sweep with 143 (its trial was preempted)
 requeues the task the same way; another status ends it with that status. The sweep runs
 in the background so that bash runs the trap while it waits.
@@ -87,9 +88,12 @@ log "array task ${{SLURM_ARRAY_TASK_ID:-?}} (job $SLURM_JOB_ID), run $(( ${{SLUR
 {sweep} &
 sweep_pid=$!
 {wait}
+# This array task: its own id may be the array's id (SLURM_ARRAY_JOB_ID), which
+# `scontrol requeue` would take for every task of the array.
+TASK=${{SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}${{SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}}
 if [ "$status" = "$EXIT_PREEMPTED" ]; then
-  log "the trial saved a checkpoint (exit $status): requeueing job $SLURM_JOB_ID; it resumes the trial"
-  if scontrol requeue "$SLURM_JOB_ID"; then
+  log "the trial saved a checkpoint (exit $status): requeueing array task $TASK; it resumes the trial"
+  if scontrol requeue "$TASK"; then
     exit 0
   fi
   log "scontrol requeue failed: submit this script again to resume the trial"
