@@ -75,11 +75,10 @@ class Claims:
 
     def claim(self, trial) -> bool:
         """Takes ``trial`` when nobody runs it (see the module docstring); True if taken."""
-        if not self.take(trial.number):
+        if trial.state.name != "RUNNING" or not self.take(trial.number):
             return False
         owner = trial.user_attrs.get("owner") or ""
-        here = owner.rpartition(":")[0] == socket.gethostname()
-        if trial.state.name == "RUNNING" and (here or resumable(trial)):
+        if owner.rpartition(":")[0] == socket.gethostname() or resumable(trial):
             return True
         self.free(trial.number)
         return False
