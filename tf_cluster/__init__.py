@@ -10,6 +10,8 @@
   schedulers act on (preempted 143, peer lost 170).
 * :mod:`tf_cluster.storage_schemes`: which workdir URLs TensorFlow writes (local, gs://)
   and the one line for those it cannot (s3://: mount it).
+* :mod:`tf_cluster.batch_script`: bash the emitted sbatch scripts share (waiting for
+  their background work while a trap may interrupt).
 
 Pure Python: it imports neither ``trainer`` nor ``launch`` (both import it), nor
 TensorFlow at import time.

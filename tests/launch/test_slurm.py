@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -31,43 +30,16 @@ import pytest
 from launch import local_group, multiworker
 from tests.launch_helpers.running import REPO
 from tests.support.helpers import assert_same_weights
+from tests.support.local_slurm import FINAL_STATES, require_slurm
 
 CONFIG = f"--config={os.path.join(REPO, 'tests', 'launch_helpers', 'weights_config.py')}"
-START_SCRIPT = "tests/slurm/start_local_slurm.sh"
 JOB_S = 300  # generous bound for one job (two TensorFlow start-ups on 2 shared cores)
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 EXIT_PREEMPTED = 143  # checked literally: the code schedulers retry (128 + SIGTERM)
-
-
-def slurm_problem() -> str | None:
-    """Why this machine has no usable Slurm, or None when sinfo shows a ready node."""
-    missing = [tool for tool in ("sbatch", "sinfo", "scontrol", "scancel") if not shutil.which(tool)]
-    if missing:
-        return f"{', '.join(missing)} not on PATH"
-    try:
-        result = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                                timeout=20)
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 20 s"
-    if result.returncode != 0:
-        return f"sinfo failed: {result.stderr.strip() or result.stdout.strip()}"
-    states = result.stdout.split()
-    if not any(s.rstrip("*~#").split("+")[0] in ("idle", "mixed", "allocated", "completing")
-               for s in states):
-        return f"no node is up (sinfo node states: {states or 'none'})"
-    return None
 
 
 @pytest.fixture(scope="module")
 def slurm():
-    problem = slurm_problem()
-    if problem:
-        message = (f"no local Slurm cluster: {problem}. Start one with `sudo {START_SCRIPT}` "
-                   f"(installs slurm-wlm and munge with apt-get if needed).")
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{message} CI=true: the real-Slurm tests must run, not skip.")
-        pytest.skip(message)
+    require_slurm()
 
 
 def free_port_pair() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.helpers import REPO, subprocess_env
@@ -43,9 +44,14 @@ def start(*flags: str, log: Path) -> subprocess.Popen:
                                 stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
-def status(workdir: Path) -> dict[str, dict[str, str]]:
-    """``--status``'s table: ``{trial: {column: cell}}``."""
-    run = sweep("--status", f"--workdir={workdir}", config=None, timeout=60)
+def starts(trial_log: Path) -> int:
+    """How often a trial's command was started: the ``$ COMMAND`` lines of its log."""
+    return sum(line.startswith("$ ") for line in trial_log.read_text().splitlines())
+
+
+def status(workdir: Path, *flags: str) -> dict[str, dict[str, str]]:
+    """``--status``'s table: ``{trial: {column: cell}}`` (``flags``: e.g. ``--storage``)."""
+    run = sweep("--status", f"--workdir={workdir}", *flags, config=None, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.splitlines()
     header = lines[0].split()
@@ -75,3 +81,25 @@ def trial_pid(trial_dir: Path) -> int | None:
         if b"trainer.main" in cmdline and f"--workdir={trial_dir}".encode() in cmdline:
             return int(proc.name)
     return None
+
+
+def wait_for(what, timeout: float = 120.0):
+    """Polls ``what()`` until it is truthy; returns it (fails after ``timeout`` s)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def one_trial_checkpointed(tmp_path, name: str, steps: int):
+    """A one-trial sweep of ``steps`` steps started in ``tmp_path/name``, once its trial
+    wrote a checkpoint: ``(root, flags, trial_dir, the sweep's process)``."""
+    root = tmp_path / name
+    flags = (f"--workdir={root}", "--trials=1", *long_trials(steps))
+    trial_dir = root / "trials" / "0000"
+    first = start(*flags, log=tmp_path / "first.log")
+    wait_for(lambda: checkpoint_steps(trial_dir))
+    return root, flags, trial_dir, first

@@ -25,7 +25,14 @@ def test_mistakes_before_any_trial_are_one_line(tmp_path):
          "config.model has no field 'hiden'"),
         ((workdir, "--trials=1", "--config.sweep.pruner=median"), 1,
          "Configuration error: config.sweep.pruner='median': pruning is not built yet"),
+        ((workdir, "--trials=1", "--storage=journal:///no/such/dir/study.log"), 1,
+         "Storage error: --storage=journal:///no/such/dir/study.log cannot be opened: "),
         ((workdir,), 2, "Usage error: --trials=N is required"),
+        ((workdir, "--trials=2", "--one", "--parallel=2"), 2,
+         "Usage error: --one runs a single trial: drop --parallel=2"),
+        ((workdir, "--trials=2", "--emit=tfjob"), 2,
+         "Usage error: --emit=tfjob: the sweep emits only 'slurm'"),
+        ((workdir, "--trials=2", "--workers=0"), 2, "Usage error: --workers=0 must be >= 1"),
         (("--status", workdir), 2, "holds no sweep (no study.db)"),
     ]
     for flags, code, says in cases:

@@ -9,21 +9,9 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 
-from tests.sweep.runs import (TINY, checkpoint_steps, long_trials, start, status, sweep,
-                              trial_pid)
+from tests.sweep.runs import TINY, one_trial_checkpointed, status, sweep, trial_pid, wait_for
 from tests.support.helpers import REPO, subprocess_env
-
-
-def wait_for(what, timeout: float = 120.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = what()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_two_trials_at_a_time_each_an_ordinary_run_its_command_reproduces(tmp_path):
@@ -53,17 +41,6 @@ def test_two_trials_at_a_time_each_an_ordinary_run_its_command_reproduces(tmp_pa
     assert alone.returncode == 0, alone.stderr[-3000:]
     final = json.loads(alone.stderr.split("final: ", 1)[1].splitlines()[0])
     assert final["eval/accuracy"] == best["value"]
-
-
-def one_trial_checkpointed(tmp_path, name: str, steps: int):
-    """A one-trial sweep of ``steps`` steps started in ``tmp_path/name``, once its trial
-    wrote a checkpoint: ``(root, flags, trial_dir, the sweep's process)``."""
-    root = tmp_path / name
-    flags = (f"--workdir={root}", "--trials=1", *long_trials(steps))
-    trial_dir = root / "trials" / "0000"
-    first = start(*flags, log=tmp_path / "first.log")
-    wait_for(lambda: checkpoint_steps(trial_dir))
-    return root, flags, trial_dir, first
 
 
 def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(tmp_path):

@@ -10,12 +10,15 @@ ordinary ``trainer.main`` runs (docs/sweeps.md). No TensorFlow: it starts proces
   which trials are preempted or stale.
 * :mod:`trainer.sweep.trials` — one trial's ``python -m trainer.main`` process and what
   it reported.
+* :mod:`trainer.sweep.claims` — the file locks by which sweep processes sharing a study
+  never run one trial twice.
 * :mod:`trainer.sweep.runner` — trials P at a time (ask/tell), resumes, retries, signals,
   the progress line.
+* :mod:`trainer.sweep.slurm` — ``--emit=slurm``: the sweep as a Slurm job array.
 * :mod:`trainer.sweep.status` — the status table and ``best_config.json``.
 * :mod:`trainer.sweep.hparams` — the sweep in TensorBoard's HParams dashboard.
 * :mod:`trainer.sweep.mlflow_runs` — the sweep in MLflow: a parent run, a child per trial.
 """
 
-__all__ = ["cli", "hparams", "mlflow_runs", "runner", "settings", "space", "status", "study",
-           "trials"]
+__all__ = ["claims", "cli", "hparams", "mlflow_runs", "runner", "settings", "slurm", "space",
+           "status", "study", "trials"]

@@ -28,12 +28,12 @@ from ml_collections import config_flags
 from tf_cluster.storage_schemes import is_local
 from trainer import cli, errors
 from trainer import config as config_lib
-from trainer.sweep import hparams, mlflow_runs, settings, space, status, study, trials
+from trainer.sweep import hparams, mlflow_runs, settings, slurm, space, status, study, trials
 from trainer.sweep.runner import Plan, Sweep, View, say
 
 PROGRAM = "python -m trainer.sweep"
-OWN_FLAGS = ("config", "workdir", "trials", "parallel", "storage", "study", "status",
-             "traceback")
+OWN_FLAGS = ("config", "workdir", "trials", "parallel", "workers", "one", "emit", "storage",
+             "study", "status", "traceback")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -55,12 +55,19 @@ def _check_flags(argv: list[str]) -> flags.FlagValues:
         _require(values.trials is not None and values.trials >= 1,
                  "--trials=N is required: how many trials the study runs to the end")
         _require(values.parallel >= 1, f"--parallel={values.parallel} must be >= 1")
+        _require(values.workers >= 1, f"--workers={values.workers} must be >= 1")
+        _require(not (values.one and values.parallel > 1),
+                 f"--one runs a single trial: drop --parallel={values.parallel}")
+        _require(values.emit in ("", "slurm"), f"--emit={values.emit}: the sweep emits only "
+                                               f"'slurm'")
+        _require(not (values.one and values.emit), "--one is what each task of --emit=slurm "
+                                                   "runs: drop one of them")
     return values
 
 
 def _open(values: flags.FlagValues, must_exist: bool):
     url = values.storage or study.default_storage(values.workdir)
-    if must_exist and not values.storage and not os.path.exists(url[len("sqlite:///"):]):
+    if must_exist and not values.storage and not os.path.exists(study.sqlite_path(url)):
         raise errors.UsageError(f"--workdir={values.workdir} holds no sweep (no study.db); "
                                 f"start one with {PROGRAM} --config=CFG --workdir=DIR "
                                 f"--trials=N, or pass --storage=URL.")
@@ -108,6 +115,17 @@ def views(config, opened: study.Study, root: str, dims: list[space.Dimension] | 
     return found
 
 
+def emit(values: flags.FlagValues, config_path: str, name: str) -> str:
+    """``--emit=slurm``: the job array's sbatch script (:mod:`trainer.sweep.slurm`)."""
+    own = [f"--config={os.path.abspath(config_path)}",
+           f"--workdir={os.path.abspath(values.workdir)}", f"--trials={values.trials}",
+           *([f"--workers={values.workers}"] if values.workers > 1 else []),
+           *([f"--storage={values.storage}"] if values.storage else []),
+           *([f"--study={values.study}"] if values.study else [])]
+    return slurm.emit_slurm([*own, *trials.passed_overrides(sys.argv, set())], values.trials,
+                            values.parallel, name, cpus=values.workers)
+
+
 def main(argv: list[str]) -> int:
     """Checks, then runs the sweep or shows its status; returns the exit status."""
     values = _check_flags(argv)
@@ -130,16 +148,21 @@ def main(argv: list[str]) -> int:
     opened = study.Study.open(storage, name, config.sweep.direction, signature,
                               config.sweep.metric)
     swept = {d.key for d in dims}
+    if values.emit:
+        print(emit(values, config_path, name), flush=True)
+        return 0
     plan = Plan(config_path=config_path,
                 passed=trials.passed_overrides(sys.argv, swept),
                 sample=space.sampler(dims, search_space, config, config_path),
                 metric=config.sweep.metric, max_retries=config.sweep.max_retries,
                 views=views(config, opened, values.workdir,
-                            dims if search_space is None else None, signature))
+                            dims if search_space is None else None, signature),
+                workers=values.workers)
     say(f"sweep {name}: {values.trials} trial(s), {values.parallel} at a time, "
         f"{config.sweep.direction} {config.sweep.metric}; study in "
         f"{values.storage or study.default_storage(values.workdir)}")
-    code = Sweep(opened, plan, values.workdir, values.trials, values.parallel, say).run()
+    code = Sweep(opened, plan, values.workdir, values.trials, values.parallel, say,
+                 one=values.one).run()
     print(status.report(opened, values.workdir), flush=True)
     if code:
         say("trials were preempted: run the same command again to resume them from "
@@ -155,9 +178,16 @@ def run() -> None:
                                          "workdir), study.db, best_config.json.")
     flags.DEFINE_integer("trials", None, "How many trials the study runs to the end (a "
                                          "resumed trial counts once).")
-    flags.DEFINE_integer("parallel", 1, "Trials run at once on this machine.")
-    flags.DEFINE_string("storage", "", "Optuna storage: a SQLAlchemy URL (default "
-                                       "sqlite:///WORKDIR/study.db).")
+    flags.DEFINE_integer("parallel", 1, "Trials run at once on this machine (with --emit="
+                                        "slurm: array tasks at once).")
+    flags.DEFINE_integer("workers", 1, "Each trial runs as a local worker group of this many "
+                                       "processes (python -m launch.multiworker).")
+    flags.DEFINE_bool("one", False, "Run a single trial (one to resume first, else a new "
+                                    "one) and exit: what each Slurm array task runs.")
+    flags.DEFINE_string("emit", "", "'slurm': print the sweep as an sbatch job array (one "
+                                    "trial per array task) instead of running it.")
+    flags.DEFINE_string("storage", "", "Optuna storage: a SQLAlchemy URL or journal:///PATH "
+                                       "(default sqlite:///WORKDIR/study.db).")
     flags.DEFINE_string("study", "", "The study's name (default: WORKDIR's base name).")
     flags.DEFINE_bool("status", False, "Print the status table of --workdir's sweep and "
                                        "write its best_config.json; runs nothing.")

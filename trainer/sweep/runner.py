@@ -4,12 +4,17 @@ Each of ``--parallel`` threads takes the next job and runs it as a subprocess
 (:mod:`trainer.sweep.trials`), until the study holds ``--trials`` trials and none is left
 to resume:
 
-1. a trial to resume first (:func:`trainer.sweep.study.resumable`: preempted by an
+1. a trial to resume first (:meth:`trainer.sweep.claims.Claims.claim`: preempted by an
    earlier run, or left RUNNING by a sweep process that was killed; its orphaned
    ``trainer.main``, if one still runs here, is stopped first): run again in its own
    workdir, it resumes from its checkpoint, and its ``resumed`` count goes up;
 2. else, while the study holds fewer than ``--trials`` trials, a new one (``ask``): its
    values sampled, its command printed.
+
+The choice is made under ``DIR/claims.lock`` and the chosen trial's lock is held while
+it runs (:mod:`trainer.sweep.claims`), so sweep processes sharing the study never run
+one trial twice. With ``one`` (``--one``, a Slurm array task) the sweep takes a single
+trial and ends with it.
 
 ``--trials N`` counts the study's trials, each run until it finishes: a preempted trial
 is the same trial when it resumes, never a new one. The outcome of a run:
@@ -47,8 +52,9 @@ from typing import Any, Callable, Protocol
 from tf_cluster.exit_codes import EXIT_PREEMPTED
 from trainer.errors import EXIT_USAGE, ConfigError, UserError
 from trainer.sweep import trials as trials_lib
+from trainer.sweep.claims import Claims
 from trainer.sweep.space import override
-from trainer.sweep.study import HEARTBEAT_S, Study, owner_id, resumable, trial_process_alive
+from trainer.sweep.study import HEARTBEAT_S, Study, owner_id, trial_process_alive
 
 PROGRESS_S = 15.0
 ORPHAN_WAIT_S = 90.0
@@ -80,15 +86,18 @@ class Plan:
     metric: str
     max_retries: int
     views: list[View] = dataclasses.field(default_factory=list)
+    workers: int = 1  # > 1: each trial a local worker group (launch.multiworker)
 
 
 class Sweep:
     """One run of ``python -m trainer.sweep`` over ``study`` (see the module docstring)."""
 
     def __init__(self, study: Study, plan: Plan, root: str, n_trials: int, parallel: int,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], one: bool = False):
         self.study, self.plan, self.root = study, plan, root
         self.n_trials, self.parallel, self.say = n_trials, parallel, say
+        self.claims = Claims(root)
+        self.jobs_left: int | None = 1 if one else None  # --one: a single trial
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.running: dict[int, subprocess.Popen | None] = {}
@@ -98,38 +107,48 @@ class Sweep:
 
     # ------------------------------------------------------------------ jobs
     def next_job(self) -> tuple[int, bool] | None:
-        """``(trial number, resumed)`` of the next trial to run here, or None."""
-        with self.lock:
-            if self.stopping.is_set():
+        """``(trial number, resumed)`` of the next trial to run here, or None. Chosen
+        under ``DIR/claims.lock`` (:mod:`trainer.sweep.claims`): another sweep process
+        on the same study never takes the same trial, nor asks past ``--trials``."""
+        with self.claims.choosing(), self.lock:
+            if self.stopping.is_set() or self.jobs_left == 0:
                 return None
             every = self.study.trials()
             for trial in every:
                 number = trial.number
                 if (number not in self.running and number not in self.preempted
-                        and resumable(trial)):
+                        and self.claims.claim(trial)):
                     self._stop_orphan(trial)
                     attrs = trial.user_attrs
                     self.study.set(number, owner=owner_id(), heartbeat=time.time(),
                                    resumed=int(attrs.get("resumed", 0)) + 1)
-                    self.running[number] = None
-                    return number, True
+                    return self._taken(number, True)
             if len(every) >= self.n_trials:
                 return None
-            number = self._ask()
-            self.running[number] = None
-            return number, False
+            return self._taken(self._ask(), False)
+
+    def _taken(self, number: int, resumed: bool) -> tuple[int, bool]:
+        self.running[number] = None
+        if self.jobs_left is not None:
+            self.jobs_left -= 1
+        return number, resumed
 
     def _ask(self) -> int:
         trial = self.study.optuna.ask()
+        if not self.claims.take(trial.number):  # a lock file left by a deleted study
+            raise UserError(f"{self.root}: trial {trial.number:04d}'s lock is held by "
+                            f"another process; is another study running in this --workdir?")
         try:
             values = self.plan.sample(trial)
         except Exception as error:
+            self.claims.free(trial.number)
             self.study.finish(trial.number, error=str(error).splitlines()[0] if str(error)
                               else type(error).__name__)
             raise
         workdir = trials_lib.workdir_of(self.root, trial.number)
         argv = trials_lib.command(self.plan.config_path, workdir, self.plan.passed,
-                                  [override(k, v) for k, v in values.items()])
+                                  [override(k, v) for k, v in values.items()],
+                                  self.plan.workers)
         self.study.set(trial.number, owner=owner_id(), heartbeat=time.time(),
                        workdir=workdir, command=trials_lib.shell(argv), resumed=0,
                        retries=0, seconds=0.0, overrides=json.dumps(values))
@@ -226,6 +245,7 @@ class Sweep:
                 finally:
                     with self.lock:
                         self.running.pop(job[0], None)
+                    self.claims.free(job[0])
         except BaseException as error:  # noqa: BLE001 - the first error ends the sweep
             with self.lock:
                 self.error = self.error or error

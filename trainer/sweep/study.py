@@ -1,7 +1,9 @@
 """The study: an Optuna study in a real database, and what each trial keeps in it.
 
 Storage: ``--storage`` is any SQLAlchemy URL Optuna's ``RDBStorage`` takes
-(``postgresql://...``, ``mysql+pymysql://...`` for many machines); by default
+(``postgresql://...``, ``mysql+pymysql://...`` for many machines), or
+``journal:///PATH``: Optuna's journal file (``JournalStorage(JournalFileBackend(PATH))``,
+an append-only log for a shared filesystem without a database server); by default
 ``sqlite:///DIR/study.db``, a file in the sweep's directory (one machine). The study's
 name defaults to DIR's base name. A storage that cannot be opened is one line
 (:class:`StorageError`).
@@ -40,6 +42,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 ATTRS = ("workdir", "command", "overrides", "resumed", "retries", "step", "seconds",
          "error", "owner", "pid", "heartbeat", "mlflow_run")
+JOURNAL = "journal://"
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
 
@@ -70,15 +73,31 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
+def sqlite_path(url: str) -> str:
+    """The file of a ``sqlite:///PATH`` URL."""
+    return url[len("sqlite:///"):]
+
+
 def open_storage(url: str):
     """Optuna's storage for ``url``; raises :class:`StorageError` in one line."""
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
     try:
+        if url.startswith(JOURNAL):
+            path = url[len(JOURNAL):]
+            if not os.path.isdir(os.path.dirname(path) or "."):
+                raise FileNotFoundError(f"no directory {os.path.dirname(path)}")
+            backend = optuna.storages.journal.JournalFileBackend(path)
+            return optuna.storages.JournalStorage(backend)
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as error:  # noqa: BLE001 - SQLAlchemy, drivers, Optuna: all one line
+        first = first_line(error).rstrip(".")
+        missing = getattr(error.__cause__, "name", None)  # the driver SQLAlchemy imported
+        if isinstance(error.__cause__, ImportError) and missing:
+            first = f"{first} (no module {missing!r}: install the URL's driver)"
         raise StorageError(f"--storage={url} cannot be opened: {type(error).__name__}: "
-                           f"{first_line(error)}. Give a SQLAlchemy URL of a database this machine "
-                           f"reaches, e.g. sqlite:////abs/path/study.db.") from error
+                           f"{first}. Give a SQLAlchemy URL of a database this machine "
+                           f"reaches, e.g. sqlite:////abs/path/study.db, or "
+                           f"journal:///abs/path/study.log.") from error
 
 
 class Study:

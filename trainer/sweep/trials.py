@@ -75,11 +75,18 @@ def passed_overrides(argv: list[str], swept: set[str]) -> list[str]:
     return flags
 
 
-def command(config_path: str, workdir: str, passed: list[str],
-            trial_flags: list[str]) -> list[str]:
-    """The trial's ``python -m trainer.main`` command line (see the module docstring)."""
-    return [sys.executable, "-m", "trainer.main", f"--config={os.path.abspath(config_path)}",
-            f"--workdir={workdir}", *passed, *trial_flags]
+def command(config_path: str, workdir: str, passed: list[str], trial_flags: list[str],
+            workers: int = 1) -> list[str]:
+    """The trial's ``python -m trainer.main`` command line (see the module docstring);
+    with ``workers > 1``, that command run as a local worker group: ``python -m
+    launch.multiworker --workers=W -- FLAGS`` (its tasks on free loopback ports of their
+    own, picked by the launcher at each start)."""
+    flags = [f"--config={os.path.abspath(config_path)}", f"--workdir={workdir}", *passed,
+             *trial_flags]
+    if workers > 1:
+        return [sys.executable, "-m", "launch.multiworker", f"--workers={workers}", "--",
+                *flags]
+    return [sys.executable, "-m", "trainer.main", *flags]
 
 
 def shell(argv: list[str]) -> str:
@@ -110,6 +117,8 @@ def parse_result(text: str) -> tuple[int | None, dict[str, float]]:
 
 def _result_line(text: str) -> tuple[int | None, dict[str, float]]:
     for line in reversed(text.splitlines()):
+        if line.startswith("[") and "] result: " in line:  # a worker group's task
+            line = line.split("] ", 1)[1]
         if not line.startswith("result: "):
             continue
         step, values = None, {}
