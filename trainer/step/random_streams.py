@@ -27,6 +27,7 @@ on the host.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Mapping
 
 import keras
@@ -41,13 +42,19 @@ STATEFUL_RANDOM_OPS = frozenset({
     "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
     "Multinomial", "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2"})
 _FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond")
+# The stateful op types already named, per Trainer (by the id of its step counter, as
+# long as it lives): one warning each, however many loops (plans) trace the step.
+_WARNED: dict[int, set[str]] = {}
 
 
 def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
     """``step_fn`` (a replica step ``batch -> outputs``) drawing its Keras random numbers
     from a stream keyed by (seed, step, replica); warns once per stateful random op
-    type its trace holds (see the module docstring)."""
-    warned: set[str] = set()
+    type the traces of a Trainer (``step_counter``) hold (see the module docstring)."""
+    if id(step_counter) not in _WARNED:
+        _WARNED[id(step_counter)] = set()
+        weakref.finalize(step_counter, _WARNED.pop, id(step_counter), None)
+    warned = _WARNED[id(step_counter)]
 
     def keyed_step(batch):
         graph = tf.compat.v1.get_default_graph()
