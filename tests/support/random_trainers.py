@@ -12,16 +12,25 @@ that replicas draw independent streams and a resume draws what an uninterrupted 
 * a ``keras.layers.Dropout(0.5)`` the Trainer holds (``self.probe``) on a tensor of
   ones: its output ``equal_share`` is the share of equal mask entries between the first
   and the second half of the global batch (on 2 replicas: replica 0's rows against
-  replica 1's; about 0.5 when they draw independently).
+  replica 1's; about 0.5 when they draw independently). Not under
+  ``distribute.strategy=manual`` (its slices cannot gather): ``equal_share`` is then 0.
+
+As a config file (``--config=tests/support/random_trainers.py``): :func:`random_config`.
+With ``RANDOM_TEST_OUT=DIR``, ``fit()`` writes ``DIR/<task>.npz`` (``worker-1``,
+``local-0``: :func:`tests.support.helpers.task_name`) of the final weights and random
+states, ``<i>`` in :func:`train`'s order.
 """
 
 from __future__ import annotations
+
+import os
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 import trainer
+from tests.support.helpers import task_name
 from trainer import config as config_lib
 
 WIDTH = 8
@@ -69,11 +78,27 @@ class RandomTrainer(trainer.Trainer):
         with tf.GradientTape() as tape:
             loss = self.compute_loss((x, y), self.model(x, training=True))
         mean_loss = self.apply_gradients(tape, loss)
+        if self.config.distribute.strategy == "manual":
+            return {"loss": mean_loss, "equal_share": tf.constant(0.0)}
         kept = self.probe(tf.ones([tf.shape(x)[0], PROBE_UNITS]), training=True) > 0
         masks = self.all_gather(tf.cast(kept, tf.float32))
         half = tf.shape(masks)[0] // 2
         equal = tf.cast(tf.equal(masks[:half], masks[half:2 * half]), tf.float32)
         return {"loss": mean_loss, "equal_share": tf.reduce_mean(equal)}
+
+    def fit(self):
+        results = super().fit()
+        out = os.environ.get("RANDOM_TEST_OUT")
+        if out:
+            np.savez(os.path.join(out, f"{task_name()}.npz"),
+                     **{str(i): a for i, a in enumerate(final_arrays(self))})
+        return results
+
+
+def final_arrays(t: RandomTrainer) -> list[np.ndarray]:
+    """The model's weights, then the random generators' states outside the model."""
+    return ([np.asarray(w) for w in t.model.get_weights()]
+            + [np.asarray(v) for _, v in t.context.random_states()])
 
 
 def random_config(replicas: int = 1, steps: int = 8, **overrides):
@@ -96,12 +121,16 @@ def random_config(replicas: int = 1, steps: int = 8, **overrides):
     return config
 
 
+def get_config():
+    """The config file's config: one replica, 8 steps."""
+    return random_config()
+
+
 def train(replicas: int, steps: int, workdir: str | None = None,
           **overrides) -> tuple[list[np.ndarray], dict[str, float]]:
-    """Trains (or resumes in ``workdir``) to ``steps``: ``(final weights and random
-    states, fit results)``."""
+    """Trains (or resumes in ``workdir``) to ``steps`` (``overrides``: config fields):
+    ``(final weights and random states, fit results)``."""
     t = RandomTrainer(random_config(replicas, steps, **overrides), workdir)
     assert t.strategy.num_replicas_in_sync == replicas, t.strategy
     results = t.fit()
-    states = [np.asarray(v) for _, v in t.context.random_states()]
-    return [np.asarray(w) for w in t.model.get_weights()] + states, results
+    return final_arrays(t), results
