@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import trainer
+from benchmarks.common.arrays_trainer import ArraysTrainer
 from tests.support.helpers import task_name
 from trainer import config as config_lib
 
@@ -49,7 +49,7 @@ class GeneratorNoise(keras.layers.Layer):
         return x
 
 
-class RandomTrainer(trainer.Trainer):
+class RandomTrainer(ArraysTrainer):
     """Dense classifier over deterministic data with random ops of every kind in its step."""
 
     def build_model(self):
@@ -59,17 +59,9 @@ class RandomTrainer(trainer.Trainer):
                                  keras.layers.Dense(16, activation="relu"),
                                  keras.layers.Dropout(0.5), keras.layers.Dense(2)])
 
-    def build_train_dataset(self, ctx):
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(128, WIDTH)).astype(np.float32)
-        y = (x[:, 0] > 0).astype(np.int32)
-        batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-            batch, drop_remainder=True)
-
-    def compute_loss(self, batch, outputs):
-        return keras.losses.sparse_categorical_crossentropy(batch[1], outputs,
-                                                            from_logits=True)
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        x = np.random.default_rng(0).normal(size=(128, WIDTH)).astype(np.float32)
+        return x, (x[:, 0] > 0).astype(np.int32)
 
     def train_step(self, batch):
         x, y = batch

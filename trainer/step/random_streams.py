@@ -35,6 +35,7 @@ import tensorflow as tf
 from absl import logging
 
 from trainer.runtime import keras_compat
+from trainer.step import owned_variables
 
 #: Stateful TensorFlow random ops that take an op seed: their sequence restarts in every
 #: new tf.function and process (and is the same on every replica).
@@ -103,23 +104,10 @@ def stateful_warning(op_type: str, name: str) -> str:
 
 
 def _state(value: Any) -> Any | None:
-    if isinstance(value, keras.random.SeedGenerator):
-        return value.state
-    if isinstance(value, tf.random.Generator):
+    """The state variable of a Keras ``SeedGenerator`` or a ``tf.random.Generator``."""
+    if isinstance(value, (keras.random.SeedGenerator, tf.random.Generator)):
         return value.state
     return None
-
-
-def _walk(path: str, value: Any, found: list) -> None:
-    state = _state(value)
-    if state is not None:
-        found.append((path, state))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _walk(f"{path}/{i}", item, found)
-    elif isinstance(value, Mapping):
-        for key in sorted(value, key=str):
-            _walk(f"{path}/{key}", value[key], found)
 
 
 def find(attributes: Mapping[str, Any], model: keras.Model) -> list[tuple[str, Any]]:
@@ -127,21 +115,18 @@ def find(attributes: Mapping[str, Any], model: keras.Model) -> list[tuple[str, A
     (``attributes``: its ``vars()``; public entries, named by attribute path) and of the
     layers of ``model`` and of the Keras layers in its public attributes (named
     ``LAYER_PATH/attribute``), each once, none of ``model.variables``, in a fixed order."""
-    found: list = []
-    public = {attr: attributes[attr] for attr in sorted(attributes) if not attr.startswith("_")}
-    for attr, value in public.items():
-        _walk(attr, value, found)
-    holders = [model, *(v for v in public.values() if isinstance(v, keras.layers.Layer))]
+    found = owned_variables.leaves(attributes)
+    holders = [model, *(v for _, v in found if isinstance(v, keras.layers.Layer))]
     layers = {id(layer): layer for holder in holders for layer in keras_compat.all_layers(holder)}
     for layer in layers.values():
         prefix = getattr(layer, "path", None) or layer.name
-        for attr, value in sorted(vars(layer).items()):
-            if not attr.startswith("_"):
-                _walk(f"{prefix}/{attr}", value, found)
+        found += [(f"{prefix}/{path}", value)
+                  for path, value in owned_variables.leaves(vars(layer))]
     seen = {id(v) for v in model.variables}
     states = []
-    for name, variable in found:
-        if id(variable) not in seen:
-            seen.add(id(variable))
-            states.append((name, variable))
+    for name, value in found:
+        state = _state(value)
+        if state is not None and id(state) not in seen:
+            seen.add(id(state))
+            states.append((name, state))
     return states
