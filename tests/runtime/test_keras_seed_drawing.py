@@ -1,7 +1,8 @@
 """The pinned private way into Keras' random ops (trainer.runtime.keras_compat.seed_key):
 every Keras random op of the TensorFlow backend draws its seed through the
 ``draw_seed`` its private modules import by name. A Keras upgrade that moves it fails
-here, not silently in a run whose replicas all draw the same numbers. Also the warning
+here, not silently in a run whose replicas all draw the same numbers (or whose draws
+change when an execution plan compiles the step with XLA). Also the warning
 for a stateful tf.random op in the step (trainer/step/random_streams.py)."""
 
 from __future__ import annotations
@@ -60,3 +61,23 @@ def test_a_stateful_tf_random_op_in_the_step_is_named_once(caplog):
     warned = [r.getMessage() for r in caplog.records if "stateful TensorFlow op" in r.getMessage()]
     assert len(warned) == 1, warned
     assert "RandomUniform" in warned[0] and "keras.random.SeedGenerator" in warned[0]
+
+
+def test_keras_draws_the_same_numbers_with_and_without_xla():
+    # TensorFlow's default algorithm draws ThreeFry under XLA and philox without on a
+    # CPU; Keras' random modules see keras_compat.PINNED_TF (philox).
+    keras_compat.keyed_seed_drawing()
+    generator = keras.random.SeedGenerator(2)
+
+    def draw():
+        with keras_compat.seed_key(3, 1):
+            return [keras.random.uniform([256], seed=5), keras.random.normal([256], seed=6),
+                    keras.random.truncated_normal([256], seed=7),
+                    keras.random.dropout(tf.ones([256]), 0.5, seed=8)]
+
+    state = generator.state.numpy()
+    plain = [t.numpy() for t in tf.function(draw)()]
+    generator.state.assign(state)
+    compiled = [t.numpy() for t in tf.function(draw, jit_compile=True)()]
+    for i, (a, b) in enumerate(zip(plain, compiled)):
+        np.testing.assert_array_equal(a, b, err_msg=f"draw {i}")

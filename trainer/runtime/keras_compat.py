@@ -38,6 +38,12 @@ private name it uses and fails with a clear message when a Keras version lacks i
   import by name. Those two names are replaced, once, by a drawing that folds the key of
   the enclosing :func:`seed_key` blocks into the drawn seed (philox ``stateless_fold_in``):
   a replica's step draws its own stream, keyed by step, replica and device slice.
+  The same modules see TensorFlow through their module global ``tf``; it is replaced by
+  a view of TensorFlow whose stateless uniform, normal, truncated-normal and dropout
+  draws default to the philox algorithm: TensorFlow's ``auto_select`` draws other
+  numbers under XLA than without (ThreeFry against philox on CPU), so an execution plan
+  that compiles the step would change its dropout masks. Categorical, gamma and
+  binomial draws take no algorithm and are left as they are.
 """
 
 from __future__ import annotations
@@ -250,10 +256,41 @@ def _keyed_drawing(draw: Callable) -> Callable:
     return draw_seed
 
 
+class _PinnedDraws:
+    """A module (``tf``, ``tf.random``, ``tf.nn``) as Keras' random modules see it:
+    its attributes, but those of ``replaced`` (pinned draws, pinned sub-modules)."""
+
+    def __init__(self, module: Any, replaced: dict[str, Any]):
+        self._module, self._replaced = module, replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self._replaced[name] if name in self._replaced else getattr(self._module, name)
+
+
+def _philox_default(draw: Callable, keyword: str) -> Callable:
+    def pinned(*args, **kwargs):
+        kwargs.setdefault(keyword, "philox")
+        return draw(*args, **kwargs)
+
+    return pinned
+
+
+#: TensorFlow as Keras' random modules see it (see the module docstring).
+PINNED_TF = _PinnedDraws(tf, {
+    "random": _PinnedDraws(tf.random, {
+        name: _philox_default(getattr(tf.random, name), "alg")
+        for name in ("stateless_uniform", "stateless_normal", "stateless_truncated_normal")}),
+    "nn": _PinnedDraws(tf.nn, {"experimental": _PinnedDraws(tf.nn.experimental, {
+        "stateless_dropout": _philox_default(tf.nn.experimental.stateless_dropout,
+                                             "rng_alg")})}),
+})
+
+
 def keyed_seed_drawing() -> None:
-    """Makes Keras' random ops read :func:`seed_key` (idempotent); raises RuntimeError
-    naming the Keras version when its TensorFlow backend no longer draws seeds through
-    the private ``draw_seed`` of :data:`SEED_DRAWING_MODULES`."""
+    """Makes Keras' random ops read :func:`seed_key` and draw with philox
+    (:data:`PINNED_TF`; idempotent); raises RuntimeError naming the Keras version when
+    its TensorFlow backend no longer draws seeds through the private ``draw_seed`` of
+    :data:`SEED_DRAWING_MODULES`."""
     for module in SEED_DRAWING_MODULES:
         draw = getattr(module, "draw_seed", None)
         if draw is None:
@@ -262,6 +299,8 @@ def keyed_seed_drawing() -> None:
                 f"changed how random ops draw seeds; use a Keras version from 3.10 to 3.15.")
         if not hasattr(draw, "keras_draw_seed"):
             module.draw_seed = _keyed_drawing(draw)
+        if getattr(module, "tf", None) is tf:
+            module.tf = PINNED_TF
 
 
 @contextlib.contextmanager
