@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
+from benchmarks.common import rounds
 from benchmarks.common.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -68,13 +68,7 @@ def main() -> None:
     functions = draws(args.draws)
     for function in functions.values():  # trace, compile, warm up
         function()
-    times = {name: [] for name in functions}
-    names = list(functions)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            functions[name]()
-            times[name].append((time.perf_counter() - start) / args.draws * 1e6)
+    times = rounds.interleaved(functions, args.rounds, args.draws)
     rows = [from_rounds(name, values, "us", times["auto"], note="per draw")
             for name, values in times.items()]
     print(format_table(f"random_draws: {args.rounds} rounds x {args.draws} dropouts of "

@@ -6,7 +6,7 @@
         --replicas 2 \
         --workdir DIR --out runs.npz
 
-Trains :class:`tests.support.random_trainers.RandomTrainer` to step 8 straight, then to
+Trains :class:`tests.distribution.random_trainers.RandomTrainer` to step 8 straight, then to
 step 4 and resumed (a new Trainer in the same workdir) to step 8: on N Mirrored
 replicas, or with ``--manual N`` on one replica under ``distribute.strategy=manual`` over N
 virtual CPU devices, or on each worker of a group the launcher started (TF_CONFIG set;
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args, _ = parser.parse_known_args()  # the launcher adds trainer.main's flags
 
-    from tests.support import random_trainers
+    from tests.distribution import random_trainers
     from tests.support.helpers import task_name
 
     manual = ({"distribute.strategy": "manual", "distribute.virtual_devices": args.manual}

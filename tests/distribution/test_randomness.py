@@ -2,7 +2,7 @@
 Dropout draws other masks on each replica, and a run resumed at step 4 ends bit-equal to
 an uninterrupted one with dropout, a Trainer's SeedGenerator, an int-seeded
 keras.random op and a layer's tf.random.Generator in the step
-(tests/support/random_trainers.py): on 1 and 2 Mirrored replicas, under manual data
+(tests/distribution/random_trainers.py): on 1 and 2 Mirrored replicas, under manual data
 parallelism over 2 devices (one process each) and on 2 workers (launch.multiworker)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A Trainer whose step draws random numbers every way a user writes them, for the tests
 that replicas draw independent streams and a resume draws what an uninterrupted run draws
-(tests/distribution/test_randomness.py).
+(tests/distribution/test_randomness.py, through run_randomness.py).
 
 :class:`RandomTrainer`'s step draws from
 
@@ -14,23 +14,15 @@ that replicas draw independent streams and a resume draws what an uninterrupted 
   and the second half of the global batch (on 2 replicas: replica 0's rows against
   replica 1's; about 0.5 when they draw independently). Not under
   ``distribute.strategy=manual`` (its slices cannot gather): ``equal_share`` is then 0.
-
-As a config file (``--config=tests/support/random_trainers.py``): :func:`random_config`.
-With ``RANDOM_TEST_OUT=DIR``, ``fit()`` writes ``DIR/<task>.npz`` (``worker-1``,
-``local-0``: :func:`tests.support.helpers.task_name`) of the final weights and random
-states, ``<i>`` in :func:`train`'s order.
 """
 
 from __future__ import annotations
-
-import os
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from benchmarks.common.arrays_trainer import ArraysTrainer
-from tests.support.helpers import task_name
 from trainer import config as config_lib
 
 WIDTH = 8
@@ -78,14 +70,6 @@ class RandomTrainer(ArraysTrainer):
         equal = tf.cast(tf.equal(masks[:half], masks[half:2 * half]), tf.float32)
         return {"loss": mean_loss, "equal_share": tf.reduce_mean(equal)}
 
-    def fit(self):
-        results = super().fit()
-        out = os.environ.get("RANDOM_TEST_OUT")
-        if out:
-            np.savez(os.path.join(out, f"{task_name()}.npz"),
-                     **{str(i): a for i, a in enumerate(final_arrays(self))})
-        return results
-
 
 def final_arrays(t: RandomTrainer) -> list[np.ndarray]:
     """The model's weights, then the random generators' states outside the model."""
@@ -111,11 +95,6 @@ def random_config(replicas: int = 1, steps: int = 8, **overrides):
         config.distribute.virtual_devices = replicas
     config.update_from_flattened_dict(overrides)
     return config
-
-
-def get_config():
-    """The config file's config: one replica, 8 steps."""
-    return random_config()
 
 
 def train(replicas: int, steps: int, workdir: str | None = None,
