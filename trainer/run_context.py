@@ -120,6 +120,10 @@ class RunContext(Protocol):
         """``[(attribute path, variable)]``: the trainable variables the Trainer holds
         itself, trained with the model's (:mod:`trainer.step.owned_variables`)."""
 
+    def random_states(self) -> list[tuple[str, Any]]:
+        """``[(name, variable)]``: the states of the random generators the Trainer or its
+        model's layers hold that are not model variables (:mod:`trainer.step.random_streams`)."""
+
     def train_graph(self) -> Any:
         """After a loop: the ``tf.Graph`` of the compiled train loop as ``fit()`` traced
         it (no retrace); None before."""

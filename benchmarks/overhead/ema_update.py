@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
+from benchmarks.common import rounds
 from benchmarks.common.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -64,13 +64,7 @@ def main() -> None:
     functions = updates(args.updates)
     for function in functions.values():  # trace, compile, warm up
         function()
-    times = {name: [] for name in functions}
-    names = list(functions)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            functions[name]()
-            times[name].append((time.perf_counter() - start) / args.updates * 1e6)
+    times = rounds.interleaved(functions, args.rounds, args.updates)
     rows = [from_rounds(name, values, "us", times["ops"], note="per update")
             for name, values in times.items()]
     print(format_table(f"ema_update: {args.rounds} rounds x {args.updates} updates", rows,

@@ -30,7 +30,7 @@ A spec::
          "synchronized": true},  # BatchNormalization(synchronized=...)
         {"layer": "running_mean"},  # centres on a running mean it updates in call (float
             # state read after its update: averaged over the replicas at each assign)
-        {"layer": "dropout"},             # Dropout(0.0)
+        {"layer": "dropout", "rate": 0.0|0.5},   # Dropout(rate); no "rate": 0.0
         {"layer": "add_loss", "coef": 0.01},   # add_loss(coef * mean(x**2))
         {"layer": "layer_norm", "center": true}],
      "heads": [  # 1 or 2; named out0, out1; dict outputs and dict labels when "dict_outputs"
@@ -43,6 +43,9 @@ A spec::
             # the train_step: the framework's; a tape and self.apply_gradients; the same
             # plus a term over the whole global batch through self.all_gather; the Keras
             # guide's (a mean loss, then optimizer.apply_gradients: refused)
+               "noise": null|"seed_generator",
+            # the Trainer holds a keras.random.SeedGenerator (made in build_model) and
+            # every head's outputs become outputs * (1 + 0.1 * keras.random.normal(...))
                "owned": null|"tf"|"keras"|"nested",
             # variables the Trainer holds itself, made in build_model (trained with the
             # model): self.log_temp = tf.Variable(0.0) / keras.Variable(0.0), or
@@ -60,8 +63,11 @@ What the property expects of a spec (:func:`expected_outcome`): ``"refused"`` (a
 ``direct_apply`` step or a refused optimizer argument: one Hook error line, on every
 replica count, :func:`refusal` says which), ``"warned"`` (a batch norm that is not
 synchronized, neither by its layer nor by ``sync_batch_norm``, on 2 replicas: one
-warning naming it; the weights differ by design) or ``"equal"`` (the same weights on 1
-and 2 replicas).
+warning naming it; the weights differ by design), ``"random"`` (a dropout rate above
+zero or the Trainer's SeedGenerator noise: the replicas draw other numbers than one
+replica, so the weights differ by design; on each replica count a run stopped after
+half its steps and resumed (a new Trainer in its workdir) ends bit-equal to the
+uninterrupted run) or ``"equal"`` (the same weights on 1 and 2 replicas).
 
 The loss is the per-example sum over heads (sparse softmax cross-entropy for a class
 head, squared error averaged over the width for a regression head); the optimizer Adam.
@@ -73,8 +79,8 @@ rounding, through a ReLU for each unit active on the whole batch, and Adam scale
 rounding noise up to full-size steps, differently per replica count; found under the
 ``ci`` profile: a Dense(3, relu) bias before a synchronized batch norm, 2.5e-5 relative
 off after 3 steps with ``global_clipnorm``, the other weights <= 3.5e-6), an
-input that is the same for every example (a one-word string vocabulary: the same), and
-dropout rates above zero (the replicas draw other masks). The property also skips a
+input that is the same for every example (a one-word string vocabulary: the same). The
+property also skips a
 batch norm or a running mean of an input already centred over the batch
 (:func:`normalizes_a_centred_batch`).
 """
@@ -140,7 +146,8 @@ def _trunk_layer():
             "center": st.booleans(), "scale": st.booleans(),
             "synchronized": st.sampled_from([True, True, False])}),
         st.just({"layer": "running_mean"}),
-        st.just({"layer": "dropout"}),
+        st.fixed_dictionaries({"layer": st.just("dropout"),
+                               "rate": st.sampled_from([0.0, 0.0, 0.5])}),
         st.fixed_dictionaries({"layer": st.just("add_loss"),
                                "coef": st.sampled_from([1e-3, 1e-2, 1e-1])}),
         st.just({"layer": "layer_norm", "center": True}),
@@ -196,6 +203,7 @@ def specs(draw) -> dict[str, Any]:
             "step": draw(st.sampled_from(["default", "default", "tape", "gather",
                                           "direct_apply"])),
             "owned": draw(st.sampled_from([None, None, "tf", "keras", "nested"])),
+            "noise": draw(st.sampled_from([None, None, None, "seed_generator"])),
             "keras_optimizer": draw(st.one_of(st.none(), _optimizer())),
         },
     }
@@ -241,14 +249,25 @@ def refusal(spec: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def expected_outcome(spec: dict[str, Any]) -> str:
-    """``"refused"``, ``"warned"`` or ``"equal"`` (see the module docstring)."""
+    """``"refused"``, ``"warned"``, ``"random"`` or ``"equal"`` (see the module
+    docstring)."""
     if refusal(spec) is not None:
         return "refused"
     unsynchronized = any(layer["layer"] == "batch_norm" and not layer.get("synchronized", True)
                          for layer in spec["trunk"])
     if unsynchronized and not spec["train"].get("sync_batch_norm", False):
         return "warned"
+    if draws_random_numbers(spec):
+        return "random"
     return "equal"
+
+
+def draws_random_numbers(spec: dict[str, Any]) -> bool:
+    """Whether the spec's step draws random numbers (a dropout rate above zero, the
+    Trainer's SeedGenerator noise)."""
+    return (spec["train"].get("noise") is not None
+            or any(layer["layer"] == "dropout" and layer.get("rate", 0.0) > 0
+                   for layer in spec["trunk"]))
 
 
 def normalizes_a_centred_batch(spec: dict[str, Any]) -> bool:
@@ -280,6 +299,8 @@ def describe(spec: dict[str, Any]) -> str:
     kinds = ({"in:" + i["kind"] for i in spec["inputs"]} | {l["layer"] for l in spec["trunk"]}
              | {"out:" + h["kind"] for h in spec["heads"]}
              | ({f"owned:{spec['train']['owned']}"} if spec["train"].get("owned") else set())
+             | ({f"noise:{spec['train']['noise']}"} if spec["train"].get("noise") else set())
+             | {f"dropout:{l['rate']}" for l in spec["trunk"] if l.get("rate")}
              | {"optimizer:" + k for k in optimizer.get("args", {})}
              | ({"optimizer:" + optimizer["wrapper"]} if optimizer.get("wrapper") else set()))
     return " ".join(sorted(kinds))
@@ -444,7 +465,7 @@ def _trunk_layer_of(layer: dict[str, Any], name: str):
 
         return toy.RunningMean(name=name)
     if kind == "dropout":
-        return keras.layers.Dropout(0.0, name=name)
+        return keras.layers.Dropout(layer.get("rate", 0.0), name=name)
     if kind == "add_loss":
         return _square_penalty()(layer["coef"], name=name)
     if kind == "layer_norm":
@@ -516,6 +537,8 @@ def _trainer_class():
                 self.log_temp = keras.Variable(0.0)
             elif owned == "nested":
                 self.temps = {"scale": [tf.Variable(0.0)], "shift": keras.Variable(0.0)}
+            if self.spec["train"].get("noise") == "seed_generator":
+                self.noise = keras.random.SeedGenerator(self.spec["seed"])
             return build_model(self.spec)
 
         def build_optimizer(self):
@@ -528,8 +551,12 @@ def _trainer_class():
                     if optimizer["wrapper"] == "loss_scale" else adam)
 
         def owned_transform(self, outputs):
-            """Every head's outputs times exp(the learnable log-temperature) and (1 + the
-            learnable shift) (the spec's "owned" variables; none: unchanged)."""
+            """Every head's outputs times (1 + the spec's SeedGenerator noise), exp(the
+            learnable log-temperature) and (1 + the learnable shift) (the spec's "noise"
+            and "owned" variables; none: unchanged)."""
+            if self.spec["train"].get("noise") == "seed_generator":
+                outputs = tf.nest.map_structure(lambda out: tf.cast(out, tf.float32) * (
+                    1.0 + 0.1 * keras.random.normal(tf.shape(out), seed=self.noise)), outputs)
             owned = self.spec["train"].get("owned")
             if owned is None:
                 return outputs
@@ -579,11 +606,11 @@ def __getattr__(name: str):
 
 def train_spec(spec: dict[str, Any], replicas: int):
     """Trains ``spec`` on ``replicas`` replicas in this process: ``(names, initial
-    weights, final weights, warnings)`` (the model's weights in ``model.weights`` order;
-    the warnings the Trainer logged while it was built)."""
+    weights, final weights, warnings, resumed)`` (the model's weights in
+    ``model.weights`` order; the warnings the Trainer logged while it was built;
+    ``resumed``: for a spec that draws random numbers, the final weights of a run
+    stopped after half its steps and resumed by a new Trainer, else None)."""
     import logging
-
-    import numpy as np
 
     from tests.properties import model_specs
 
@@ -603,13 +630,36 @@ def train_spec(spec: dict[str, Any], replicas: int):
     finally:
         logging.getLogger("absl").removeHandler(warnings)
     assert t.strategy.num_replicas_in_sync == replicas, t.strategy
-    owned = t.gradients.owned  # the Trainer's own variables, compared as weights
-
-    def values():
-        return ([np.asarray(w) for w in t.model.get_weights()]
-                + [np.asarray(v.numpy()) for _, v in owned])
-
-    names = [w.path for w in t.model.weights] + [f"owned/{path}" for path, _ in owned]
-    initial = values()
+    names = [w.path for w in t.model.weights] + [f"owned/{path}" for path, _ in t.gradients.owned]
+    initial = _values(t)
     t.fit()
-    return names, initial, values(), warnings.lines
+    resumed = _resumed(spec, replicas) if draws_random_numbers(spec) else None
+    return names, initial, _values(t), warnings.lines, resumed
+
+
+def _values(t) -> list:
+    """The model's weights, then the variables the Trainer holds (compared as weights)."""
+    import numpy as np
+
+    return ([np.asarray(w) for w in t.model.get_weights()]
+            + [np.asarray(v.numpy()) for _, v in t.gradients.owned])
+
+
+def _resumed(spec: dict[str, Any], replicas: int) -> list:
+    """The final weights of ``spec`` trained to half its steps in a fresh workdir, then
+    resumed there by a new Trainer to its last step."""
+    import shutil
+    import tempfile
+
+    from tests.properties import model_specs
+
+    workdir = tempfile.mkdtemp(prefix="spec-resume-")
+    try:
+        config = spec_config(spec, replicas)
+        config.train.steps = spec["train"]["steps"] // 2
+        model_specs.SpecTrainer(config, workdir).fit()
+        t = model_specs.SpecTrainer(spec_config(spec, replicas), workdir)
+        t.fit()
+        return _values(t)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

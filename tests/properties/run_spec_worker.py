@@ -11,7 +11,8 @@ goes to stderr):
 * the worker prints ``{"ready": true}`` once TensorFlow is imported;
 * then for every line ``{"id": K, "spec": {...}}`` on stdin (:mod:`model_specs`) it
   trains the spec and answers ``{"id": K, "npz": PATH, "seconds": S}``, the ``.npz``
-  holding ``names`` (the weights' paths), ``initial/<i>`` and ``final/<i>``, or
+  holding ``names`` (the weights' paths), ``initial/<i>`` and ``final/<i>`` (and
+  ``resumed/<i>`` for a spec that draws random numbers: ``model_specs.train_spec``), or
   ``{"id": K, "error": "Type: message", "traceback": "..."}`` when building or training
   failed;
 * it exits at the end of stdin.
@@ -64,8 +65,8 @@ def main() -> None:
         request = json.loads(line)
         key, start = request["id"], time.perf_counter()
         try:
-            names, initial, final, warnings = model_specs.train_spec(request["spec"],
-                                                                     args.replicas)
+            names, initial, final, warnings, resumed = model_specs.train_spec(
+                request["spec"], args.replicas)
         except Exception as error:  # noqa: BLE001 (answered; the property reports it)
             answer = {"id": key, "error": f"{type(error).__name__}: {error}",
                       "traceback": traceback.format_exc()[-4000:]}
@@ -73,7 +74,8 @@ def main() -> None:
             path = os.path.join(args.out, f"{key}-{args.replicas}.npz")
             np.savez(path, names=np.array(names),
                      **{f"initial/{i}": w for i, w in enumerate(initial)},
-                     **{f"final/{i}": w for i, w in enumerate(final)})
+                     **{f"final/{i}": w for i, w in enumerate(final)},
+                     **{f"resumed/{i}": w for i, w in enumerate(resumed or [])})
             answer = {"id": key, "npz": path, "warnings": warnings,
                       "seconds": round(time.perf_counter() - start, 3)}
         finally:
@@ -184,7 +186,8 @@ def train_on_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> 
 
 
 def weights(run: dict, which: str) -> list:
-    """The ``"initial"`` or ``"final"`` weights of one run, in ``run["names"]`` order."""
+    """The ``"initial"``, ``"final"`` or ``"resumed"`` weights of one run, in
+    ``run["names"]`` order."""
     return [run[f"{which}/{i}"] for i in range(len(run["names"]))]
 
 

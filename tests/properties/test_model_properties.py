@@ -4,7 +4,8 @@ Hypothesis draws a model SPEC (tests/properties/model_specs.py: dense, Embedding
 mask_zero over variable-length padded ids, StringLookup over strings, dict inputs and
 outputs, batch norm (synchronized by its layer, by distribute.sync_batch_norm, or not:
 then 2 replicas must say so), state a layer updates in its forward pass, frozen layers,
-regularizers, add_loss, Dropout(0.0); the framework's step, a tape step, one over the
+regularizers, add_loss, Dropout of rate 0 or 0.5, a SeedGenerator the Trainer holds
+drawing noise in the loss; the framework's step, a tape step, one over the
 gathered global batch (all_gather), or the Keras guide's (it must be refused);
 variables the Trainer holds itself (trained with the model), a LossScaleOptimizer (taken
 apart) and Keras optimizer arguments (clipping and use_ema held; accumulation,
@@ -12,7 +13,10 @@ loss_scale_factor and ema_overwrite_frequency refused with one line);
 feature widths, dtypes, sequence lengths, padding, batch 8 or 16, 2 to 4 Adam steps) and
 sends it to two long-lived workers (run_spec_worker.py), one per replica count, started
 once for this module: they train it at the same time, and the final weights must agree
-within ``TOL`` relative (tests/support/families.py's, as in test_model_families.py).
+within ``TOL`` relative (tests/support/families.py's, as in test_model_families.py). A spec
+that draws random numbers trains to other weights on 2 replicas (they draw other numbers
+than one replica) and must instead resume bit-equal on each: stopped after half its steps
+and resumed by a new Trainer, it ends where the uninterrupted run ends.
 Profiles: tests/README.md.
 """
 
@@ -69,7 +73,8 @@ _TANH = {"layer": "dense", "units": 5, "activation": "tanh", "use_bias": True,
          "trainable": True, "kernel_regularizer": None, "activity_regularizer": None}
 #: Hand-written specs of each outcome: state read after its update and a loss over the
 #: gathered global batch (equal), a batch norm synchronized by distribute.sync_batch_norm
-#: (equal), one that is not (warned), the Keras guide's step (refused).
+#: (equal), one that is not (warned), the Keras guide's step (refused), dropout and a
+#: Trainer's SeedGenerator (random: bit-equal after a resume).
 OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "running_mean"}, _TANH], step="gather"),
     _variant(EVERY_FAMILY, [_TANH, {"layer": "batch_norm", "momentum": 0.5, "center": True,
@@ -78,6 +83,8 @@ OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "batch_norm", "momentum": 0.5, "center": True,
                                     "scale": True, "synchronized": False}]),
     _variant(EVERY_FAMILY, step="direct_apply"),
+    _variant(EVERY_FAMILY, [_TANH, {"layer": "dropout", "rate": 0.5}, _TANH], step="tape",
+             noise="seed_generator"),
 ]
 
 #: Hand-written specs of what a user brings besides the model (each run in every
@@ -119,6 +126,13 @@ def check_same_weights(workers: dict, spec: dict) -> None:
     assert not [w for w in runs[1]["warnings"] if "BatchNormalization layer(s)" in w]
     if expected == "warned":  # the weights differ by design, and the run said so
         return
+    if expected == "random":  # other draws than one replica's; a resume draws the same
+        for n, run in runs.items():
+            for name, a, b in zip(run["names"], weights(run, "final"), weights(run, "resumed")):
+                assert np.array_equal(a, b), (
+                    f"{n} replica(s): {name} resumed at half the steps differs from the "
+                    f"uninterrupted run by {np.max(np.abs(a - b)):.3g}")
+        return
     assert any(not np.array_equal(a, b)  # the run trained (guards the comparison)
                for a, b in zip(weights(runs[1], "initial"), weights(runs[1], "final")))
     diffs = differences(runs, 2)
@@ -132,6 +146,7 @@ def check_same_weights(workers: dict, spec: dict) -> None:
 @example(spec=OUTCOMES[1])
 @example(spec=OUTCOMES[2])
 @example(spec=OUTCOMES[3])
+@example(spec=OUTCOMES[4])
 @example(spec=USER_OBJECTS[0])
 @example(spec=USER_OBJECTS[1])
 @example(spec=USER_OBJECTS[2])

@@ -8,6 +8,10 @@ The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the group
   learning rate);
 * one group per other ``keras.Model`` / ``keras.optimizers.Optimizer`` attribute of the
   Trainer (e.g. a second optimizer; variables already saved are not repeated);
+* ``random``: the states of the ``SeedGenerator`` and ``tf.random.Generator`` objects the
+  Trainer or a layer holds outside the model's variables (by attribute path:
+  :mod:`trainer.step.random_streams`), so a resumed run draws what an uninterrupted one
+  draws;
 * ``trainer``: ``step_counter`` and the loss-scale state (``scale``, ``good_steps``,
   ``skipped_steps``, ``last_skipped_step``).
 
@@ -70,7 +74,8 @@ def state_variables(run: RunContext) -> Groups:
     ``run``: the run context (:class:`trainer.run_context.RunContext`). Groups, in
     order: ``model``, ``owned`` (the trainable variables the Trainer holds itself, by
     attribute path), ``optimizer``, one per other ``keras.Model`` or Keras optimizer
-    the Trainer holds (``other_models_and_optimizers()``, by attribute name), ``trainer``. A
+    the Trainer holds (``other_models_and_optimizers()``, by attribute name), ``ema``,
+    ``random`` (generators' states, by attribute path), ``trainer``. A
     variable appears once (in its first group). The optimizer must be built.
     """
     groups: Groups = {}
@@ -96,6 +101,8 @@ def state_variables(run: RunContext) -> Groups:
         add(attr, value.variables)
     if run.ema is not None and run.ema.built:
         add("ema", run.ema.variables)
+    randoms = run.random_states()
+    add("random", [v for _, v in randoms], [name for name, _ in randoms])
     p = run.precision
     add("trainer", [run.step_counter, p.scale, p.good_steps, p.skipped_steps,
                     p.last_skipped_step])

@@ -42,8 +42,9 @@ Limits:
   example-weighted mean of the slices' results (:mod:`trainer.step.replica_state`): one
   device's update on the whole batch for a running mean; BatchNorm's batch statistics in
   the forward pass are still each slice's own.
-* Random ops (dropout) draw per slice: the same distribution, not the same numbers as
-  one device on the whole batch.
+* Random ops (dropout) draw per slice: each slice's Keras draws have its index folded
+  into their seeds (:mod:`trainer.step.random_streams`), so slices draw independent
+  streams: the same distribution, not the same numbers as one device on the whole batch.
 * All updates of a step are applied after every slice ran. A ``train_step`` with
   several ``apply_gradients`` calls whose later loss reads variables an earlier call
   updates (alternating GAN steps) sees their values from before the step.
@@ -77,6 +78,7 @@ from absl import logging
 from trainer.config import ConfigError
 from trainer.distribution import collectives
 from trainer.distribution.strategies import resolve_devices
+from trainer.runtime import keras_compat
 from trainer.step.gradients import GradientPath, Reducer
 from trainer.step.replica_state import SliceState
 
@@ -186,12 +188,17 @@ class ManualDataParallel(Reducer):
     def attach(self, path: GradientPath) -> None:
         self._path = path
 
-    def _slice_context(self):
-        """Where a device slice's step is traced: with several devices, a replica context
-        whose collectives refuse (:func:`collectives.refusing_replica_context`)."""
+    def _slice_context(self, index: int):
+        """Where the ``index``-th device slice's step is traced: with several devices, a
+        replica context whose collectives refuse
+        (:func:`collectives.refusing_replica_context`) and Keras seeds keyed by ``index``
+        (:func:`keras_compat.seed_key`)."""
         if self.supports_collectives:
             return contextlib.nullcontext()
-        return collectives.refusing_replica_context(self._strategy)
+        stack = contextlib.ExitStack()
+        stack.enter_context(collectives.refusing_replica_context(self._strategy))
+        stack.enter_context(keras_compat.seed_key(index))
+        return stack
 
     def describe(self) -> str:
         """One line: devices, weights and the training split."""
@@ -255,8 +262,10 @@ class ManualDataParallel(Reducer):
         variables = self._path.model.trainable_variables
         return getattr(variables[0], "value", variables[0]).device if variables else None
 
-    def run_slice(self, step_fn: StepFn, batch, device: str) -> tuple[Any, list[_Deferred]]:
-        """Traces ``step_fn(batch)`` under ``tf.device(device)`` with updates deferred.
+    def run_slice(self, step_fn: StepFn, batch, device: str,
+                  index: int = 0) -> tuple[Any, list[_Deferred]]:
+        """Traces ``step_fn(batch)`` under ``tf.device(device)`` with updates deferred
+        (``index``: the slice's position, keying its random draws).
 
         Returns the step's outputs and the ``apply_gradients`` calls it made (unapplied).
         """
@@ -264,7 +273,7 @@ class ManualDataParallel(Reducer):
             raise RuntimeError("A device slice is already running; manual steps do not nest.")
         self._records = []
         try:
-            with tf.device(device), self._slice_context():
+            with tf.device(device), self._slice_context(index):
                 outputs = step_fn(batch)
             return outputs, self._records
         finally:
@@ -287,7 +296,7 @@ class ManualDataParallel(Reducer):
             for i, (device, part) in enumerate(zip(self.devices, slices)):
                 if i:
                     state.next_slice()
-                out, calls = self.run_slice(train_step, part, device)
+                out, calls = self.run_slice(train_step, part, device, i)
                 state.end_slice(counts[i])
                 outputs.append(out)
                 records.append(calls)
@@ -312,8 +321,8 @@ class ManualDataParallel(Reducer):
         def manual_eval_step(batch):
             slices, counts, total = self._split(batch, require_examples=False)
             outputs = []
-            for device, part in zip(self.devices, slices):
-                with tf.device(device), self._slice_context():
+            for i, (device, part) in enumerate(zip(self.devices, slices)):
+                with tf.device(device), self._slice_context(i):
                     outputs.append(eval_step(part))
             if not all(isinstance(o, dict) for o in outputs):
                 return outputs[0]  # the loop reports the broken contract

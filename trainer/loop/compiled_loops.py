@@ -25,6 +25,7 @@ from absl import logging
 
 from trainer.data import zeros_for_spec
 from trainer.runtime.tracing import no_autograph, per_object_function
+from trainer.step import random_streams
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
@@ -97,14 +98,16 @@ class CompiledLoops:
         if jit_step:
             train_step = per_object_function(train_step, jit_compile=True, autograph=False)
         self._train_step = train_step
+        keyed_train = random_streams.keyed(train_step, step_counter)  # per-replica streams
+        keyed_eval = random_streams.keyed(eval_step, step_counter)
 
         @no_autograph
         def replica_eval(batch):
-            eval_loss.update_state(eval_step(batch)["loss"])
+            eval_loss.update_state(keyed_eval(batch)["loss"])
 
         @per_object_function(autograph=False)
         def one_step(iterator):
-            outputs = strategy.run(train_step, args=(next(iterator),))
+            outputs = strategy.run(keyed_train, args=(next(iterator),))
             step_counter.assign_add(1, read_value=False)
             return outputs
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import keras
 
 from trainer.distribution import strategies
+from trainer.step import random_streams
 
 
 class LoopContext:
@@ -108,6 +109,9 @@ class LoopContext:
 
     def owned_variables(self) -> list[tuple[str, Any]]:
         return list(self._trainer.gradients.owned)
+
+    def random_states(self) -> list[tuple[str, Any]]:
+        return random_streams.find(vars(self._trainer), self._trainer.model)
 
     def train_graph(self) -> Any:
         return self._driver.train_graph()

@@ -31,6 +31,19 @@ private name it uses and fails with a clear message when a Keras version lacks i
   (``_ResourceSummaryWriter._resource``; checked on TensorFlow 2.21), so that ONE
   ``tf.function`` per process writes the scalars of every writer
   (:mod:`trainer.telemetry.summaries`).
+* :func:`seed_key`: Keras' TensorFlow backend draws the seed of every random op
+  (``keras.random.*`` and the layers built on it: Dropout, GaussianNoise, the random
+  augmentations) through ``draw_seed`` (``keras.src.random.seed_generator``), which its
+  private modules ``keras.src.backend.tensorflow.random`` and ``...tensorflow.image``
+  import by name. Those two names are replaced, once, by a drawing that folds the key of
+  the enclosing :func:`seed_key` blocks into the drawn seed (philox ``stateless_fold_in``):
+  a replica's step draws its own stream, keyed by step, replica and device slice.
+  The same modules see TensorFlow through their module global ``tf``; it is replaced by
+  a view of TensorFlow whose stateless uniform, normal, truncated-normal and dropout
+  draws default to the philox algorithm: TensorFlow's ``auto_select`` draws other
+  numbers under XLA than without (ThreeFry against philox on CPU), so an execution plan
+  that compiles the step would change its dropout masks. Categorical, gamma and
+  binomial draws take no algorithm and are left as they are.
 """
 
 from __future__ import annotations
@@ -38,14 +51,20 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
 from keras.src.backend.common import global_state
+from keras.src.backend.tensorflow import image as keras_tf_image
+from keras.src.backend.tensorflow import random as keras_tf_random
 
 _NAME_UIDS = "object_name_uids"
 _PRE_REDUCED = threading.local()  # per replica thread: "gradients are already summed"
+_SEED_KEY = threading.local()  # per replica thread: the int32 scalars folded into seeds
+#: The private modules whose ``draw_seed`` (imported by name) every Keras random op calls.
+SEED_DRAWING_MODULES: tuple[types.ModuleType, ...] = (keras_tf_random, keras_tf_image)
 
 
 @contextlib.contextmanager
@@ -216,3 +235,84 @@ def losses_per_replica(model: keras.Model) -> None:
             replacement = _PerThreadLosses()
             replacement.extend(current)
             object.__setattr__(layer, "_losses", replacement)
+
+
+def _keyed_drawing(draw: Callable) -> Callable:
+    """Keras' ``draw_seed`` (``draw``), then the key of :func:`seed_key` folded in."""
+
+    def draw_seed(seed):
+        drawn = draw(seed)
+        parts = getattr(_SEED_KEY, "parts", ())
+        if not parts:
+            return drawn
+        if drawn.dtype != tf.int32:  # as Keras' _cast_seed: XLA's stateless ops need int32
+            drawn = tf.cast(tf.math.floormod(drawn, tf.int32.max - 1), tf.int32)
+        for part in parts:
+            drawn = tf.random.experimental.stateless_fold_in(
+                drawn, tf.cast(part, tf.int32), alg="philox")
+        return drawn
+
+    draw_seed.keras_draw_seed = draw
+    return draw_seed
+
+
+class _PinnedDraws:
+    """A module (``tf``, ``tf.random``, ``tf.nn``) as Keras' random modules see it:
+    its attributes, but those of ``replaced`` (pinned draws, pinned sub-modules)."""
+
+    def __init__(self, module: Any, replaced: dict[str, Any]):
+        self._module, self._replaced = module, replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self._replaced[name] if name in self._replaced else getattr(self._module, name)
+
+
+def _philox_default(draw: Callable, keyword: str) -> Callable:
+    def pinned(*args, **kwargs):
+        kwargs.setdefault(keyword, "philox")
+        return draw(*args, **kwargs)
+
+    return pinned
+
+
+#: TensorFlow as Keras' random modules see it (see the module docstring).
+PINNED_TF = _PinnedDraws(tf, {
+    "random": _PinnedDraws(tf.random, {
+        name: _philox_default(getattr(tf.random, name), "alg")
+        for name in ("stateless_uniform", "stateless_normal", "stateless_truncated_normal")}),
+    "nn": _PinnedDraws(tf.nn, {"experimental": _PinnedDraws(tf.nn.experimental, {
+        "stateless_dropout": _philox_default(tf.nn.experimental.stateless_dropout,
+                                             "rng_alg")})}),
+})
+
+
+def keyed_seed_drawing() -> None:
+    """Makes Keras' random ops read :func:`seed_key` and draw with philox
+    (:data:`PINNED_TF`; idempotent); raises RuntimeError naming the Keras version when
+    its TensorFlow backend no longer draws seeds through the private ``draw_seed`` of
+    :data:`SEED_DRAWING_MODULES`."""
+    for module in SEED_DRAWING_MODULES:
+        draw = getattr(module, "draw_seed", None)
+        if draw is None:
+            raise RuntimeError(
+                f"{module.__name__} has no draw_seed: this Keras version ({keras.__version__}) "
+                f"changed how random ops draw seeds; use a Keras version from 3.10 to 3.15.")
+        if not hasattr(draw, "keras_draw_seed"):
+            module.draw_seed = _keyed_drawing(draw)
+        if getattr(module, "tf", None) is tf:
+            module.tf = PINNED_TF
+
+
+@contextlib.contextmanager
+def seed_key(*parts) -> Iterator[None]:
+    """Inside, on this thread, every seed a Keras random op draws (from a
+    ``SeedGenerator``, an int or the global generator) has ``parts`` (integer scalars,
+    tensors or ints) folded in, after those of the enclosing blocks. Trace time: the
+    fold is part of the traced graph."""
+    keyed_seed_drawing()
+    before = getattr(_SEED_KEY, "parts", ())
+    _SEED_KEY.parts = (*before, *parts)
+    try:
+        yield
+    finally:
+        _SEED_KEY.parts = before

@@ -10,7 +10,9 @@
 * :mod:`trainer.step.replica_state` — the state a forward pass updates, equal on every
   replica.
 * :mod:`trainer.step.owned_variables` — the trainable variables a Trainer holds itself.
+* :mod:`trainer.step.random_streams` — random draws keyed per step and replica; the
+  random generators' states a checkpoint holds.
 """
 
 __all__ = ["default_steps", "ema", "grad_norm", "gradients", "owned_variables",
-           "replica_state", "sparse_gradients", "update_context"]
+           "random_streams", "replica_state", "sparse_gradients", "update_context"]

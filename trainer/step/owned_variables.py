@@ -33,24 +33,32 @@ def _is_variable(value: Any) -> bool:
 
 
 def _walk(path: str, value: Any, found: list) -> None:
-    if _is_variable(value):
-        found.append((path, value))
-    elif isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _walk(f"{path}/{i}", item, found)
     elif isinstance(value, Mapping):
         for key in sorted(value, key=str):
             _walk(f"{path}/{key}", value[key], found)
+    else:
+        found.append((path, value))
+
+
+def leaves(attributes: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``[(attribute path, value)]``: every value in a public entry of ``attributes`` (an
+    object's ``vars()``), lists, tuples and dicts opened (``temps/0``, ``weights/text``),
+    sorted by path."""
+    found: list = []
+    for attr in sorted(attributes):
+        if not attr.startswith("_"):
+            _walk(attr, attributes[attr], found)
+    return found
 
 
 def find(attributes: Mapping[str, Any], known: Iterable) -> list[tuple[str, Any]]:
     """``[(attribute path, variable)]``: every trainable variable in a public entry of
     ``attributes`` (a Trainer's ``vars()``), sorted by path, each once, none of
     ``known`` (the model's and the optimizers' variables)."""
-    found: list = []
-    for attr in sorted(attributes):
-        if not attr.startswith("_"):
-            _walk(attr, attributes[attr], found)
+    found = [(path, value) for path, value in leaves(attributes) if _is_variable(value)]
     seen = {id(v) for v in known}
     owned = []
     for path, variable in found:

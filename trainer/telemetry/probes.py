@@ -12,7 +12,8 @@ context, on the host, eagerly calling small ``tf.function`` loops):
 * :class:`ComputeProbe` runs the model's forward and backward pass (no optimizer
   update, no all-reduce) on one cached batch in an in-graph loop: seconds per step of
   compute alone. Non-trainable state the forward pass changes (BatchNorm statistics,
-  dropout seed state) is restored afterwards, so a probe leaves the run unchanged.
+  dropout seed state, the random generators of ``run.random_states()``) is restored
+  afterwards, so a probe leaves the run unchanged.
 
 :func:`input_wait_fraction` combines them with the observed step time by the usual
 overlap model (prefetch lets the pipeline run while the step computes, so a step
@@ -129,7 +130,9 @@ class ComputeProbe:
                 f"{run.trainer_name} overrides train_step; the probe cannot know "
                 f"which models it runs.")
         strategy, model = run.strategy, run.model
-        self._state = list(model.non_trainable_variables)
+        # the forward pass's state and the generators outside the model (a layer's
+        # tf.random.Generator, a Trainer's SeedGenerator compute_loss draws from)
+        self._state = [*model.non_trainable_variables, *(v for _, v in run.random_states())]
 
         compute_loss = run.steps.compute_loss
 
