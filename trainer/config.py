@@ -7,7 +7,8 @@ can be overridden on the command line: ``--config.train.steps=500``.
 Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its own
 settings there. Every other section has a fixed set of keys, and :func:`validate`
 rejects an unknown key (a typo such as ``train.step``) with a suggestion; ``sweep``'s
-values are checked by ``python -m trainer.sweep``, which alone reads them. The whole
+values are checked by ``python -m trainer.sweep``; a run reads them only as a sweep's
+trial with a pruner (:mod:`trainer.services.pruning`). The whole
 schema, field by field, is in docs/configuration.md."""
 
 from __future__ import annotations
@@ -157,8 +158,12 @@ def get_config() -> ml_collections.ConfigDict:
             peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu, hfu (0: table)
         )
     )
-    config.sweep = ml_collections.ConfigDict(  # python -m trainer.sweep's; a run ignores it
-        dict(space=(), metric="", direction="maximize", pruner="none", max_retries=1))
+    config.sweep = ml_collections.ConfigDict(  # python -m trainer.sweep's (docs/sweeps.md)
+        dict(space=(), metric="", direction="maximize", pruner="none",
+             pruner_startup_trials=5, pruner_warmup_steps=0, seed=0, max_retries=1,
+             # Set by the sweep on a trial's command when a pruner is on: the run reports
+             # its evaluations to trial `trial` of study `study` in `storage` (-1: none).
+             trial=-1, storage="", study=""))
     config.model = ml_collections.ConfigDict()
     # Free-form, plus "service": a tf.data service dispatcher "host:port" ("" = off) that
     # the training input goes through (trainer.data; needs train.deterministic=False).

@@ -100,6 +100,7 @@ def main(argv: list[str]) -> int:
     dims = space.parse_space(config.sweep.space, config)
     cli.check_workdir(values.workdir)
     storage, name = _open(values, must_exist=False)
+    url = values.storage or study.default_storage(values.workdir)
     signature = (list(config.sweep.space) if search_space is None
                  else [f"search_space(trial) of {os.path.abspath(config_path)}"])
     opened = study.Study.open(storage, name, config.sweep.direction, signature,
@@ -108,10 +109,12 @@ def main(argv: list[str]) -> int:
     plan = Plan(config_path=config_path,
                 passed=trials.passed_overrides(sys.argv, swept),
                 sample=space.sampler(dims, search_space, config, config_path),
-                metric=config.sweep.metric, max_retries=config.sweep.max_retries)
+                metric=config.sweep.metric, max_retries=config.sweep.max_retries,
+                seed=config.sweep.seed,
+                report_to=None if config.sweep.pruner == "none" else (url, name))
+    pruner = "" if config.sweep.pruner == "none" else f", {config.sweep.pruner} pruner"
     say(f"sweep {name}: {values.trials} trial(s), {values.parallel} at a time, "
-        f"{config.sweep.direction} {config.sweep.metric}; study in "
-        f"{values.storage or study.default_storage(values.workdir)}")
+        f"{config.sweep.direction} {config.sweep.metric}{pruner}; study in {url}")
     code = Sweep(opened, plan, values.workdir, values.trials, values.parallel, say).run()
     print(status.report(opened, values.workdir), flush=True)
     if code:

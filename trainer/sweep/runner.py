@@ -14,6 +14,9 @@ to resume:
 ``--trials N`` counts the study's trials, each run until it finishes: a preempted trial
 is the same trial when it resumes, never a new one. The outcome of a run:
 
+* pruned (its run wrote the step it was pruned at, :mod:`trainer.services.pruning`):
+  PRUNED with the last value it reported, whatever its exit status; a pruned trial is
+  finished, never resumed;
 * exit 0: the objective ``config.sweep.metric`` is read from its ``result:`` line and
   told (COMPLETE); a metric the run never reports ends the sweep in one line;
 * preempted (143, :data:`trainer.sweep.trials.RESUMABLE`): released for a later run of
@@ -59,6 +62,8 @@ class Plan:
     sample: Callable[[Any], dict]  # Optuna trial -> {KEY: value}
     metric: str
     max_retries: int
+    seed: int = 0  # config.sweep.seed: the sampler's (trainer.sweep.study.Study.ask)
+    report_to: tuple[str, str] | None = None  # (storage URL, study): a pruner's trials report
 
 
 class Sweep:
@@ -99,7 +104,7 @@ class Sweep:
             return number, False
 
     def _ask(self) -> int:
-        trial = self.study.optuna.ask()
+        trial = self.study.ask(self.plan.seed)
         try:
             values = self.plan.sample(trial)
         except Exception as error:
@@ -132,9 +137,12 @@ class Sweep:
     # ------------------------------------------------------------------ one trial
     def run_trial(self, number: int, resumed: bool) -> None:
         """Runs trial ``number`` until it finishes, is preempted or fails."""
-        trial = self.study.trial(number)
-        attrs = dict(trial.user_attrs)
+        if self._pruned(number, None):  # its last run was pruned before its sweep ended
+            return None
+        attrs = dict(self.study.trial(number).user_attrs)
         argv = trials_lib.shell_split(attrs["command"])
+        if self.plan.report_to:
+            argv += trials_lib.report_flags(*self.plan.report_to, number)
         verb = f"resumed (resume #{attrs.get('resumed')})" if resumed else "started"
         values = " ".join(f"{k}={v!r}" for k, v in json.loads(attrs["overrides"]).items())
         self.say(f"trial {number:04d} {verb}: {values}\n  {attrs['command']}")
@@ -144,6 +152,8 @@ class Sweep:
                                      lambda proc: self._started(number, proc))
             attrs["seconds"] = float(attrs.get("seconds", 0.0)) + attempt.seconds
             self.study.set(number, seconds=attrs["seconds"], step=attempt.step)
+            if self._pruned(number, attempt):
+                return None
             if attempt.status == 0:
                 return self._completed(number, attempt)
             if attempt.preempted or self.stopping.is_set():
@@ -180,6 +190,21 @@ class Sweep:
         self.study.finish(number, value)
         self.say(f"trial {number:04d} finished: {self.plan.metric}={value:.6g} at step "
                  f"{attempt.step} ({attempt.seconds:.1f} s)")
+
+    def _pruned(self, number: int, attempt: trials_lib.Attempt | None) -> bool:
+        """Tells a trial its run was pruned PRUNED; False when it was not pruned."""
+        step = self.study.pruned_at(number)
+        if step is None:
+            return False
+        if attempt is not None and attempt.step is not None:
+            step = attempt.step  # where every worker stopped (a gradient-accumulation
+            # window ends first)
+        self.study.prune(number, step)
+        value = self.study.trial(number).value  # None: its last value was not finite
+        self.say(f"trial {number:04d} pruned at step {step}: {self.plan.metric}="
+                 f"{value if value is None else f'{value:.6g}'}"
+                 + (f" ({attempt.seconds:.1f} s)" if attempt else ""))
+        return True
 
     def _released(self, number: int, attempt: trials_lib.Attempt) -> None:
         self.study.set(number, owner="")
@@ -257,7 +282,7 @@ class Sweep:
         steps = ", ".join(
             f"{n:04d} at step {trials_lib.last_step(trials_lib.workdir_of(self.root, n))}"
             for n in running)
-        complete = [t for t in done if t.value is not None]
+        complete = [t for t in done if t.state.name == "COMPLETE"]
         best = ""
         if complete:
             pick = max if self.study.optuna.direction.name == "MAXIMIZE" else min
