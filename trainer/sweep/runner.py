@@ -16,7 +16,7 @@ is the same trial when it resumes, never a new one. The outcome of a run:
 
 * pruned (its run wrote the step it was pruned at, :mod:`trainer.services.pruning`):
   PRUNED with the last value it reported, whatever its exit status; a pruned trial is
-  finished, never resumed;
+  finished, never resumed (one a killed sweep left RUNNING is told PRUNED when found);
 * exit 0: the objective ``config.sweep.metric`` is read from its ``result:`` line and
   told (COMPLETE); a metric the run never reports ends the sweep in one line;
 * preempted (143, :data:`trainer.sweep.trials.RESUMABLE`): released for a later run of
@@ -92,6 +92,8 @@ class Sweep:
                 if (number not in self.running and number not in self.preempted
                         and resumable(trial)):
                     self._stop_orphan(trial)
+                    if self._pruned(number, None):  # before its sweep process ended
+                        continue
                     attrs = trial.user_attrs
                     self.study.set(number, owner=owner_id(), heartbeat=time.time(),
                                    resumed=int(attrs.get("resumed", 0)) + 1)
@@ -137,8 +139,6 @@ class Sweep:
     # ------------------------------------------------------------------ one trial
     def run_trial(self, number: int, resumed: bool) -> None:
         """Runs trial ``number`` until it finishes, is preempted or fails."""
-        if self._pruned(number, None):  # its last run was pruned before its sweep ended
-            return None
         attrs = dict(self.study.trial(number).user_attrs)
         argv = trials_lib.shell_split(attrs["command"])
         if self.plan.report_to:

@@ -2,8 +2,9 @@
 
 The table has one row per trial: its number, state (COMPLETE, PRUNED, FAIL, RUNNING,
 and PREEMPTED for a trial waiting to be resumed), the value of each swept key, the
-metric (of a PRUNED trial: the last value its run reported), the step its run reached, the seconds its runs took, and how often it was resumed; the
-failed trials' last lines follow it. ``best_config.json`` holds the best COMPLETE trial:
+metric (of a PRUNED trial: the last value its run reported), the step its run reached,
+the seconds its runs took, and how often it was resumed; the failed trials' last lines
+follow it. ``best_config.json`` holds the best COMPLETE trial:
 its number, the metric and value, the values it set, the command that reproduces it,
 and its run's whole config (``WORKDIR/config.json``, as ``trainer.main`` wrote it).
 """
