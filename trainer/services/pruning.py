@@ -52,9 +52,20 @@ class PruningError(ConfigError):
     exit_code = EXIT_USAGE
 
 
+def _optuna():
+    """Optuna (the ``[sweep]`` extra, loaded only by a sweep's trials), or one line."""
+    try:
+        import optuna
+    except ImportError as error:
+        raise UserError("config.sweep.pruner needs Optuna, which is not installed: "
+                        "pip install 'tf-trainer[sweep]'.") from error
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
 def make_pruner(sweep: Any, eval_every: int, train_steps: int):
-    """The Optuna pruner ``sweep.pruner`` names (see the module docstring); needs Optuna."""
-    import optuna  # the [sweep] extra, needed only by a sweep's trials
+    """The Optuna pruner ``sweep.pruner`` names (see the module docstring)."""
+    optuna = _optuna()
 
     first = max(eval_every, -(-sweep.pruner_warmup_steps // eval_every) * eval_every)
     if sweep.pruner == "median":
@@ -71,11 +82,9 @@ def open_trial(sweep: Any, pruner) -> tuple[Any, set[int]]:
     """Optuna's ``Trial`` ``sweep.trial`` of ``sweep.study`` in ``sweep.storage``, its study
     holding ``pruner``, and the steps it was given values for (by an earlier run of a
     resumed trial); raises a one-line UserError when it cannot be opened or is finished."""
-    import optuna
-
+    optuna = _optuna()
     url = sweep.storage
     kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite:") else {}
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         study = optuna.load_study(study_name=sweep.study, storage=storage, pruner=pruner)
