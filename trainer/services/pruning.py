@@ -46,8 +46,8 @@ SQLITE_TIMEOUT_S = 60  # as the sweep opens it: trials of --parallel P write at 
 
 
 class PruningError(ConfigError):
-    """A pruned trial cannot be judged: the same for every trial, so exit status 2 (the
-    sweep ends with this line rather than retrying)."""
+    """The pruner has nothing to judge (no evaluation, or not of the metric): the same
+    for every trial, so exit status 2 (the sweep ends with this line, no retry)."""
 
     exit_code = EXIT_USAGE
 
@@ -66,7 +66,6 @@ def _optuna():
 def make_pruner(sweep: Any, eval_every: int, train_steps: int):
     """The Optuna pruner ``sweep.pruner`` names (see the module docstring)."""
     optuna = _optuna()
-
     first = max(eval_every, -(-sweep.pruner_warmup_steps // eval_every) * eval_every)
     if sweep.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=sweep.pruner_startup_trials,
