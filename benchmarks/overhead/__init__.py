@@ -1,5 +1,5 @@
 """What does a feature or a usage pattern cost, against the same run without it?
 
-Grad-norm logging and the EMA, the telemetry, the replica-consistency check, and many
-Trainers in one process.
+Grad-norm logging and the EMA, the telemetry, the replica-consistency check, many
+Trainers in one process, and a hyperparameter sweep (its pruner, its own cost).
 """

@@ -139,7 +139,8 @@ class Sweep:
     # ------------------------------------------------------------------ one trial
     def run_trial(self, number: int, resumed: bool) -> None:
         """Runs trial ``number`` until it finishes, is preempted or fails."""
-        attrs = dict(self.study.trial(number).user_attrs)
+        trial = self.study.trial(number)
+        attrs = dict(trial.user_attrs)
         argv = trials_lib.shell_split(attrs["command"])
         if self.plan.report_to:
             argv += trials_lib.report_flags(*self.plan.report_to, number)
@@ -192,13 +193,14 @@ class Sweep:
                  f"{attempt.step} ({attempt.seconds:.1f} s)")
 
     def _pruned(self, number: int, attempt: trials_lib.Attempt | None) -> bool:
-        """Tells a trial its run was pruned PRUNED; False when it was not pruned."""
+        """Tells a trial its run pruned PRUNED, at the step every worker stopped at (after
+        the pruned step when a gradient-accumulation window ended first); False when its
+        run was not pruned."""
         step = self.study.pruned_at(number)
         if step is None:
             return False
         if attempt is not None and attempt.step is not None:
-            step = attempt.step  # where every worker stopped (a gradient-accumulation
-            # window ends first)
+            step = attempt.step
         self.study.prune(number, step)
         value = self.study.trial(number).value  # None: its last value was not finite
         self.say(f"trial {number:04d} pruned at step {step}: {self.plan.metric}="
