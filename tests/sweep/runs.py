@@ -27,10 +27,12 @@ def command(*flags: str, config: Path | None = CONFIG) -> list[str]:
             *([f"--config={config}"] if config else []), *flags]
 
 
-def sweep(*flags: str, config: Path | None = CONFIG,
-          timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs the sweep to its end (text output)."""
-    return subprocess.run(command(*flags, config=config), cwd=REPO, env=subprocess_env(),
+def sweep(*flags: str, config: Path | None = CONFIG, timeout: float = 300,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs the sweep to its end (text output); ``env``: variables set on top of this
+    process's."""
+    return subprocess.run(command(*flags, config=config), cwd=REPO,
+                          env={**subprocess_env(), **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -13,6 +13,9 @@ ordinary ``trainer.main`` runs (docs/sweeps.md). No TensorFlow: it starts proces
 * :mod:`trainer.sweep.runner` — trials P at a time (ask/tell), resumes, retries, signals,
   the progress line.
 * :mod:`trainer.sweep.status` — the status table and ``best_config.json``.
+* :mod:`trainer.sweep.hparams` — the sweep in TensorBoard's HParams dashboard.
+* :mod:`trainer.sweep.mlflow_runs` — the sweep in MLflow: a parent run, a child per trial.
 """
 
-__all__ = ["cli", "runner", "settings", "space", "status", "study", "trials"]
+__all__ = ["cli", "hparams", "mlflow_runs", "runner", "settings", "space", "status", "study",
+           "trials"]

@@ -28,8 +28,8 @@ from ml_collections import config_flags
 from tf_cluster.storage_schemes import is_local
 from trainer import cli, errors
 from trainer import config as config_lib
-from trainer.sweep import settings, space, status, study, trials
-from trainer.sweep.runner import Plan, Sweep, say
+from trainer.sweep import hparams, mlflow_runs, settings, space, status, study, trials
+from trainer.sweep.runner import Plan, Sweep, View, say
 
 PROGRAM = "python -m trainer.sweep"
 OWN_FLAGS = ("config", "workdir", "trials", "parallel", "storage", "study", "status",
@@ -83,6 +83,31 @@ def _search_space(config_path: str):
     return found
 
 
+def views(config, opened: study.Study, root: str, dims: list[space.Dimension] | None,
+          signature: list[str]) -> list[View]:
+    """The views ``config.telemetry.loggers`` asks for: TensorBoard's HParams dashboard
+    (:mod:`trainer.sweep.hparams`), MLflow's parent and child runs
+    (:mod:`trainer.sweep.mlflow_runs`); an MLflow store it cannot use is one line."""
+    found: list[View] = []
+    if "tensorboard" in config.telemetry.loggers:
+        if hparams.available():
+            found.append(hparams.HParamsView(root, dims, config.sweep.metric))
+        else:
+            say("tensorboard is not installed: no HParams dashboard for this sweep "
+                "(pip install 'tf-trainer[tensorboard]').")
+    if "mlflow" in config.telemetry.loggers:
+        try:
+            found.append(mlflow_runs.MlflowRuns(
+                opened, mlflow_runs.study_params(config.sweep, signature)))
+        except Exception as error:  # noqa: BLE001 - the store's and drivers' errors: one line
+            raise errors.UserError(
+                f"MLflow cannot record the sweep: {type(error).__name__}: "
+                f"{study.first_line(error)}. Set "
+                f"MLFLOW_TRACKING_URI to a store this machine reaches, or leave 'mlflow' "
+                f"out of config.telemetry.loggers.") from error
+    return found
+
+
 def main(argv: list[str]) -> int:
     """Checks, then runs the sweep or shows its status; returns the exit status."""
     values = _check_flags(argv)
@@ -111,7 +136,9 @@ def main(argv: list[str]) -> int:
                 sample=space.sampler(dims, search_space, config, config_path),
                 metric=config.sweep.metric, max_retries=config.sweep.max_retries,
                 seed=config.sweep.seed,
-                report_to=None if config.sweep.pruner == "none" else (url, name))
+                report_to=None if config.sweep.pruner == "none" else (url, name),
+                views=views(config, opened, values.workdir,
+                            dims if search_space is None else None, signature))
     pruner = "" if config.sweep.pruner == "none" else f", {config.sweep.pruner} pruner"
     say(f"sweep {name}: {values.trials} trial(s), {values.parallel} at a time, "
         f"{config.sweep.direction} {config.sweep.metric}{pruner}; study in {url}")

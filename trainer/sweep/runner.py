@@ -29,6 +29,10 @@ is the same trial when it resumes, never a new one. The outcome of a run:
 SIGTERM or SIGINT to the sweep: no new trial starts, every running trial gets one
 SIGTERM (it checkpoints and exits 143), and the sweep exits 143; running it again
 resumes them. A progress line is printed every :data:`PROGRESS_S` seconds.
+
+The plan's views (:class:`View`: TensorBoard's HParams, MLflow's runs) are told when a
+trial starts (their environment variables go to its process), when it completes, and
+when the sweep ends.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from tf_cluster.exit_codes import EXIT_PREEMPTED
 from trainer.errors import EXIT_USAGE, ConfigError, UserError
@@ -53,9 +57,25 @@ PROGRESS_S = 15.0
 ORPHAN_WAIT_S = 90.0
 
 
+class View(Protocol):
+    """Where the sweep is shown besides its table (:mod:`trainer.sweep.hparams`,
+    :mod:`trainer.sweep.mlflow_runs`), told of its trials from the sweep's threads."""
+
+    def trial_starts(self, number: int, values: dict[str, Any], workdir: str,
+                     resumed: bool) -> dict[str, str]:
+        """Trial ``number`` starts (or resumes): environment variables for its process."""
+
+    def trial_completed(self, number: int, results: dict[str, float]) -> None:
+        """Trial ``number`` is COMPLETE; ``results``: every value its run reported."""
+
+    def sweep_ends(self, code: int) -> None:
+        """This run of the sweep ends with exit status ``code`` (1 after an error)."""
+
+
 @dataclasses.dataclass
 class Plan:
-    """What every trial shares: the config file, the sweep's own overrides, the sampler."""
+    """What every trial shares: the config file, the sweep's own overrides, the sampler,
+    the views."""
 
     config_path: str
     passed: list[str]  # the sweep's --config. flags, passed to every trial
@@ -64,6 +84,7 @@ class Plan:
     max_retries: int
     seed: int = 0  # config.sweep.seed: the sampler's (trainer.sweep.study.Study.ask)
     report_to: tuple[str, str] | None = None  # (storage URL, study): a pruner's trials report
+    views: list[View] = dataclasses.field(default_factory=list)
 
 
 class Sweep:
@@ -145,12 +166,15 @@ class Sweep:
         if self.plan.report_to:
             argv += trials_lib.report_flags(*self.plan.report_to, number)
         verb = f"resumed (resume #{attrs.get('resumed')})" if resumed else "started"
-        values = " ".join(f"{k}={v!r}" for k, v in json.loads(attrs["overrides"]).items())
+        overrides = json.loads(attrs["overrides"])
+        values = " ".join(f"{k}={v!r}" for k, v in overrides.items())
         self.say(f"trial {number:04d} {verb}: {values}\n  {attrs['command']}")
+        env = {k: v for view in self.plan.views
+               for k, v in view.trial_starts(number, overrides, attrs["workdir"], resumed).items()}
         retries = int(attrs.get("retries", 0))
         while True:
             attempt = trials_lib.run(argv, attrs["workdir"],
-                                     lambda proc: self._started(number, proc))
+                                     lambda proc: self._started(number, proc), env)
             attrs["seconds"] = float(attrs.get("seconds", 0.0)) + attempt.seconds
             self.study.set(number, seconds=attrs["seconds"], step=attempt.step)
             if self._pruned(number, attempt):
@@ -189,6 +213,8 @@ class Sweep:
             self.study.finish(number, error=message)
             raise ConfigError(message)
         self.study.finish(number, value)
+        for view in self.plan.views:
+            view.trial_completed(number, attempt.results)
         self.say(f"trial {number:04d} finished: {self.plan.metric}={value:.6g} at step "
                  f"{attempt.step} ({attempt.seconds:.1f} s)")
 
@@ -264,10 +290,14 @@ class Sweep:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        code = 1 if self.error is not None else (
+            EXIT_PREEMPTED if self.preempted or self.stopping.is_set() else 0)
+        for view in self.plan.views:
+            view.sweep_ends(code)
         if self.error is not None:
             raise self.error
         self.say(self.progress())
-        return EXIT_PREEMPTED if self.preempted or self.stopping.is_set() else 0
+        return code
 
     def _heartbeat(self) -> None:
         with self.lock:

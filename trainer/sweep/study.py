@@ -14,7 +14,7 @@ it was ``resumed`` and ``retries`` after a crash, the ``step`` it reached, its `
 of runs, the ``error`` it failed with, the step it was ``pruned`` at (written by its
 run), and who runs it: ``owner`` (``host:pid`` of the sweep process, ``""`` once
 preempted), ``pid`` (its ``trainer.main`` process) and ``heartbeat`` (Unix time, renewed
-while it runs).
+while it runs); and ``mlflow_run``, its MLflow run's id (:mod:`trainer.sweep.mlflow_runs`).
 
 A preempted trial stays RUNNING in Optuna (no state means "paused"), released
 (``owner=""``); a trial whose sweep process is gone (killed) is stale: no process on
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     optuna = None
 
 ATTRS = ("workdir", "command", "overrides", "resumed", "retries", "step", "seconds",
-         "error", "owner", "pid", "heartbeat", "pruned")
+         "error", "owner", "pid", "heartbeat", "mlflow_run", "pruned")
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
 
@@ -65,15 +65,19 @@ def owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name when it has none)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def open_storage(url: str):
     """Optuna's storage for ``url``; raises :class:`StorageError` in one line."""
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as error:  # noqa: BLE001 - SQLAlchemy, drivers, Optuna: all one line
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise StorageError(f"--storage={url} cannot be opened: {type(error).__name__}: "
-                           f"{first}. Give a SQLAlchemy URL of a database this machine "
+                           f"{first_line(error)}. Give a SQLAlchemy URL of a database this machine "
                            f"reaches, e.g. sqlite:////abs/path/study.db.") from error
 
 

@@ -159,9 +159,11 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run(argv: list[str], workdir: str, started: Callable[[subprocess.Popen], None]) -> Attempt:
+def run(argv: list[str], workdir: str, started: Callable[[subprocess.Popen], None],
+        env: dict[str, str] | None = None) -> Attempt:
     """Runs the trial's command once, its output appended to :func:`log_of` ``workdir``;
-    ``started(process)`` is called once it runs (the sweep keeps it, to stop it)."""
+    ``started(process)`` is called once it runs (the sweep keeps it, to stop it). ``env``:
+    variables set for the process on top of the sweep's environment."""
     log = log_of(workdir)
     os.makedirs(os.path.dirname(log), exist_ok=True)
     begin = time.time()
@@ -172,7 +174,8 @@ def run(argv: list[str], workdir: str, started: Callable[[subprocess.Popen], Non
         # Its own session: a signal to the sweep reaches a trial once, from the sweep
         # (a second SIGTERM would end it before its checkpoint).
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   env={**os.environ, **env} if env else None)
         started(process)
         status = process.wait()
     with open(log, "rb") as f:

@@ -11,9 +11,11 @@ Telemetry builds, the same one metrics.jsonl holds.
 MLflow, as MLflow users expect: the tracking store is ``MLFLOW_TRACKING_URI`` (MLflow's
 default when unset), the experiment ``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_EXPERIMENT_ID``;
 a run already active in the process (``with mlflow.start_run(): run.fit()``) is
-used and left open, otherwise the logger starts one (named after the workdir) at the
-first ``fit()``, resumes it at a later ``fit()`` of the same Trainer and ends it at the
-end of each ``fit()`` (FINISHED; FAILED when ``fit()`` raised; KILLED on preemption).
+used and left open, otherwise the logger starts one (named after the workdir; or
+resumes, with its name, the run ``MLFLOW_RUN_ID`` names: ``python -m trainer.sweep``
+gives each trial its child run so) at the first ``fit()``, resumes it at a later
+``fit()`` of the same Trainer and ends it at the end of each ``fit()`` (FINISHED;
+FAILED when ``fit()`` raised; KILLED on preemption).
 Only the chief logs. What is logged:
 
 * params: the whole config, flattened (``train.steps``, ``optimizer.name``...), once
@@ -89,8 +91,11 @@ class MlflowLogger(Service):
             self._own_run, new = False, active.info.run_id != self.run_id
             self.run_id = active.info.run_id
         else:
-            name = os.path.basename(os.path.normpath(run.workdir)) if run.workdir else None
-            started = mlflow.start_run(run_id=self.run_id, run_name=None if self.run_id else name)
+            # MLFLOW_RUN_ID names a run to resume (a sweep's child run): it keeps its name.
+            name = (os.path.basename(os.path.normpath(run.workdir))
+                    if run.workdir and not self.run_id and not os.environ.get("MLFLOW_RUN_ID")
+                    else None)
+            started = mlflow.start_run(run_id=self.run_id, run_name=name)
             self._own_run, new = True, self.run_id is None
             self.run_id = started.info.run_id
         if new:
