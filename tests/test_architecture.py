@@ -22,7 +22,7 @@ PROJECT = ("trainer", "launch", "models", "tf_cluster")
 # google.api_core and requests under it, only with the [gcs] extra: trainer.checks.bucket).
 LAZY_ALLOWED = ("orbax", "jax", "pynvml", "tensorflow_datasets", "ml_dtypes", "tensorflow",
                 "sklearn", "mlflow", "tensorboard_plugin_profile", "IPython", "google",
-                "requests")
+                "requests", "optuna")
 
 
 def sources(*packages: str) -> list[Path]:

@@ -7,8 +7,8 @@ can be overridden on the command line: ``--config.train.steps=500``.
 Sections ``model`` and ``data`` are free-form: a ``Trainer`` subclass keeps its own
 settings there. Every other section has a fixed set of keys, and :func:`validate`
 rejects an unknown key (a typo such as ``train.step``) with a suggestion; ``sweep``'s
-values are checked by ``python -m trainer.sweep``, which alone reads them. The whole
-schema, field by field, is in docs/configuration.md."""
+values are checked by ``python -m trainer.sweep`` (a run reads them as a trial with a
+pruner: :mod:`trainer.services.pruning`). The whole schema: docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -92,8 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
             log_placement=False,
             memory_limit_mb=0,  # > 0: cap this process's memory on each GPU
             # TF's thread pools, sized before its runtime starts (trainer.doctor measures).
-            inter_op_threads=0,
-            intra_op_threads=0,
+            inter_op_threads=0, intra_op_threads=0,
             tpu="",  # TPU name or grpc:// address; "" = local / from the environment
             all_reduce="auto",
             collective_timeout_s=0,  # > 0: multi-worker collectives fail after this
@@ -157,8 +156,9 @@ def get_config() -> ml_collections.ConfigDict:
             peak_tflops=0.0,  # > 0: one device's peak TFLOPS for train/mfu, hfu (0: table)
         )
     )
-    config.sweep = ml_collections.ConfigDict(  # python -m trainer.sweep's; a run ignores it
-        dict(space=(), metric="", direction="maximize", pruner="none", max_retries=1))
+    config.sweep = ml_collections.ConfigDict(dict(  # trainer.sweep's; trial..study: its trials'
+        space=(), metric="", direction="maximize", pruner="none", pruner_startup_trials=5,
+        pruner_warmup_steps=0, seed=0, max_retries=1, trial=-1, storage="", study=""))
     config.model = ml_collections.ConfigDict()
     # Free-form, plus "service": a tf.data service dispatcher "host:port" ("" = off) that
     # the training input goes through (trainer.data; needs train.deterministic=False).

@@ -22,6 +22,7 @@ from trainer.services.early_stopping import EarlyStopping
 from trainer.services.evaluation import PeriodicEvaluation
 from trainer.services.history import History
 from trainer.services.nonfinite import NonFiniteGuard
+from trainer.services.pruning import Pruning
 from trainer.telemetry.flops import FlopsMeter
 from trainer.telemetry.loggers import build_loggers
 from trainer.telemetry.profiler import ProfilerWindows
@@ -75,6 +76,9 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         PeriodicEvaluation(config, has_eval),
         # Judges the evaluation just announced; its stop is agreed after every hook.
         EarlyStopping(config),
+        # A sweep's trial: reports the evaluation just announced to the study, whose
+        # pruner may stop it; the stop is agreed after every hook, as early stopping's.
+        Pruning(config),
         # Saves after every service that changes the state or reports on it at this
         # boundary (rollback, evaluation); the final save follows the final evaluation.
         checkpointer,

@@ -74,12 +74,28 @@ def test_what_search_space_returns_is_checked_against_the_config(config):
     ("metric", "", "config.sweep.metric is empty"),
     ("metric", "accuracy", "must name a value a run reports"),
     ("direction", "up", "config.sweep.direction='up' is not one of"),
-    ("pruner", "median", "pruning is not built yet"),
     ("pruner", "random", "config.sweep.pruner='random' is not one of"),
+    ("pruner_startup_trials", -1, "config.sweep.pruner_startup_trials=-1 must be a non-neg"),
+    ("trial", 3, "are set by the sweep on each trial's command"),
     ("max_retries", -1, "config.sweep.max_retries=-1 must be a non-negative integer"),
 ])
 def test_each_wrong_value_of_the_sweep_section_is_one_line(config, field, value, says):
     config.sweep[field] = value
+    with pytest.raises(ConfigError) as raised:
+        settings.check_section(config, None, "cfg.py")
+    assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("eval.every_steps", 0, "config.sweep.pruner='median' judges the evaluations during "
+                            "training, but eval.every_steps=0 evaluates only at the end"),
+    ("sweep.metric", "train/loss", "config.sweep.metric='train/loss' must be an 'eval/NAME'"),
+])
+def test_a_pruner_without_evaluations_to_judge_is_one_line(config, field, value, says):
+    config.sweep.pruner = "median"
+    settings.check_section(config, None, "cfg.py")  # the demo evaluates every 500 steps
+    section, key = field.split(".")
+    config[section][key] = value
     with pytest.raises(ConfigError) as raised:
         settings.check_section(config, None, "cfg.py")
     assert says in str(raised.value) and "\n" not in str(raised.value)

@@ -23,8 +23,9 @@ def test_mistakes_before_any_trial_are_one_line(tmp_path):
         ((workdir, "--trials=1", "--config.sweep.space=('model.hiden=choice(32, 64)',)"), 1,
          "Configuration error: config.sweep.space: 'model.hiden=choice(32, 64)': "
          "config.model has no field 'hiden'"),
-        ((workdir, "--trials=1", "--config.sweep.pruner=median"), 1,
-         "Configuration error: config.sweep.pruner='median': pruning is not built yet"),
+        ((workdir, "--trials=1", "--config.sweep.pruner=median", "--config.eval.every_steps=0"),
+         1, "Configuration error: config.sweep.pruner='median' judges the evaluations during "
+            "training, but eval.every_steps=0"),
         ((workdir, "--trials=1", "--storage=journal:///no/such/dir/study.log"), 1,
          "Storage error: --storage=journal:///no/such/dir/study.log cannot be opened: "),
         ((workdir,), 2, "Usage error: --trials=N is required"),

@@ -9,9 +9,10 @@ the bucket client.
 * :mod:`trainer.runtime.keras_compat` — the only module that touches Keras-private code.
 * :mod:`trainer.runtime.gcs` — the process's Google Cloud Storage client and its one
   retry policy, for every request to a bucket.
+* :mod:`trainer.runtime.studies` — an Optuna storage opened from a ``--storage`` URL.
 
 Importing this package loads none of them: the command lines use ``signals`` and
 ``fast_exit`` before TensorFlow is imported.
 """
 
-__all__ = ["fast_exit", "gcs", "keras_compat", "signals", "tracing", "waiting"]
+__all__ = ["fast_exit", "gcs", "keras_compat", "signals", "studies", "tracing", "waiting"]

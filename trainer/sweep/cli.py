@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
     dims = space.parse_space(config.sweep.space, config)
     cli.check_workdir(values.workdir)
     storage, name = _open(values, must_exist=False)
+    url = values.storage or study.default_storage(values.workdir)
     signature = (list(config.sweep.space) if search_space is None
                  else [f"search_space(trial) of {os.path.abspath(config_path)}"])
     opened = study.Study.open(storage, name, config.sweep.direction, signature,
@@ -155,12 +156,14 @@ def main(argv: list[str]) -> int:
                 passed=trials.passed_overrides(sys.argv, swept),
                 sample=space.sampler(dims, search_space, config, config_path),
                 metric=config.sweep.metric, max_retries=config.sweep.max_retries,
+                seed=config.sweep.seed,
+                report_to=None if config.sweep.pruner == "none" else (url, name),
                 views=views(config, opened, values.workdir,
                             dims if search_space is None else None, signature),
                 workers=values.workers)
+    pruner = "" if config.sweep.pruner == "none" else f", {config.sweep.pruner} pruner"
     say(f"sweep {name}: {values.trials} trial(s), {values.parallel} at a time, "
-        f"{config.sweep.direction} {config.sweep.metric}; study in "
-        f"{values.storage or study.default_storage(values.workdir)}")
+        f"{config.sweep.direction} {config.sweep.metric}{pruner}; study in {url}")
     code = Sweep(opened, plan, values.workdir, values.trials, values.parallel, say,
                  one=values.one).run()
     print(status.report(opened, values.workdir), flush=True)

@@ -19,6 +19,9 @@ trial and ends with it.
 ``--trials N`` counts the study's trials, each run until it finishes: a preempted trial
 is the same trial when it resumes, never a new one. The outcome of a run:
 
+* pruned (its run wrote the step it was pruned at, :mod:`trainer.services.pruning`):
+  PRUNED with the last value it reported, whatever its exit status; a pruned trial is
+  finished, never resumed (one a killed sweep left RUNNING is told PRUNED when found);
 * exit 0: the objective ``config.sweep.metric`` is read from its ``result:`` line and
   told (COMPLETE); a metric the run never reports ends the sweep in one line;
 * preempted (143, :data:`trainer.sweep.trials.RESUMABLE`): released for a later run of
@@ -85,6 +88,8 @@ class Plan:
     sample: Callable[[Any], dict]  # Optuna trial -> {KEY: value}
     metric: str
     max_retries: int
+    seed: int = 0  # config.sweep.seed: the sampler's (trainer.sweep.study.Study.ask)
+    report_to: tuple[str, str] | None = None  # (storage URL, study): a pruner's trials report
     views: list[View] = dataclasses.field(default_factory=list)
     workers: int = 1  # > 1: each trial a local worker group (launch.multiworker)
 
@@ -119,6 +124,8 @@ class Sweep:
                 if (number not in self.running and number not in self.preempted
                         and self.claims.claim(trial)):
                     self._stop_orphan(trial)
+                    if self._pruned(number, None):  # before its sweep process ended
+                        continue
                     attrs = trial.user_attrs
                     self.study.set(number, owner=owner_id(), heartbeat=time.time(),
                                    resumed=int(attrs.get("resumed", 0)) + 1)
@@ -134,7 +141,7 @@ class Sweep:
         return number, resumed
 
     def _ask(self) -> int:
-        trial = self.study.optuna.ask()
+        trial = self.study.ask(self.plan.seed)
         if not self.claims.take(trial.number):  # a lock file left by a deleted study
             raise UserError(f"{self.root}: trial {trial.number:04d}'s lock is held by "
                             f"another process; is another study running in this --workdir?")
@@ -175,6 +182,8 @@ class Sweep:
         trial = self.study.trial(number)
         attrs = dict(trial.user_attrs)
         argv = trials_lib.shell_split(attrs["command"])
+        if self.plan.report_to:
+            argv += trials_lib.report_flags(*self.plan.report_to, number)
         verb = f"resumed (resume #{attrs.get('resumed')})" if resumed else "started"
         overrides = json.loads(attrs["overrides"])
         values = " ".join(f"{k}={v!r}" for k, v in overrides.items())
@@ -187,6 +196,8 @@ class Sweep:
                                      lambda proc: self._started(number, proc), env)
             attrs["seconds"] = float(attrs.get("seconds", 0.0)) + attempt.seconds
             self.study.set(number, seconds=attrs["seconds"], step=attempt.step)
+            if self._pruned(number, attempt):
+                return None
             if attempt.status == 0:
                 return self._completed(number, attempt)
             if attempt.preempted or self.stopping.is_set():
@@ -225,6 +236,22 @@ class Sweep:
             view.trial_completed(number, attempt.results)
         self.say(f"trial {number:04d} finished: {self.plan.metric}={value:.6g} at step "
                  f"{attempt.step} ({attempt.seconds:.1f} s)")
+
+    def _pruned(self, number: int, attempt: trials_lib.Attempt | None) -> bool:
+        """Tells a trial its run pruned PRUNED, at the step every worker stopped at (after
+        the pruned step when a gradient-accumulation window ended first); False when its
+        run was not pruned."""
+        step = self.study.pruned_at(number)
+        if step is None:
+            return False
+        if attempt is not None and attempt.step is not None:
+            step = attempt.step
+        self.study.prune(number, step)
+        value = self.study.trial(number).value  # None: its last value was not finite
+        self.say(f"trial {number:04d} pruned at step {step}: {self.plan.metric}="
+                 f"{value if value is None else f'{value:.6g}'}"
+                 + (f" ({attempt.seconds:.1f} s)" if attempt else ""))
+        return True
 
     def _released(self, number: int, attempt: trials_lib.Attempt) -> None:
         self.study.set(number, owner="")
@@ -307,7 +334,7 @@ class Sweep:
         steps = ", ".join(
             f"{n:04d} at step {trials_lib.last_step(trials_lib.workdir_of(self.root, n))}"
             for n in running)
-        complete = [t for t in done if t.value is not None]
+        complete = [t for t in done if t.state.name == "COMPLETE"]
         best = ""
         if complete:
             pick = max if self.study.optuna.direction.name == "MAXIMIZE" else min

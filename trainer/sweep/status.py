@@ -1,9 +1,10 @@
 """Looking at a sweep: the status table and ``DIR/best_config.json``.
 
-The table has one row per trial: its number, state (COMPLETE, FAIL, RUNNING, and
-PREEMPTED for a trial waiting to be resumed), the value of each swept key, the metric,
-the step its run reached, the seconds its runs took, and how often it was resumed; the
-failed trials' last lines follow it. ``best_config.json`` holds the best COMPLETE trial:
+The table has one row per trial: its number, state (COMPLETE, PRUNED, FAIL, RUNNING,
+and PREEMPTED for a trial waiting to be resumed), the value of each swept key, the
+metric (of a PRUNED trial: the last value its run reported), the step its run reached,
+the seconds its runs took, and how often it was resumed; the failed trials' last lines
+follow it. ``best_config.json`` holds the best COMPLETE trial:
 its number, the metric and value, the values it set, the command that reproduces it,
 and its run's whole config (``WORKDIR/config.json``, as ``trainer.main`` wrote it).
 """

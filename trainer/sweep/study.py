@@ -13,10 +13,10 @@ The study keeps what the sweep was started with (its user attributes ``space`` a
 trials would not be comparable. Each trial keeps, as user attributes (:data:`ATTRS`):
 its ``workdir``, the ``command`` that reproduces it, the ``overrides`` it sets, how often
 it was ``resumed`` and ``retries`` after a crash, the ``step`` it reached, its ``seconds``
-of runs, the ``error`` it failed with, and who runs it: ``owner`` (``host:pid`` of the
-sweep process, ``""`` once preempted), ``pid`` (its ``trainer.main`` process) and
-``heartbeat`` (Unix time, renewed while it runs); and ``mlflow_run``, its MLflow run's id
-(:mod:`trainer.sweep.mlflow_runs`).
+of runs, the ``error`` it failed with, the step it was ``pruned`` at (written by its
+run), and who runs it: ``owner`` (``host:pid`` of the sweep process, ``""`` once
+preempted), ``pid`` (its ``trainer.main`` process) and ``heartbeat`` (Unix time, renewed
+while it runs); and ``mlflow_run``, its MLflow run's id (:mod:`trainer.sweep.mlflow_runs`).
 
 A preempted trial stays RUNNING in Optuna (no state means "paused"), released
 (``owner=""``); a trial whose sweep process is gone (killed) is stale: no process on
@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from trainer.errors import ConfigError, UserError
+from trainer.runtime import studies
 
 try:  # the [sweep] extra; trainer.sweep.cli says what to install without it
     import optuna
@@ -41,8 +42,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     optuna = None
 
 ATTRS = ("workdir", "command", "overrides", "resumed", "retries", "step", "seconds",
-         "error", "owner", "pid", "heartbeat", "mlflow_run")
-JOURNAL = "journal://"
+         "error", "owner", "pid", "heartbeat", "mlflow_run", "pruned")
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
 
@@ -80,15 +80,8 @@ def sqlite_path(url: str) -> str:
 
 def open_storage(url: str):
     """Optuna's storage for ``url``; raises :class:`StorageError` in one line."""
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
     try:
-        if url.startswith(JOURNAL):
-            path = url[len(JOURNAL):]
-            if not os.path.isdir(os.path.dirname(path) or "."):
-                raise FileNotFoundError(f"no directory {os.path.dirname(path)}")
-            backend = optuna.storages.journal.JournalFileBackend(path)
-            return optuna.storages.JournalStorage(backend)
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        return studies.open_storage(url)
     except Exception as error:  # noqa: BLE001 - SQLAlchemy, drivers, Optuna: all one line
         first = first_line(error).rstrip(".")
         missing = getattr(error.__cause__, "name", None)  # the driver SQLAlchemy imported
@@ -109,11 +102,11 @@ class Study:
         self.study_id = storage.get_study_id_from_name(name)
 
     @classmethod
-    def open(cls, storage, name: str, direction: str, space: list[str], metric: str,
-             sampler=None) -> "Study":
+    def open(cls, storage, name: str, direction: str, space: list[str],
+             metric: str) -> "Study":
         """Creates the study or loads it; refuses a changed direction, space or metric."""
         study = optuna.create_study(storage=storage, study_name=name, direction=direction,
-                                    load_if_exists=True, sampler=sampler)
+                                    load_if_exists=True)
         attrs = study.user_attrs
         if not attrs:
             study.set_user_attr("space", space)
@@ -158,6 +151,27 @@ class Study:
         for key, value in attrs.items():
             assert key in ATTRS, key
             self.storage.set_trial_user_attr(trial_id, key, value)
+
+    def ask(self, seed: int):
+        """A new trial (Optuna's ``Trial``, RUNNING) whose values (drawn when they are
+        suggested) come from a TPE sampler seeded with ``seed + its number``: they depend
+        on the seed, the number and the trials finished so far, never on which process
+        asks or how often the sweep was started (docs/sweeps.md, "Seeding"). One ask and
+        its suggestions at a time (the runner holds its lock)."""
+        trial = self.optuna.ask()
+        self.optuna.sampler = optuna.samplers.TPESampler(seed=seed + trial.number)
+        return trial
+
+    def pruned_at(self, number: int) -> int | None:
+        """The step at which the trial's run was pruned (its ``pruned`` attribute, which
+        the run's chief writes: :mod:`trainer.services.pruning`), or None."""
+        return self.trial(number).user_attrs.get("pruned")
+
+    def prune(self, number: int, step: int) -> None:
+        """Tells Optuna the trial is PRUNED at ``step`` (its value: the last one its run
+        reported)."""
+        self.set(number, owner="", step=step)
+        self.optuna.tell(number, state=optuna.trial.TrialState.PRUNED)
 
     def finish(self, number: int, value: float | None = None, error: str = "") -> None:
         """Tells Optuna the trial is COMPLETE with ``value``, or FAIL with ``error``."""

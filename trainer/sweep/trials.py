@@ -4,8 +4,9 @@ The command is the one a user would type: the sweep's config file and its own
 ``--config.`` overrides, ``--workdir=DIR/trials/NNNN`` and one ``--config.KEY=VALUE`` per
 sampled value (:func:`command`). It is printed when the trial starts and kept with the
 trial (``python -m trainer.sweep --status`` shows where), so it reproduces the trial
-alone. The process's stdout and stderr go to ``DIR/trials/NNNN.log`` (each attempt
-appended), beside the workdir: ``trainer.main`` owns the workdir, and resuming a trial
+alone; with a pruner, the sweep runs it with :func:`report_flags` added. The process's
+stdout and stderr go to ``DIR/trials/NNNN.log`` (each attempt appended), beside the
+workdir: ``trainer.main`` owns the workdir, and resuming a trial
 is running the same command again in it (it resumes from its latest checkpoint).
 
 An attempt's outcome (:class:`Attempt`) is read from what the run writes: its exit
@@ -87,6 +88,14 @@ def command(config_path: str, workdir: str, passed: list[str], trial_flags: list
         return [sys.executable, "-m", "launch.multiworker", f"--workers={workers}", "--",
                 *flags]
     return [sys.executable, "-m", "trainer.main", *flags]
+
+
+def report_flags(storage: str, study: str, number: int) -> list[str]:
+    """The flags a sweep with a pruner adds to trial ``number``'s command when it runs it
+    (never to the printed command, which reproduces the trial alone): its run reports
+    its evaluations to the study (:mod:`trainer.services.pruning`)."""
+    return [f"--config.sweep.trial={number}", f"--config.sweep.storage={storage}",
+            f"--config.sweep.study={study}"]
 
 
 def shell(argv: list[str]) -> str:
