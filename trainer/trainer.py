@@ -33,6 +33,7 @@ from trainer import cli, optimizers, precision
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
 from trainer.checkpoint import resume as checkpointing
+from trainer.checkpoint.state import trajectory_variables
 from trainer.checks.hooks import Hooks
 from trainer.data import split_batch
 from trainer.distribution import batch_norm, collectives, strategies
@@ -156,7 +157,8 @@ class Trainer:
             self.train_metrics, self.eval_metrics,
             custom_train_step=self.overrides("train_step"))
         self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
-                                 self.hooks.traced("eval_step", Trainer.eval_step), History())
+                                 self.hooks.traced("eval_step", Trainer.eval_step), History(),
+                                 lambda: trajectory_variables(self.context))
         services, checkpointer = build_services(
             config, workdir, self.is_chief, self.has_eval_dataset(), self.driver.history,
             self.gradients.nonfinite, self.events)

@@ -5,8 +5,11 @@ Contexts: host, cross-replica; call on every worker (the reads reduce over worke
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
+from trainer.distribution import host_collectives
 from trainer.runtime.tracing import per_object_function
 
 
@@ -44,3 +47,23 @@ class MetricReadout:
     def take(self) -> dict[str, float]:
         """The values accumulated since the last reset; resets."""
         return {name: float(value) for name, value in self._read_and_reset().items()}
+
+
+def window_logs(trainer: Any, readout: MetricReadout, outputs: dict, steps: int,
+                seconds: float) -> dict[str, float]:
+    """The ``on_log`` values of a train window of ``steps`` steps in ``seconds`` host
+    seconds (``outputs``: its last loop call's): the outputs, ``readout``'s metrics (then
+    reset), the learning rate, the gradient norm, the rates. Every worker."""
+    t = trainer
+    values = {k: float(v) for k, v in outputs.items()}
+    values.update(readout.take())
+    seconds = host_collectives.mean_over_workers(t.strategy, seconds)
+    logs = {f"train/{k}": v for k, v in values.items()}
+    # The rate the next update uses: the schedule at optimizer.iterations.
+    logs["train/learning_rate"] = float(tf.convert_to_tensor(t.optimizer.learning_rate))
+    grad_norm = t.gradients.norms.take()
+    if grad_norm is not None:
+        logs["train/grad_norm"] = grad_norm
+    logs["perf/steps_per_s"] = steps / max(seconds, 1e-9)
+    logs["perf/examples_per_s"] = logs["perf/steps_per_s"] * t.batch.global_size
+    return logs
