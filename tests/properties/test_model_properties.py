@@ -69,7 +69,8 @@ _TANH = {"layer": "dense", "units": 5, "activation": "tanh", "use_bias": True,
          "trainable": True, "kernel_regularizer": None, "activity_regularizer": None}
 #: Hand-written specs of each outcome: state read after its update and a loss over the
 #: gathered global batch (equal), a batch norm synchronized by distribute.sync_batch_norm
-#: (equal), one that is not (warned), the Keras guide's step (refused).
+#: (equal), one that is not (warned), the Keras guide's step and a model with its own
+#: train_step (refused).
 OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "running_mean"}, _TANH], step="gather"),
     _variant(EVERY_FAMILY, [_TANH, {"layer": "batch_norm", "momentum": 0.5, "center": True,
@@ -78,6 +79,7 @@ OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "batch_norm", "momentum": 0.5, "center": True,
                                     "scale": True, "synchronized": False}]),
     _variant(EVERY_FAMILY, step="direct_apply"),
+    _variant(EVERY_FAMILY, step="model_step"),
 ]
 
 #: Hand-written specs of what a user brings besides the model (each run in every
@@ -132,6 +134,7 @@ def check_same_weights(workers: dict, spec: dict) -> None:
 @example(spec=OUTCOMES[1])
 @example(spec=OUTCOMES[2])
 @example(spec=OUTCOMES[3])
+@example(spec=OUTCOMES[4])
 @example(spec=USER_OBJECTS[0])
 @example(spec=USER_OBJECTS[1])
 @example(spec=USER_OBJECTS[2])
