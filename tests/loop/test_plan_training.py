@@ -201,3 +201,21 @@ def test_measuring_leaves_the_weights_of_the_kept_plan_pinned_from_the_start():
     off = DropoutShuffleTrainer(toy_config(**short, **{"perf.plan": "fixed"}))
     off.fit()
     assert max_abs_diff(weights(step), weights(off)) > 1e-3
+
+
+def test_a_run_resumed_after_measuring_ends_on_the_kept_plan_pinned(tmp_path):
+    """The first half measures (no plan cache), the second adopts the checkpoint's plan:
+    the weights of that plan pinned for the whole run, bit for bit."""
+    adam = {**MEASURE, "optimizer.name": "adam", "optimizer.learning_rate": 0.01,
+            "perf.plan_cache": "off"}
+    first = DropoutShuffleTrainer(toy_config(**{**adam, "train.steps": 120}),
+                                  workdir=str(tmp_path))
+    first.fit()
+    record = first.driver.planner.record
+    assert record["source"] == "measured"
+    resumed = DropoutShuffleTrainer(toy_config(**adam), workdir=str(tmp_path))
+    resumed.fit()
+    assert resumed.driver.planner.record["source"] == "checkpoint" and resumed.step == 240
+    whole = DropoutShuffleTrainer(toy_config(**adam, **pinned(record["chosen"])))
+    whole.fit()
+    assert max_abs_diff(weights(resumed), weights(whole)) == 0.0
