@@ -108,6 +108,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.perf = ml_collections.ConfigDict(
         dict(
             jit_compile=False,
+            jit_compile_step=False,  # True: XLA compiles the whole replica step (plan "step")
             grad_accum_steps=1,
             recompute=False,
             sparse_reduce="auto",  # IndexedSlices across replicas: "auto" | "dense" | "gather"
@@ -305,11 +306,10 @@ def _check_perf(config: ml_collections.ConfigDict) -> None:
     check_positive("perf.grad_accum_steps", perf.grad_accum_steps)
     check_positive("checkpoint.every_steps", config.checkpoint.every_steps, allow_zero=True)
     accum = perf.grad_accum_steps
-    for field in ("train.steps", "checkpoint.every_steps"):
-        section, name = field.split(".")
+    for section, name in (("train", "steps"), ("checkpoint", "every_steps")):
         if config[section][name] % accum:
             raise ConfigError(
-                f"config.{field}={config[section][name]} is not a multiple of "
+                f"config.{section}.{name}={config[section][name]} is not a multiple of "
                 f"perf.grad_accum_steps={accum}: steps count micro-batches and an optimizer "
                 f"update happens every {accum}; use a multiple of {accum}.")
 

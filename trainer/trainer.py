@@ -32,7 +32,7 @@ from absl import logging
 from trainer import cli, optimizers, precision
 from trainer import config as config_lib
 from trainer.callbacks import Callback, CallbackList
-from trainer.checkpoint import resume as checkpointing
+from trainer.checkpoint import resume as checkpointing, state as checkpoint_state
 from trainer.checks.hooks import Hooks
 from trainer.data import split_batch
 from trainer.distribution import batch_norm, collectives, strategies
@@ -156,7 +156,8 @@ class Trainer:
             self.train_metrics, self.eval_metrics,
             custom_train_step=self.overrides("train_step"))
         self.driver = LoopDriver(self, self.hooks.traced("train_step", Trainer.train_step),
-                                 self.hooks.traced("eval_step", Trainer.eval_step), History())
+                                 self.hooks.traced("eval_step", Trainer.eval_step), History(),
+                                 lambda: checkpoint_state.trajectory_variables(self.context))
         services, checkpointer = build_services(
             config, workdir, self.is_chief, self.has_eval_dataset(), self.driver.history,
             self.gradients.nonfinite, self.events)
@@ -227,9 +228,13 @@ class Trainer:
     def train_step(self, batch) -> dict[str, tf.Tensor]:
         """Replica context: one optimisation step on this replica's batch.
 
-        Returns scalars by name; ``"loss"`` is required. The loop reports the mean of
-        ``"loss"`` over the logging window and the last step's value of other keys.
-        Default: forward, ``compute_loss``, the gradient path, ``update_metrics``.
+        Returns tensors by name, ``"loss"`` required (this replica's mean or per-example
+        loss), each averaged over replicas and its elements: the loop logs the mean of
+        ``"loss"`` over the logging window, the last step's value of other keys. A share
+        of a global value (a loss divided by the global batch, as a
+        ``manual_optimization`` step differentiates) logs 1/N of it on N replicas: return
+        the per-example loss (docs/training.md). Default: forward, ``compute_loss``, the
+        gradient path, ``update_metrics``.
         """
         return self.steps.train(batch)
 

@@ -211,6 +211,11 @@ CASES = {
     "KerasLossScaleFactor": r"KerasLossScaleFactor\.build_optimizer returned SGD\("
                             r"loss_scale_factor=8\): Keras divides every gradient by it.*"
                             r"precision\.initial_loss_scale",
+    "ModelWithTrainStep": r"ModelWithTrainStep\.build_model returned a GuideModel whose "
+                          r"train_step is overridden: the Trainer never calls .*Move it into "
+                          r"ModelWithTrainStep\.train_step\(batch\) .*self\.apply_gradients",
+    "LayerBesideModel": r"LayerBesideModel\.head is a Keras layer \(Dense\) outside the model, "
+                        r"with 2 trainable weights .*LayerBesideModel\.head\.trainable = False",
     "KerasEmaOverwrite": r"KerasEmaOverwrite\.build_optimizer returned Adam\(use_ema=True, "
                          r"ema_overwrite_frequency=5\): .*optimizer\.ema_decay",
     "SecondLossScaleOptimizer": r"SecondLossScaleOptimizer\.build_optimizer_variables was "
@@ -246,6 +251,38 @@ class SecondLossScaleOptimizer(toy.ToyTrainer):
         self.critic_optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
         self.build_optimizer_variables(self.critic_optimizer, model.trainable_variables)
         return model
+
+
+class GuideModel(keras.Model):
+    """The Keras guide "Customizing what happens in fit()": a model with its own step."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="tanh")
+        self.out = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                             self.trainable_variables)
+        return {"loss": loss}
+
+
+class ModelWithTrainStep(toy.ToyTrainer):
+    def build_model(self):
+        return GuideModel()
+
+
+class LayerBesideModel(toy.ToyTrainer):
+    def build_model(self):
+        self.head = keras.layers.Dense(3)
+        self.head.build((None, 3))
+        return super().build_model()
 
 
 def get_config():

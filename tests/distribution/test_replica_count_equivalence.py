@@ -25,6 +25,17 @@ def test_negative_control_per_replica_mean_averaging_diverges(replica_runs, repl
     assert max_abs_diff(saved_run(replica_runs[1], "per_replica_mean"), saved_run(replica_runs[replicas], "per_replica_mean")) > 100 * TOL
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_the_docs_manual_optimization_recipe_logs_the_loss_of_one_replica(replica_runs,
+                                                                           replicas):
+    # docs/training.md: return the per-example loss, differentiate its global-batch share.
+    one, many = (float(replica_runs[n]["loss/manual_recipe"]) for n in (1, replicas))
+    assert many == pytest.approx(one, rel=TOL)
+    # NEGATIVE CONTROL: the share itself is averaged over replicas like every output.
+    share = float(replica_runs[replicas]["loss/manual_global_share"])
+    assert share == pytest.approx(one / replicas, rel=TOL)
+
+
 def test_runs_actually_trained(replica_runs):
     # Guards the comparison against a run that never updated: SGD moved the weights.
     sgd = [replica_runs[1][k] for k in sorted(replica_runs[1]) if k.startswith("sgd/")]

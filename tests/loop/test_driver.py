@@ -229,3 +229,31 @@ def test_train_step_outputs_of_unknown_shape_are_refused_by_name():
 
     with pytest.raises(ValueError, match=r"'positive' with shape \(None,\).*return scalars"):
         RaggedOutputTrainer(toy.toy_config()).fit()
+
+
+class IdleMetricTrainer(toy.TapeStepTrainer):
+    """A custom step that never updates the metric build_metrics declares."""
+
+    def build_metrics(self):
+        return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
+
+
+class UpdatedMetricTrainer(IdleMetricTrainer):
+    def train_step(self, batch):
+        outputs = super().train_step(batch)
+        self.update_metrics(self.train_metrics, batch, self.model(batch[0], training=False))
+        return outputs
+
+
+@pytest.mark.parametrize("cls, warned", [(IdleMetricTrainer, 1), (UpdatedMetricTrainer, 0)])
+def test_a_declared_metric_the_step_never_updates_is_one_warning(caplog, cls, warned):
+    t = cls(toy.toy_config())
+    with caplog.at_level("WARNING"):
+        t.fit()
+        t.fit()  # a later fit() says nothing again
+    lines = [r.getMessage() for r in caplog.records if "not updated in the first" in
+             r.getMessage()]
+    assert len(lines) == warned, lines
+    if warned:
+        assert lines[0].startswith("train metric(s) 'accuracy': not updated in the first 10 "
+                                   "steps (IdleMetricTrainer.train_step does not update them)")

@@ -39,10 +39,12 @@ A spec::
      "train": {"global_batch": 8|16, "steps": 3, "steps_per_loop": 1,
                "learning_rate": 0.01, "sparse_reduce": "auto"|"dense"|"gather",
                "sync_batch_norm": false,  # distribute.sync_batch_norm
-               "step": "default"|"tape"|"gather"|"direct_apply",
+               "step": "default"|"tape"|"gather"|"direct_apply"|"model_step",
             # the train_step: the framework's; a tape and self.apply_gradients; the same
             # plus a term over the whole global batch through self.all_gather; the Keras
-            # guide's (a mean loss, then optimizer.apply_gradients: refused)
+            # guide's (a mean loss, then optimizer.apply_gradients: refused); the
+            # framework's, with a model whose class overrides Keras' train_step (the
+            # guide "Customizing what happens in fit()": refused)
                "noise": null|"seed_generator",
             # the Trainer holds a keras.random.SeedGenerator (made in build_model) and
             # every head's outputs become outputs * (1 + 0.1 * keras.random.normal(...))
@@ -60,8 +62,8 @@ A spec::
             # loss_scale_factor, use_ema with ema_overwrite_frequency)
 
 What the property expects of a spec (:func:`expected_outcome`): ``"refused"`` (a
-``direct_apply`` step or a refused optimizer argument: one Hook error line, on every
-replica count, :func:`refusal` says which), ``"warned"`` (a batch norm that is not
+``direct_apply`` or ``model_step`` step or a refused optimizer argument: one Hook error
+line, on every replica count, :func:`refusal` says which), ``"warned"`` (a batch norm that is not
 synchronized, neither by its layer nor by ``sync_batch_norm``, on 2 replicas: one
 warning naming it; the weights differ by design), ``"random"`` (a dropout rate above
 zero or the Trainer's SeedGenerator noise: the replicas draw other numbers than one
@@ -201,7 +203,7 @@ def specs(draw) -> dict[str, Any]:
             "sparse_reduce": draw(st.sampled_from(["auto", "dense", "gather"])),
             "sync_batch_norm": draw(st.booleans()),
             "step": draw(st.sampled_from(["default", "default", "tape", "gather",
-                                          "direct_apply"])),
+                                          "direct_apply", "model_step"])),
             "owned": draw(st.sampled_from([None, None, "tf", "keras", "nested"])),
             "noise": draw(st.sampled_from([None, None, None, "seed_generator"])),
             "keras_optimizer": draw(st.one_of(st.none(), _optimizer())),
@@ -245,6 +247,9 @@ def refusal(spec: dict[str, Any]) -> tuple[str, str] | None:
     if spec["train"].get("step") == "direct_apply":
         return ("HookError: SpecTrainer.train_step calls ",
                 "self.apply_gradients(tape, per_example_loss)")
+    if spec["train"].get("step") == "model_step":
+        return ("HookError: SpecTrainer.build_model returned a GuideStepModel whose "
+                "train_step is overridden", "SpecTrainer.train_step(batch)")
     return None
 
 
@@ -539,7 +544,15 @@ def _trainer_class():
                 self.temps = {"scale": [tf.Variable(0.0)], "shift": keras.Variable(0.0)}
             if self.spec["train"].get("noise") == "seed_generator":
                 self.noise = keras.random.SeedGenerator(self.spec["seed"])
-            return build_model(self.spec)
+            model = build_model(self.spec)
+            if self.spec["train"].get("step") != "model_step":
+                return model
+
+            class GuideStepModel(keras.Model):  # the Keras guide's own step
+                def train_step(self, data):
+                    raise AssertionError("the Trainer never calls a model's train_step")
+
+            return GuideStepModel(inputs=model.inputs, outputs=model.outputs)
 
         def build_optimizer(self):
             optimizer = self.spec["train"].get("keras_optimizer")
@@ -574,7 +587,7 @@ def _trainer_class():
 
         def train_step(self, batch):
             step = self.spec["train"].get("step", "default")
-            if step == "default":
+            if step in ("default", "model_step"):
                 return self.steps.train(batch)
             with tf.GradientTape() as tape:
                 outputs = self.model(batch[0], training=True)

@@ -73,8 +73,9 @@ _TANH = {"layer": "dense", "units": 5, "activation": "tanh", "use_bias": True,
          "trainable": True, "kernel_regularizer": None, "activity_regularizer": None}
 #: Hand-written specs of each outcome: state read after its update and a loss over the
 #: gathered global batch (equal), a batch norm synchronized by distribute.sync_batch_norm
-#: (equal), one that is not (warned), the Keras guide's step (refused), dropout and a
-#: Trainer's SeedGenerator (random: bit-equal after a resume).
+#: (equal), one that is not (warned), the Keras guide's step and a model with its own
+#: train_step (refused), dropout and a Trainer's SeedGenerator (random: bit-equal after a
+#: resume).
 OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "running_mean"}, _TANH], step="gather"),
     _variant(EVERY_FAMILY, [_TANH, {"layer": "batch_norm", "momentum": 0.5, "center": True,
@@ -85,6 +86,7 @@ OUTCOMES = [
     _variant(EVERY_FAMILY, step="direct_apply"),
     _variant(EVERY_FAMILY, [_TANH, {"layer": "dropout", "rate": 0.5}, _TANH], step="tape",
              noise="seed_generator"),
+    _variant(EVERY_FAMILY, step="model_step"),
 ]
 
 #: Hand-written specs of what a user brings besides the model (each run in every

@@ -3,20 +3,41 @@
     python -m tests.support.run_toy --replicas N --out weights.npz
 
 Trains ToyTrainer (SGD and Adam), a custom step on the framework's path
-(``self.apply_gradients``), a model whose forward pass updates a running mean and the per-replica-mean negative control for 20
-steps on N virtual CPU devices and saves every final weight, plus the evaluate()
-result of ToyEvalTrainer.
+(``self.apply_gradients``), a model whose forward pass updates a running mean, the
+per-replica-mean negative control, and the ``manual_optimization`` step of
+docs/training.md (the block ``my_project/manual_step.py``, read from the page) and its
+negative control returning the loss divided by the global batch, for 20 steps on N
+virtual CPU devices and saves every final weight and logged loss (``loss/NAME``), plus
+the evaluate() result of ToyEvalTrainer.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
+
+def docs_recipe(out: pathlib.Path):
+    """The module ``my_project/manual_step.py`` of docs/training.md, written beside
+    ``out`` (the file the page asks you to write) and imported."""
+    from tests.docs.code_blocks import blocks
+    from tests.support.helpers import REPO
+
+    (block,) = [b for b in blocks(REPO / "docs" / "training.md")
+                if b.file == "my_project/manual_step.py"]
+    path = out.with_name(f"{out.stem}_manual_step.py")
+    path.write_text(block.body)
+    spec = importlib.util.spec_from_file_location("manual_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -39,10 +60,15 @@ def main() -> None:
         "stateful": (toy.StatefulTrainer, config()),
         "per_replica_mean": (toy.PerReplicaMeanTrainer, config()),
     }
+    class ManualRecipe(docs_recipe(pathlib.Path(args.out)).ManualStepTrainer, toy.ToyTrainer):
+        pass
+
+    runs.update(manual_recipe=(ManualRecipe, config()),
+                manual_global_share=(toy.GlobalShareLossTrainer, config()))
     for name, (cls, cfg) in runs.items():
         t = cls(cfg)
         assert t.strategy.num_replicas_in_sync == args.replicas
-        t.fit()
+        out[f"loss/{name}"] = np.array(t.fit()["train/loss"])
         for i, w in enumerate(t.model.get_weights()):
             out[f"{name}/{i}"] = w
         if name == "stateful":  # every replica's copy of the state, not only replica 0's

@@ -144,6 +144,23 @@ class ReadFirstStatefulTrainer(StatefulTrainer):
     read_first = True
 
 
+class GlobalShareLossTrainer(ToyTrainer):
+    """NEGATIVE CONTROL of the manual-optimization recipe of docs/training.md: the same
+    step returning the loss it differentiates (divided by the GLOBAL batch), which the
+    loop averages over replicas: logged as 1/N of the loss on N replicas."""
+
+    manual_optimization = True
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            per_example_loss = self.compute_loss(batch, self.model(batch[0], training=True))
+            loss = tf.nn.compute_average_loss(
+                per_example_loss, global_batch_size=self.config.train.global_batch_size)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply(grads, self.model.trainable_variables)
+        return {"loss": loss}
+
+
 class PerReplicaMeanTrainer(ToyTrainer):
     """NEGATIVE CONTROL: the common mistake of averaging the loss per replica.
 

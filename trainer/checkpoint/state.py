@@ -109,6 +109,15 @@ def state_variables(run: RunContext) -> Groups:
     return groups
 
 
+def trajectory_variables(run: RunContext) -> list:
+    """Every variable the run's next steps depend on, flat: :func:`state_variables`'s,
+    and the precision's non-finite streaks (which a checkpoint does not hold). What the
+    execution plan's rehearsal puts back (:mod:`trainer.loop.rehearsal`)."""
+    p = run.precision
+    return [*(v for entries in state_variables(run).values() for _, v in entries),
+            p.nonfinite_streak, p.worst_streak]
+
+
 def all_finite(run: RunContext) -> bool:
     """True when every float variable of the model, its EMA and the optimizers is finite.
 

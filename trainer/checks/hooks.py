@@ -241,6 +241,20 @@ def _check_loss_shape(owner: str, loss: Any, batch: Any, where: str) -> None:
 
 
 # ------------------------------------------------------------------ locations
+def _check_model_step(owner: str, model: keras.Model, where: str) -> None:
+    """Raises HookError when ``model``'s class overrides Keras' ``train_step`` (the Keras
+    guide "Customizing what happens in fit()"): the Trainer's loop never calls it."""
+    step = getattr(type(model), "train_step", None)
+    if step is None or step is getattr(keras.Model, "train_step", None):
+        return
+    raise HookError(
+        f"{owner}.build_model returned a {type(model).__name__} whose train_step is "
+        f"overridden: the Trainer never calls a model's train_step (its loop runs "
+        f"{owner}.train_step on every replica), so that logic would be skipped. Move it "
+        f"into {owner}.train_step(batch) and update with self.apply_gradients(tape, "
+        f"per_example_loss), and drop the model's train_step.{where}")
+
+
 def _source(fn: Callable | None) -> tuple[str, int] | None:
     """(file, first line) of ``fn``'s code, or None."""
     code = getattr(getattr(fn, "__func__", fn), "__code__", None)
@@ -341,6 +355,8 @@ class Hooks:
         if hook == "compute_loss":
             _check_loss_shape(self.owner, value, args[0] if args else None,
                               _location(self._user_fn(hook)))
+        if hook == "build_model":
+            _check_model_step(self.owner, value, _location(self._user_fn(hook)))
         return value
 
     def call(self, hook: str, *args: Any) -> Any:

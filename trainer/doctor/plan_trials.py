@@ -3,8 +3,10 @@
 
 The Trainer of the config is built with ``perf.plan="auto"`` measured whatever the
 run's length (``perf.plan_min_run_s=0``), an open-ended ``train.steps`` and no training
-progress (the run has no end to estimate); it stops at the planner's decision, or at
-the first loop end past the doctor's deadline. The report is the decision's run event
+progress (the run has no end to estimate); it stops at the planner's decision (its
+rehearsal's end, :mod:`trainer.loop.rehearsal`, which no deadline interrupts: its
+trials are bounded by ``perf.plan_trial_s`` and ``perf.plan_rounds``), or at the first
+loop end past the doctor's deadline. The report is the decision's run event
 (``{"source", "chosen", "baseline", "plans", ...}``) with ``applicable``.
 """
 

@@ -10,7 +10,8 @@ is a tensor argument, so a shorter loop does not retrace.
 The in-graph loops are built in one place (:mod:`trainer.loop.compiled_loops`), one set
 per trace key (XLA setting, pack size) of the run's execution plan. Which plan each call
 runs is the :class:`trainer.loop.plan.Planner`'s decision (its cache of measured plans:
-:mod:`trainer.loop.plan_cache`); the driver reports every call's time to it.
+:mod:`trainer.loop.plan_cache`), measured on a copy of the run that is then rewound
+(:mod:`trainer.loop.rehearsal`).
 
 Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
 local flag; after the callbacks of every loop boundary the workers agree on the flags (a
@@ -42,9 +43,8 @@ from trainer.data.iterator_release import release
 from trainer.data.train_input import TrainInput, continuation_context
 from trainer.distribution import host_collectives
 from trainer.errors import Preempted
-from trainer.loop import eval_pass, plan as plan_lib, plan_cache, plan_space
+from trainer.loop import eval_pass, metric_readout, plan as plan_lib, rehearsal
 from trainer.loop.compiled_loops import CompiledLoops, TrainableWatch, replica_spec
-from trainer.loop.metric_readout import MetricReadout
 from trainer.run_context import next_multiple
 from trainer.runtime import keras_compat
 from trainer.step import replica_state
@@ -64,11 +64,15 @@ class LoopDriver:
       train_step, eval_step: the replica step functions (user hooks, ready to trace).
       history: the service whose ``results`` ``fit()`` returns
         (:class:`trainer.services.history.History`).
+      state: ``() -> variables`` the run's next steps depend on, that the plan's
+        rehearsal puts back (:mod:`trainer.loop.rehearsal`).
     """
 
-    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable, history: Any):
+    def __init__(self, trainer: Any, train_step: Callable, eval_step: Callable, history: Any,
+                 state: Callable[[], list]):
         self.trainer = trainer
         self.history = history
+        self._state = state
         self._train_step, self._eval_step = train_step, eval_step
         self._loops: dict[tuple, CompiledLoops] = {}  # by the plan's trace_key (XLA, packs)
         self._planner: plan_lib.Planner | None = None
@@ -87,27 +91,17 @@ class LoopDriver:
             self._train_dataset, lambda: continuation_context(trainer.config, self.resumed))
         self._last_fit: tuple = (None, None)  # (train graph, batch spec) after a fit()
         # Train windows are frequent: compiled. Evaluation reads as Keras does (eagerly).
-        self.train_readout = MetricReadout(trainer.train_loss, trainer.train_metrics, True)
-        self.eval_readout = MetricReadout(trainer.eval_loss, trainer.eval_metrics, False)
+        readout = metric_readout.MetricReadout
+        self.train_readout = readout(trainer.train_loss, trainer.train_metrics, True)
+        self.eval_readout = readout(trainer.eval_loss, trainer.eval_metrics, False)
 
     # ------------------------------------------------------------ building
     @property
     def planner(self) -> plan_lib.Planner:
         """The execution plan's planner (built once, at the first use)."""
         if self._planner is None:
-            t, cfg = self.trainer, self.trainer.config
-            # perf.jit_compile compiles the DEFAULT step's forward + backward only, and
-            # not on batches of dynamic shapes (one warning says so).
-            grads = (t.steps.keeps_xla_for(self.train_batch_spec())
-                     and not t.overrides("train_step"))
-            workers, packs = host_collectives.num_workers(t.strategy), self._default_key[1]
-            signature = plan_space.signature(t.strategy, workers)
-            self._planner = plan_lib.Planner(
-                cfg, plan_space.Plan("grads" if grads else "off", cfg.train.steps_per_loop, packs),
-                t.steps.xla_problem, self._xla_lowering_error,
-                lambda words: host_collectives.words_from_chief(t.strategy, words), signature,
-                plan_cache.for_run(t, self.train_batch_spec(), signature),
-                plan_space.pack_alternatives(packs, t.model.trainable_variables, workers))
+            self._planner = plan_lib.build(self.trainer, self.train_batch_spec(),
+                                           self._default_key[1], self._xla_lowering_error)
         return self._planner
 
     def _xla_lowering_error(self, setting: str) -> str | None:
@@ -314,8 +308,10 @@ class LoopDriver:
         window_steps, window_seconds = 0, 0.0
         callbacks.on_fit_start()  # when it raises, what started has ended
         try:
-            plan_lib.announce(planner.adopt(self.resumed.plan if self.resumed else None),
-                              t.events, t.step)
+            plan_lib.announce(planner.adopt(self.resumed.plan if self.resumed else None)
+                              or planner.single(), t.events, t.step)
+            start = t.step  # undecided: the state before a first call that may rehearse
+            snapshot = None if planner.decided else rehearsal.Snapshot(self._state())
             if t.step >= total:
                 t.events.stop(t.step, f"{'workdir ' if t.workdir else ''}already at step "
                                       f"{t.step} >= train.steps={total}: nothing to train")
@@ -325,16 +321,23 @@ class LoopDriver:
                 num_steps = int(min(plan.steps_per_loop, total - t.step,
                                     next_log - t.step, callbacks.next_boundary(t.step) - t.step))
                 outputs, seconds = self._train_loop(plan.trace_key, num_steps)
+                if snapshot is not None:  # the planner's first call
+                    record = planner.after_call(plan, num_steps, seconds, total - start)
+                    rewind = not planner.decided
+                    if rewind:  # measuring: on a copy of the run, then from `start` again
+                        record = self._rehearse(snapshot, num_steps, total - start)
+                    plan_lib.announce(record, t.events, t.step)
+                    snapshot = None
+                    if rewind:
+                        continue
                 self.input.advance(num_steps)
-                self.last_loop = (num_steps, seconds)
-                self.last_outputs = outputs
+                self.last_loop, self.last_outputs = (num_steps, seconds), outputs
                 t.step += num_steps
-                plan_lib.announce(planner.after_call(plan, num_steps, seconds,
-                                                     total - t.step), t.events, t.step)
                 window_steps += num_steps
                 window_seconds += seconds
                 if t.step in (next_log, total):
-                    logs = self._window_logs(outputs, window_steps, window_seconds)
+                    logs = metric_readout.window_logs(
+                        t, self.train_readout, outputs, window_steps, window_seconds)
                     window_steps, window_seconds = 0, 0.0
                     callbacks.on_log(logs)
                 callbacks.on_loop_end()
@@ -349,7 +352,8 @@ class LoopDriver:
                         t.events.stop(t.step, self._stop_reason)
                     break
             if window_steps and self.stopped_by != "preemption":  # a stop inside a window
-                callbacks.on_log(self._window_logs(outputs, window_steps, window_seconds))
+                callbacks.on_log(metric_readout.window_logs(
+                    t, self.train_readout, outputs, window_steps, window_seconds))
             reported = len(t.events.records)
             callbacks.on_train_end()
             if self.stopped_by == "preemption":  # as the stop's save reported it
@@ -362,6 +366,19 @@ class LoopDriver:
         results = dict(self.history.results)
         callbacks.on_fit_end(results)
         return results
+
+    def _rehearse(self, snapshot: rehearsal.Snapshot, done: int, steps: int) -> dict:
+        """The planner's measurement after its first call (``done`` steps) on a copy of
+        the run (:mod:`trainer.loop.rehearsal`), rewound; the decision's fields."""
+        record = rehearsal.rehearse(
+            self.planner, lambda plan, n: self._train_loop(plan.trace_key, n)[1], snapshot,
+            done, steps)
+        self.train_readout.reset()  # the window's metrics, norms and accumulation: empty
+        self.trainer.gradients.norms.take()
+        self.trainer.gradients.reset_accumulators()
+        self._end_train_input()
+        self.input.start(self.trainer.step)
+        return record
 
     def _train_loop(self, key: tuple[str, int], num_steps: int) -> tuple[dict, float]:
         """One call of the train loop of the plan's trace ``key`` on the fit's iterator:
@@ -381,18 +398,3 @@ class LoopDriver:
         self._last_key = key  # traced: train_graph() will not trace
         return outputs, time.perf_counter() - start
 
-    def _window_logs(self, outputs: dict, steps: int, seconds: float) -> dict[str, float]:
-        """The ``on_log`` values of a window; resets the train metrics."""
-        t = self.trainer
-        values = {k: float(v) for k, v in outputs.items()}
-        values.update(self.train_readout.take())
-        seconds = host_collectives.mean_over_workers(t.strategy, seconds)
-        logs = {f"train/{k}": v for k, v in values.items()}
-        # The rate the next update uses: the schedule at optimizer.iterations.
-        logs["train/learning_rate"] = float(tf.convert_to_tensor(t.optimizer.learning_rate))
-        grad_norm = t.gradients.norms.take()
-        if grad_norm is not None:
-            logs["train/grad_norm"] = grad_norm
-        logs["perf/steps_per_s"] = steps / max(seconds, 1e-9)
-        logs["perf/examples_per_s"] = logs["perf/steps_per_s"] * t.batch.global_size
-        return logs

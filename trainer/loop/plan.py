@@ -15,12 +15,18 @@ may do (docs/training.md).
 
 ``perf.plan="fixed"``: the configured plan (``perf.jit_compile``,
 ``train.steps_per_loop``), nothing measured. ``"auto"`` (default), by the
-:class:`Planner`, during the first loop calls of the first ``fit()``:
+:class:`Planner`, at the start of the first ``fit()``, on a copy of the run (a
+rehearsal: :mod:`trainer.loop.rehearsal`): its steps train on the run's next batches,
+then the training state is put back and the run starts from where the rehearsal did,
+with the kept plan. So measuring never changes the numbers: a run ends on the same
+weights as the kept plan pinned from the config, bit for bit.
 
-1. warm-up: the configured plan's first call (it traces the step), then one timed call
-   that estimates the step time. The chief decides, for every worker: measure, or not
-   (the run's remaining steps at that rate take less than ``perf.plan_min_run_s``;
-   a checkpoint's plan recorded on the same hardware and strategy is adopted at once);
+1. warm-up: the configured plan's first call (it traces the step; its time bounds the
+   step time from above: a run that takes less than ``perf.plan_min_run_s`` even at
+   that rate is decided at once), then one timed call that estimates the step time. The
+   chief decides, for every worker: measure, or not (the run's steps at that rate take
+   less than ``perf.plan_min_run_s``; a checkpoint's plan recorded on the same hardware
+   and strategy, or the plan cache's, is adopted before the rehearsal);
 2. candidates (:mod:`trainer.loop.plan_space`): the configured XLA setting, the whole
    step compiled where the strategy allows XLA (one replica in sync, not TPU, not manual
    data parallelism over several devices) and no XLA, each with ``steps_per_loop`` as
@@ -30,15 +36,19 @@ may do (docs/training.md).
    the largest gradient, at least an eighth of all; else 0). A setting whose XLA
    lowering fails (an op XLA cannot compile) is dropped with one log line, before it
    runs a step;
-3. rounds: every candidate runs a trial of real training steps (about
-   ``perf.plan_trial_s`` seconds, at most 3 % of the estimated run over all trials),
-   in an order rotated each round, ``perf.plan_rounds`` rounds; a plan's first call
-   (trace, XLA compilation) is not timed. A trial's rate is steps over the host seconds
-   of its loop calls; a plan's score is the median over rounds of its rate divided by
-   the configured plan's rate in the same round, so the machine's drift cancels;
+3. rounds: every candidate runs a trial of training steps (about ``perf.plan_trial_s``
+   seconds, at most 3 % of the estimated run over all trials), in an order rotated each
+   round, ``perf.plan_rounds`` rounds; a plan's first call (trace, XLA compilation) is
+   not timed. A trial's rate is steps over the host seconds of its loop calls; a plan's
+   score is the median over rounds of its rate divided by the configured plan's rate in
+   the same round, so the machine's drift cancels;
 4. the chief keeps the best score (the configured plan unless another scores above
    1.01) and every worker gets its choice (a plan that differs across workers would
    deadlock their collectives).
+
+Every plan the planner can keep can be pinned with ``perf.plan="fixed"``:
+``perf.jit_compile`` (False: ``"off"``, True: ``"grads"``, ``"step"``),
+``train.steps_per_loop`` and ``distribute.grad_pack_bytes``.
 
 The decision is a run event (``{"kind": "plan", ...}``: :meth:`Planner.record`) and is
 saved in checkpoints; a resumed run on the same hardware and strategy adopts it without
@@ -50,7 +60,6 @@ before its first step. Host only; the plan's loops are the driver's.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from typing import Any, Callable
@@ -58,41 +67,14 @@ from typing import Any, Callable
 import numpy as np
 from absl import logging
 
+from trainer.data import dynamic_shapes_problem
+from trainer.distribution import host_collectives
+from trainer.loop import plan_cache
 from trainer.loop.plan_cache import PlanCache
-from trainer.loop.plan_space import Plan, candidates
+from trainer.loop.plan_space import Plan, Trial, candidates, pack_alternatives, signature
 
 _TIE = 1.01  # another plan must beat the configured one by more than this to be chosen
 _BUDGET = 0.03  # the trials take at most this share of the estimated run
-
-
-@dataclasses.dataclass
-class _Trial:
-    """One plan's turn in one round. Only calls that ran the plan's full
-    ``steps_per_loop`` are timed: a call cut short by a boundary, or because the
-    previous trial ended mid-window, says nothing about the plan's length. A trial that
-    sees too few full calls (boundaries closer than its ``steps_per_loop``) times all."""
-
-    plan: int  # index into the candidates
-    round: int
-    steps: int = 0  # timed
-    seconds: float = 0.0
-    all_steps: int = 0
-    all_seconds: float = 0.0
-
-    def add(self, steps: int, seconds: float, full: bool) -> None:
-        self.all_steps += steps
-        self.all_seconds += seconds
-        if full:
-            self.steps += steps
-            self.seconds += seconds
-
-    def finished(self, trial_steps: int, steps_per_loop: int) -> bool:
-        if self.steps >= trial_steps:
-            return True
-        if self.all_steps < 4 * max(trial_steps, steps_per_loop):
-            return False
-        self.steps, self.seconds = self.all_steps, self.all_seconds
-        return True
 
 
 class Planner:
@@ -138,12 +120,11 @@ class Planner:
         self._calls = 0  # loop calls seen while undecided
         self._trial_steps = 0
         self._call_cap = 0  # > 0: trial calls run at most this many steps
-        self._trials: list[_Trial] = []  # to run, the current one first
-        self._done: list[_Trial] = []
+        self._trials: list[Trial] = []  # to run, the current one first
+        self._done: list[Trial] = []
         self._warm = {baseline.trace_key}  # trace keys whose loops have run
         self._dropped: dict[int, str] = {}
         self._started = 0.0
-        self._measured_steps = 0
 
     @property
     def decided(self) -> bool:
@@ -205,15 +186,15 @@ class Planner:
 
     def after_call(self, plan: Plan, steps: int, seconds: float,
                    remaining_steps: int) -> dict[str, Any] | None:
-        """After a loop call of ``plan`` (``steps`` steps in ``seconds`` host seconds; the
-        run has ``remaining_steps`` left). Returns the event's fields when it decides."""
+        """After a rehearsal's loop call of ``plan`` (``steps`` steps in ``seconds`` host
+        seconds; the run has ``remaining_steps`` to train after the rehearsal). Returns
+        the event's fields when it decides."""
         if self.chosen is not None:
             return None
         self._calls += 1
-        if self._calls == 1:  # the first call traced the step: not timed
+        if self._calls == 1:  # the first call traced the step: an upper bound of its time
             self._started = time.perf_counter()
-            return None
-        self._measured_steps += steps
+            return self._skip_if_short(steps, seconds, remaining_steps)
         if self._calls == 2:
             return self._plan_trials(steps, seconds, remaining_steps)
         if plan.trace_key not in self._warm:  # its loops' first call: traced, compiled
@@ -226,6 +207,41 @@ class Planner:
         return None if self._trials else self._choose()
 
     # ------------------------------------------------------------ decisions
+    def single(self) -> dict[str, Any] | None:
+        """Before any step: one candidate plan is kept without a rehearsal (alike on
+        every worker). None when there is more than one, or already decided."""
+        if self.decided or len(self.plans) > 1:
+            return None
+        return self._decide(self.baseline, "skipped", {"reason": self._too_short(1, 0.0, 0)})
+
+    def ended(self, steps: int) -> dict[str, Any]:
+        """The rehearsal ran all the run's ``steps`` before a decision: the configured
+        plan, not measured."""
+        return self._decide(self.baseline, "skipped", {
+            "reason": f"the run's {steps} steps end before the measurement does"})
+
+    def _too_short(self, steps: int, seconds: float, remaining_steps: int) -> str | None:
+        """Why the run is not measured when its steps take ``seconds / steps`` each, or
+        None (the chief's view; :meth:`_plan_trials` broadcasts it)."""
+        estimate = remaining_steps * seconds / max(steps, 1)
+        if len(self.plans) == 1:
+            return (f"one candidate plan (XLA {self.xla_problem})" if self.xla_problem
+                    else "one candidate plan")
+        if estimate < self._config.perf.plan_min_run_s:
+            return (f"the remaining {remaining_steps} steps take ~{estimate:.1f} s < "
+                    f"perf.plan_min_run_s={self._config.perf.plan_min_run_s:g}")
+        return None
+
+    def _skip_if_short(self, steps: int, seconds: float,
+                       remaining_steps: int) -> dict[str, Any] | None:
+        """After the first call: its time (with the trace) bounds the step time from
+        above; a run too short even at that rate is not measured (no timed call)."""
+        why = self._too_short(steps, seconds, remaining_steps)
+        if not self._from_chief(np.array([int(why is not None)], np.int32))[0]:
+            return None
+        return self._decide(self.baseline, "skipped",
+                            {"reason": why or "too short (the chief's estimate)"})
+
     def _plan_trials(self, steps: int, seconds: float,
                      remaining_steps: int) -> dict[str, Any] | None:
         """After the timed warm-up call: measure or not (the chief's call)."""
@@ -234,15 +250,12 @@ class Planner:
         estimate = remaining_steps * step_s
         trial_s = min(perf.plan_trial_s,
                       _BUDGET * estimate / (len(self.plans) * perf.plan_rounds))
-        measure = len(self.plans) > 1 and estimate >= perf.plan_min_run_s
-        words = self._from_chief(np.array([int(measure), max(1, int(trial_s / step_s))],
+        why = self._too_short(steps, seconds, remaining_steps)
+        words = self._from_chief(np.array([int(why is None), max(1, int(trial_s / step_s))],
                                           np.int32))
         if not words[0]:
-            why = (f"one candidate plan (XLA {self.xla_problem})" if len(self.plans) == 1
-                   and self.xla_problem else "one candidate plan" if len(self.plans) == 1 else
-                   f"the remaining {remaining_steps} steps take ~{estimate:.1f} s < "
-                   f"perf.plan_min_run_s={perf.plan_min_run_s:g}")
-            return self._decide(self.baseline, "skipped", {"reason": why})
+            return self._decide(self.baseline, "skipped",
+                                {"reason": why or "too short (the chief's estimate)"})
         self._trial_steps = int(words[1])
         if self.baseline.steps_per_loop > self._trial_steps:
             # One call is longer than a trial: its per-call host overhead is amortized
@@ -261,7 +274,7 @@ class Planner:
         live = [i for i in range(len(self.plans)) if i not in self._dropped]
         for r in range(perf.plan_rounds):
             shift = r % len(live)
-            self._trials += [_Trial(i, r) for i in live[shift:] + live[:shift]]
+            self._trials += [Trial(i, r) for i in live[shift:] + live[:shift]]
         if len(live) > 1:
             return None
         return self._decide(self.baseline, "skipped",
@@ -306,13 +319,11 @@ class Planner:
         index = best if scores[best] > _TIE else 0
         index = int(self._from_chief(np.array([index], np.int32))[0])
         measure_s = time.perf_counter() - self._started
-        chosen_rate = self._table(scores)["plans"][index]["steps_per_s"] or math.inf
         record = self._decide(self.plans[index], "measured", {
             "ratio": scores.get(index, 1.0), "rounds": self._config.perf.plan_rounds,
-            "measure_s": measure_s,
-            # What measuring added to the run: its time minus the same steps at the
-            # chosen plan's rate.
-            "cost_s": max(0.0, measure_s - self._measured_steps / chosen_rate),
+            # What measuring added to the run: all of it (the rehearsal's steps are
+            # trained again), but the first call, whose trace the run needs anyway.
+            "measure_s": measure_s, "cost_s": measure_s,
             **self._table(scores)})
         if self._cache is not None:
             self._cache.write(record)
@@ -324,6 +335,30 @@ class Planner:
                        "baseline": self.baseline.to_dict(), "ratio": 1.0, "measure_s": 0.0,
                        "plans": [], **fields}
         return self.record
+
+
+def build(trainer: Any, batch_spec: Any, packs: int,
+          xla_error: Callable[[str], str | None]) -> Planner:
+    """The planner of ``trainer``'s run on batches of ``batch_spec`` (one replica's), the
+    configured plan's all-reduce packs of ``packs`` bytes. The configured XLA setting:
+    ``"step"`` with ``perf.jit_compile_step`` where the strategy allows XLA and the
+    batches have static shapes (else one warning, and the next setting); ``"grads"``
+    with ``perf.jit_compile`` on the default train step (not on batches of dynamic
+    shapes: one warning says so); else ``"off"``."""
+    t, cfg = trainer, trainer.config
+    problem = t.steps.xla_problem or (dynamic_shapes_problem(batch_spec)
+                                      if batch_spec is not None else None)
+    if cfg.perf.jit_compile_step and problem is not None:
+        logging.warning("perf.jit_compile_step=True is not applied: %s.", problem)
+    grads = t.steps.keeps_xla_for(batch_spec) and not t.overrides("train_step")
+    xla = ("step" if cfg.perf.jit_compile_step and problem is None
+           else "grads" if grads else "off")
+    workers = host_collectives.num_workers(t.strategy)
+    sig = signature(t.strategy, workers)
+    return Planner(cfg, Plan(xla, cfg.train.steps_per_loop, packs), t.steps.xla_problem,
+                   xla_error, lambda words: host_collectives.words_from_chief(t.strategy, words),
+                   sig, plan_cache.for_run(t, batch_spec, sig),
+                   pack_alternatives(packs, t.model.trainable_variables, workers))
 
 
 def announce(record: dict[str, Any] | None, events: Any, step: int) -> None:

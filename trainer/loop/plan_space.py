@@ -43,6 +43,36 @@ class Plan:
                    int(value.get("pack_bytes", 0)))
 
 
+@dataclasses.dataclass
+class Trial:
+    """One plan's turn in one round of the planner's trials. Only calls that ran the
+    plan's full ``steps_per_loop`` are timed (a call cut short by the run's end or the
+    previous trial's says nothing about the plan's length); a trial that sees too few
+    full calls times all."""
+
+    plan: int  # index into the candidates
+    round: int
+    steps: int = 0  # timed
+    seconds: float = 0.0
+    all_steps: int = 0
+    all_seconds: float = 0.0
+
+    def add(self, steps: int, seconds: float, full: bool) -> None:
+        self.all_steps += steps
+        self.all_seconds += seconds
+        if full:
+            self.steps += steps
+            self.seconds += seconds
+
+    def finished(self, trial_steps: int, steps_per_loop: int) -> bool:
+        if self.steps >= trial_steps:
+            return True
+        if self.all_steps < 4 * max(trial_steps, steps_per_loop):
+            return False
+        self.steps, self.seconds = self.all_steps, self.all_seconds
+        return True
+
+
 def pack_alternatives(configured: int, variables: list, workers: int) -> tuple[int, ...]:
     """The pack sizes worth timing besides the ``configured`` one: none on one worker
     (the replicas' gradients do not cross hosts) or for gradients under 4 MiB. Else,
