@@ -34,6 +34,8 @@ CASES = {
     "first trace": ("first_trace", [], [TERM]),
     "training": ("train", ["--config.train.steps=100000"], [INT]),
     "eval pass": ("eval", ["--config.eval.every_steps=10"], [TERM]),
+    "last eval pass": ("eval", ["--config.eval.every_steps=0", "--config.train.steps=10"],
+                       [TERM]),
     "checkpoint save": ("checkpoint", [], [TERM]),
     "second signal": ("checkpoint", [], [TERM, INT]),
     "--mode=eval": ("build_model", ["--mode=eval"], [TERM]),
@@ -163,6 +165,17 @@ def test_a_signal_during_an_eval_pass_abandons_it_then_saves_and_exits_143(runs)
     assert "eval at step 10: the eval pass was abandoned after" in run.output
     assert "preempted at step 10; a checkpoint of that step was saved" in run.output
     assert "checkpoint of step 10 ->" in run.output
+
+
+def test_a_signal_during_the_last_eval_pass_is_a_preemption_too(runs):
+    # Training is over but the run's evaluation was not made: 143, so a sweep (or a
+    # scheduler) runs it again, and the rerun evaluates; never 0 without eval values.
+    run = runs["last eval pass"]
+    _signalled(run)
+    assert run.proc.returncode == 143, run.output[-3000:]
+    assert "eval at step 10: the eval pass was abandoned after" in run.output
+    assert "preempted at step 10" in run.output
+    assert "result:" not in run.output
 
 
 def test_a_second_signal_exits_at_once(runs):

@@ -13,14 +13,14 @@ runs is the :class:`trainer.loop.plan.Planner`'s decision (its cache of measured
 :mod:`trainer.loop.plan_cache`), measured on a copy of the run that is then rewound
 (:mod:`trainer.loop.rehearsal`).
 
-Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a
-local flag; after the callbacks of every loop boundary the workers agree on the flags (a
-small all-reduce per loop with several workers), so every worker stops at one step.
-Inside a gradient-accumulation window the stop waits for the window's last step. Then
-``on_train_end`` runs (the final checkpoint), and ``fit()`` returns, or raises
-:class:`trainer.errors.Preempted` after a preemption, with the outcome of the stop's
-save that a service reported as the run's ``preemption`` event during ``on_train_end``
-(:mod:`trainer.checkpoint.stop_save`); the driver is never called back.
+Stopping. ``request_stop`` (any callback, any worker) and a preemption notice set a local
+flag; after the callbacks of every loop boundary the workers agree on the flags (a small
+all-reduce per loop with several workers), so every worker stops at one step. Inside a
+gradient-accumulation window the stop waits for the window's last step; a notice at the
+last step (its evaluation abandoned) is a preemption too. Then ``on_train_end`` runs (the
+final checkpoint), and ``fit()`` returns, or raises :class:`trainer.errors.Preempted`,
+with the outcome of the stop's save (the run's ``preemption`` event,
+:mod:`trainer.checkpoint.stop_save`); the driver is never called back.
 
 The services see only its run context (:mod:`trainer.loop.context`). Contexts: the
 driver runs on the host in cross-replica context, the steps in replica context.
@@ -59,8 +59,8 @@ class LoopDriver:
     (:mod:`trainer.data.train_input`).
 
     Args:
-      trainer: the Trainer (its public attributes: config, strategy, model, optimizer,
-        step, step_counter, gradients, metrics, dataset hooks).
+      trainer: the Trainer (its public attributes: config, strategy, model, optimizer, step,
+        step_counter, gradients, metrics, dataset hooks).
       train_step, eval_step: the replica step functions (user hooks, ready to trace).
       history: the service whose ``results`` ``fit()`` returns
         (:class:`trainer.services.history.History`).
@@ -342,8 +342,8 @@ class LoopDriver:
                     callbacks.on_log(logs)
                 callbacks.on_loop_end()
                 stop, preempt = self._agree()
-                if (stop or preempt) and t.step < total:
-                    if t.step % k:
+                if (stop or preempt) and (t.step < total or preempt):
+                    if t.step % k and t.step < total:
                         logging.info("stop at step %d waits for the end of the gradient "
                                      "accumulation window of %d steps.", t.step, k)
                         continue
