@@ -158,23 +158,16 @@ def test_sigint_during_a_long_training_stops_at_the_next_loop_with_a_checkpoint(
     assert f"checkpoint of step {step} ->" in run.output
 
 
-def test_a_signal_during_an_eval_pass_abandons_it_then_saves_and_exits_143(runs):
-    run = runs["eval pass"]
+@pytest.mark.parametrize("case", ["eval pass", "last eval pass"])
+def test_a_signal_during_an_eval_pass_abandons_it_then_saves_and_exits_143(runs, case):
+    # Also in the last pass: training is over but its evaluation was not made, so 143 (a
+    # sweep or a scheduler runs it again and the rerun evaluates), never 0 without it.
+    run = runs[case]
     _signalled(run)
     assert run.proc.returncode == 143, run.output[-3000:]
     assert "eval at step 10: the eval pass was abandoned after" in run.output
     assert "preempted at step 10; a checkpoint of that step was saved" in run.output
     assert "checkpoint of step 10 ->" in run.output
-
-
-def test_a_signal_during_the_last_eval_pass_is_a_preemption_too(runs):
-    # Training is over but the run's evaluation was not made: 143, so a sweep (or a
-    # scheduler) runs it again, and the rerun evaluates; never 0 without eval values.
-    run = runs["last eval pass"]
-    _signalled(run)
-    assert run.proc.returncode == 143, run.output[-3000:]
-    assert "eval at step 10: the eval pass was abandoned after" in run.output
-    assert "preempted at step 10" in run.output
     assert "result:" not in run.output
 
 

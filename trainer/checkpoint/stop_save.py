@@ -1,4 +1,5 @@
-"""The save of a run that stops before ``train.steps``, within the grace period a preemption leaves.
+"""The save of a run that stops before ``train.steps`` (or is preempted at its last step,
+in its evaluation), within the grace period a preemption leaves.
 
 The path of a stop, top-down: a signal (:mod:`trainer.checkpoint.guards.preemption`) or
 ``request_stop`` sets a flag; at the next loop boundary every worker agrees on it (the
@@ -53,8 +54,8 @@ class StopSave(Service):
 
     def on_train_end(self, run: RunContext) -> None:
         cp = self.checkpointer
-        if not cp.enabled or run.step >= self.total:
-            return
+        if not cp.enabled or (run.step >= self.total and run.stopped_by != "preemption"):
+            return  # the last step's save was the last loop's, unless preempted there
         committed, last_good = self._save(run)
         if committed:
             self._check_grace(run)
