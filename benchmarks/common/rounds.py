@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping
 
+from benchmarks.common.table import format_table, from_rounds
+
 
 def interleaved(functions: Mapping[str, Callable[[], object]], rounds: int,
                 per_call: int) -> dict[str, list[float]]:
@@ -20,3 +22,16 @@ def interleaved(functions: Mapping[str, Callable[[], object]], rounds: int,
             functions[name]()
             times[name].append((time.perf_counter() - start) / per_call * 1e6)
     return times
+
+
+def table(functions: Mapping[str, Callable[[], object]], rounds: int, per_call: int,
+          baseline: str, unit: str, title: str) -> str:
+    """Warms up every one of ``functions`` (trace, compile), times them
+    :func:`interleaved` and returns the table of microseconds per ``unit`` (e.g. "per
+    draw"), each row a ratio to ``baseline``."""
+    for function in functions.values():
+        function()
+    times = interleaved(functions, rounds, per_call)
+    rows = [from_rounds(name, values, "us", times[baseline], note=unit)
+            for name, values in times.items()]
+    return format_table(title, rows, baseline)

@@ -19,7 +19,6 @@ import argparse
 import os
 
 from benchmarks.common import rounds
-from benchmarks.common.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -61,14 +60,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--updates", type=int, default=500)
     args = parser.parse_args()
-    functions = updates(args.updates)
-    for function in functions.values():  # trace, compile, warm up
-        function()
-    times = rounds.interleaved(functions, args.rounds, args.updates)
-    rows = [from_rounds(name, values, "us", times["ops"], note="per update")
-            for name, values in times.items()]
-    print(format_table(f"ema_update: {args.rounds} rounds x {args.updates} updates", rows,
-                       "ops"))
+    print(rounds.table(updates(args.updates), args.rounds, args.updates, "ops", "per update",
+                       f"ema_update: {args.rounds} rounds x {args.updates} updates"))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import os
 
 from benchmarks.common import rounds
-from benchmarks.common.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -65,14 +64,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--draws", type=int, default=200)
     args = parser.parse_args()
-    functions = draws(args.draws)
-    for function in functions.values():  # trace, compile, warm up
-        function()
-    times = rounds.interleaved(functions, args.rounds, args.draws)
-    rows = [from_rounds(name, values, "us", times["auto"], note="per draw")
-            for name, values in times.items()]
-    print(format_table(f"random_draws: {args.rounds} rounds x {args.draws} dropouts of "
-                       f"{SHAPE[0]}x{SHAPE[1]}", rows, "auto"))
+    print(rounds.table(draws(args.draws), args.rounds, args.draws, "auto", "per draw",
+                       f"random_draws: {args.rounds} rounds x {args.draws} dropouts of "
+                       f"{SHAPE[0]}x{SHAPE[1]}"))
 
 
 if __name__ == "__main__":
