@@ -2,7 +2,7 @@
 every Keras random op of the TensorFlow backend draws its seed through the
 ``draw_seed`` its private modules import by name. A Keras upgrade that moves it fails
 here, not silently in a run whose replicas all draw the same numbers (or whose draws
-change when an execution plan compiles the step with XLA). Also the warning
+change algorithm when the step is compiled with XLA). Also the warning
 for a stateful tf.random op in the step (trainer/step/random_streams.py)."""
 
 from __future__ import annotations
@@ -63,9 +63,11 @@ def test_a_stateful_tf_random_op_in_the_step_is_named_once(caplog):
     assert "RandomUniform" in warned[0] and "keras.random.SeedGenerator" in warned[0]
 
 
-def test_keras_draws_the_same_numbers_with_and_without_xla():
+def test_keras_draws_with_philox_with_and_without_xla():
     # TensorFlow's default algorithm draws ThreeFry under XLA and philox without on a
-    # CPU; Keras' random modules see keras_compat.PINNED_TF (philox).
+    # CPU; Keras' random modules see keras_compat.PINNED_TF (philox): with seeds fixed
+    # at trace time, the same numbers (seeds known only at run time draw other numbers
+    # under XLA: TensorFlow's XLA philox kernel is not its CPU kernel).
     keras_compat.keyed_seed_drawing()
     generator = keras.random.SeedGenerator(2)
 

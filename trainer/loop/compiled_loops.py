@@ -95,10 +95,12 @@ class CompiledLoops:
                  eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss,
                  jit_step: bool = False):
         self.slots: StepOutputSlots | None = None  # created by prepare()
+        # Per-replica random streams, keyed inside the XLA function: a key read outside
+        # would be a tensor of whichever loop graph first traced it (the plan's trials').
+        keyed_train = random_streams.keyed(train_step, step_counter)
         if jit_step:
-            train_step = per_object_function(train_step, jit_compile=True, autograph=False)
-        self._train_step = train_step
-        keyed_train = random_streams.keyed(train_step, step_counter)  # per-replica streams
+            keyed_train = per_object_function(keyed_train, jit_compile=True, autograph=False)
+        self._train_step = keyed_train
         keyed_eval = random_streams.keyed(eval_step, step_counter)
 
         @no_autograph

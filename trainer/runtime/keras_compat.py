@@ -40,10 +40,12 @@ private name it uses and fails with a clear message when a Keras version lacks i
   a replica's step draws its own stream, keyed by step, replica and device slice.
   The same modules see TensorFlow through their module global ``tf``; it is replaced by
   a view of TensorFlow whose stateless uniform, normal, truncated-normal and dropout
-  draws default to the philox algorithm: TensorFlow's ``auto_select`` draws other
-  numbers under XLA than without (ThreeFry against philox on CPU), so an execution plan
-  that compiles the step would change its dropout masks. Categorical, gamma and
-  binomial draws take no algorithm and are left as they are.
+  draws default to the philox algorithm: TensorFlow's ``auto_select`` draws ThreeFry
+  under XLA on a CPU (7x slower) and philox without. Even with philox, XLA's kernels
+  draw other numbers than the CPU kernels from a seed known only at run time (a
+  ``SeedGenerator``'s state, the step's key): compiling the step changes its dropout
+  masks. Categorical, gamma and binomial draws take no algorithm and are left as they
+  are.
 """
 
 from __future__ import annotations
