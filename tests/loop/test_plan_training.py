@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.support.helpers import max_abs_diff
-from tests.support.toy import ToyTrainer, toy_config, toy_data
+from tests.support.toy import ToyTrainer, pinned, toy_config, toy_data
 from trainer.checkpoint.storage.reader import LATEST_DIR, read_manifest
 from trainer.telemetry import progress
 
@@ -163,14 +163,6 @@ class DropoutShuffleTrainer(ToyTrainer):
         batch = ctx.get_per_replica_batch_size(self.config.train.global_batch_size)
         return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512, seed=1).repeat().batch(
             batch, drop_remainder=True)
-
-
-def pinned(chosen: dict) -> dict:
-    """The config that pins the plan ``chosen`` (a plan record's ``chosen``)."""
-    return {"perf.plan": "fixed", "train.steps_per_loop": chosen["steps_per_loop"],
-            "perf.jit_compile": chosen["xla"] == "grads",
-            "perf.jit_compile_step": chosen["xla"] == "step",
-            "distribute.grad_pack_bytes": chosen["pack_bytes"]}
 
 
 def test_measuring_leaves_the_weights_of_the_kept_plan_pinned_from_the_start():

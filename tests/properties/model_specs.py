@@ -36,7 +36,8 @@ A spec::
      "heads": [  # 1 or 2; named out0, out1; dict outputs and dict labels when "dict_outputs"
         {"kind": "class", "classes": 3} | {"kind": "regress", "width": 2}],
      "dict_outputs": false,
-     "train": {"global_batch": 8|16, "steps": 3, "steps_per_loop": 1,
+     "train": {"global_batch": 8|16, "steps": 3, "steps_per_loop": 1,  # steps: 2 to 4,
+            # 8 to 12 with plan "auto" (room for the plan's trials)
                "learning_rate": 0.01, "sparse_reduce": "auto"|"dense"|"gather",
                "sync_batch_norm": false,  # distribute.sync_batch_norm
                "step": "default"|"tape"|"gather"|"direct_apply"|"model_step",
@@ -45,6 +46,10 @@ A spec::
             # guide's (a mean loss, then optimizer.apply_gradients: refused); the
             # framework's, with a model whose class overrides Keras' train_step (the
             # guide "Customizing what happens in fit()": refused)
+               "plan": "fixed"|"auto",
+            # perf.plan; "auto" measures however short the run (perf.plan_min_run_s=0,
+            # one round of one-step trials, no plan cache): a rehearsal on a copy of
+            # the run, rewound; absent: "fixed"
                "noise": null|"seed_generator",
             # the Trainer holds a keras.random.SeedGenerator (made in build_model) and
             # every head's outputs become outputs * (1 + 0.1 * keras.random.normal(...))
@@ -69,7 +74,11 @@ warning naming it; the weights differ by design), ``"random"`` (a dropout rate a
 zero or the Trainer's SeedGenerator noise: the replicas draw other numbers than one
 replica, so the weights differ by design; on each replica count a run stopped after
 half its steps and resumed (a new Trainer in its workdir) ends bit-equal to the
-uninterrupted run) or ``"equal"`` (the same weights on 1 and 2 replicas).
+uninterrupted run) or ``"equal"`` (the same weights on 1 and 2 replicas). Whatever the
+outcome, a spec of plan ``"auto"`` (not refused) ends, on each replica count, bit-equal
+(weights and the Trainer's SeedGenerator state) to the same spec with the plan it kept
+pinned from the start (:func:`train_spec`; the resumed run above runs that plan pinned):
+measuring never changes the numbers (trainer/loop/rehearsal.py).
 
 The loss is the per-example sum over heads (sparse softmax cross-entropy for a class
 head, squared error averaged over the width for a regression head); the optimizer Adam.
@@ -188,7 +197,8 @@ def specs(draw) -> dict[str, Any]:
     inputs = draw(st.lists(st.one_of(_dense_input(), _token_input(), _string_input()),
                            min_size=1, max_size=3))
     heads = draw(st.lists(_head(), min_size=1, max_size=2))
-    steps = draw(st.integers(2, 4))
+    plan = draw(st.sampled_from(["fixed", "fixed", "fixed", "auto"]))
+    steps = draw(st.integers(8, 12) if plan == "auto" else st.integers(2, 4))
     spec = {
         "seed": draw(st.integers(0, 2**16)),
         "inputs": inputs,
@@ -205,6 +215,7 @@ def specs(draw) -> dict[str, Any]:
             "step": draw(st.sampled_from(["default", "default", "tape", "gather",
                                           "direct_apply", "model_step"])),
             "owned": draw(st.sampled_from([None, None, "tf", "keras", "nested"])),
+            "plan": plan,
             "noise": draw(st.sampled_from([None, None, None, "seed_generator"])),
             "keras_optimizer": draw(st.one_of(st.none(), _optimizer())),
         },
@@ -305,6 +316,7 @@ def describe(spec: dict[str, Any]) -> str:
              | {"out:" + h["kind"] for h in spec["heads"]}
              | ({f"owned:{spec['train']['owned']}"} if spec["train"].get("owned") else set())
              | ({f"noise:{spec['train']['noise']}"} if spec["train"].get("noise") else set())
+             | ({"plan:auto"} if spec["train"].get("plan") == "auto" else set())
              | {f"dropout:{l['rate']}" for l in spec["trunk"] if l.get("rate")}
              | {"optimizer:" + k for k in optimizer.get("args", {})}
              | ({"optimizer:" + optimizer["wrapper"]} if optimizer.get("wrapper") else set()))
@@ -328,7 +340,12 @@ def spec_config(spec: dict[str, Any], replicas: int = 1):
     config.eval.every_steps = 0
     config.optimizer.name = train.get("optimizer", "adam")  # another only to diagnose
     config.optimizer.learning_rate = train["learning_rate"]
-    config.perf.plan = "fixed"
+    config.perf.plan = train.get("plan", "fixed")
+    if config.perf.plan == "auto":  # measures however short (module docstring)
+        config.perf.plan_min_run_s = 0.0
+        config.perf.plan_trial_s = 1e-6
+        config.perf.plan_rounds = 1
+        config.perf.plan_cache = "off"
     config.perf.sparse_reduce = train["sparse_reduce"]
     config.distribute.sync_batch_norm = train.get("sync_batch_norm", False)
     config.telemetry.progress = "off"
@@ -617,15 +634,19 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def train_spec(spec: dict[str, Any], replicas: int):
-    """Trains ``spec`` on ``replicas`` replicas in this process: ``(names, initial
-    weights, final weights, warnings, resumed)`` (the model's weights in
-    ``model.weights`` order; the warnings the Trainer logged while it was built;
-    ``resumed``: for a spec that draws random numbers, the final weights of a run
-    stopped after half its steps and resumed by a new Trainer, else None)."""
+def train_spec(spec: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """Trains ``spec`` on ``replicas`` replicas in this process: ``{"names", "initial",
+    "final", "warnings", "resumed", "pinned", "plan"}`` (the values of :func:`_values`
+    before and after training, named; the warnings the Trainer logged while it was
+    built; ``resumed``: for a spec that draws random numbers, the final values of a run
+    stopped after half its steps and resumed by a new Trainer, else None; for plan
+    ``"auto"``: ``plan``, the run's plan event fields, and ``pinned``, the final values
+    of the spec with the kept plan pinned from the start (``perf.plan="fixed"``), which
+    the resumed run also pins; else both None)."""
     import logging
 
     from tests.properties import model_specs
+    from tests.support.toy import pinned
 
     class Warnings(logging.Handler):
         def __init__(self):
@@ -643,35 +664,55 @@ def train_spec(spec: dict[str, Any], replicas: int):
     finally:
         logging.getLogger("absl").removeHandler(warnings)
     assert t.strategy.num_replicas_in_sync == replicas, t.strategy
-    names = [w.path for w in t.model.weights] + [f"owned/{path}" for path, _ in t.gradients.owned]
-    initial = _values(t)
+    names = ([w.path for w in t.model.weights]
+             + [f"owned/{path}" for path, _ in t.gradients.owned]
+             + (["seed_generator/state"] if hasattr(t, "noise") else []))
+    out = {"names": names, "initial": _values(t), "warnings": warnings.lines,
+           "resumed": None, "pinned": None, "plan": None}
     t.fit()
-    resumed = _resumed(spec, replicas) if draws_random_numbers(spec) else None
-    return names, initial, _values(t), warnings.lines, resumed
+    out["final"] = _values(t)
+    overrides = {}
+    if config.perf.plan == "auto":
+        out["plan"] = t.driver.planner.record
+        overrides = pinned(out["plan"]["chosen"])
+        kept = spec_config(spec, replicas)
+        kept.update_from_flattened_dict(overrides)
+        t = model_specs.SpecTrainer(kept)
+        t.fit()
+        out["pinned"] = _values(t)
+    if draws_random_numbers(spec):
+        out["resumed"] = _resumed(spec, replicas, overrides)
+    return out
 
 
 def _values(t) -> list:
-    """The model's weights, then the variables the Trainer holds (compared as weights)."""
+    """The model's weights, the variables the Trainer holds (compared as weights), then
+    the state of the Trainer's SeedGenerator (the spec's noise) if any."""
     import numpy as np
 
     return ([np.asarray(w) for w in t.model.get_weights()]
-            + [np.asarray(v.numpy()) for _, v in t.gradients.owned])
+            + [np.asarray(v.numpy()) for _, v in t.gradients.owned]
+            + ([np.array(t.noise.state)] if hasattr(t, "noise") else []))
 
 
-def _resumed(spec: dict[str, Any], replicas: int) -> list:
-    """The final weights of ``spec`` trained to half its steps in a fresh workdir, then
-    resumed there by a new Trainer to its last step."""
+def _resumed(spec: dict[str, Any], replicas: int, overrides: dict[str, Any]) -> list:
+    """The final values of ``spec`` (with the config ``overrides``) trained to half its
+    steps in a fresh workdir, then resumed there by a new Trainer to its last step."""
     import shutil
     import tempfile
 
     from tests.properties import model_specs
 
+    def config(steps: int):
+        c = spec_config(spec, replicas)
+        c.update_from_flattened_dict(overrides)
+        c.train.steps = steps
+        return c
+
     workdir = tempfile.mkdtemp(prefix="spec-resume-")
     try:
-        config = spec_config(spec, replicas)
-        config.train.steps = spec["train"]["steps"] // 2
-        model_specs.SpecTrainer(config, workdir).fit()
-        t = model_specs.SpecTrainer(spec_config(spec, replicas), workdir)
+        model_specs.SpecTrainer(config(spec["train"]["steps"] // 2), workdir).fit()
+        t = model_specs.SpecTrainer(config(spec["train"]["steps"]), workdir)
         t.fit()
         return _values(t)
     finally:

@@ -12,7 +12,9 @@ goes to stderr):
 * then for every line ``{"id": K, "spec": {...}}`` on stdin (:mod:`model_specs`) it
   trains the spec and answers ``{"id": K, "npz": PATH, "seconds": S}``, the ``.npz``
   holding ``names`` (the weights' paths), ``initial/<i>`` and ``final/<i>`` (and
-  ``resumed/<i>`` for a spec that draws random numbers: ``model_specs.train_spec``), or
+  ``resumed/<i>`` for a spec that draws random numbers, ``pinned/<i>`` for plan
+  ``"auto"``, whose answer's ``"plan"`` holds the run's plan event fields, else null:
+  ``model_specs.train_spec``), or
   ``{"id": K, "error": "Type: message", "traceback": "..."}`` when building or training
   failed;
 * it exits at the end of stdin.
@@ -65,19 +67,17 @@ def main() -> None:
         request = json.loads(line)
         key, start = request["id"], time.perf_counter()
         try:
-            names, initial, final, warnings, resumed = model_specs.train_spec(
-                request["spec"], args.replicas)
+            run = model_specs.train_spec(request["spec"], args.replicas)
         except Exception as error:  # noqa: BLE001 (answered; the property reports it)
             answer = {"id": key, "error": f"{type(error).__name__}: {error}",
                       "traceback": traceback.format_exc()[-4000:]}
         else:
             path = os.path.join(args.out, f"{key}-{args.replicas}.npz")
-            np.savez(path, names=np.array(names),
-                     **{f"initial/{i}": w for i, w in enumerate(initial)},
-                     **{f"final/{i}": w for i, w in enumerate(final)},
-                     **{f"resumed/{i}": w for i, w in enumerate(resumed or [])})
-            answer = {"id": key, "npz": path, "warnings": warnings,
-                      "seconds": round(time.perf_counter() - start, 3)}
+            np.savez(path, names=np.array(run["names"]), **{
+                f"{which}/{i}": w for which in ("initial", "final", "resumed", "pinned")
+                for i, w in enumerate(run[which] or [])})
+            answer = {"id": key, "npz": path, "warnings": run["warnings"],
+                      "plan": run["plan"], "seconds": round(time.perf_counter() - start, 3)}
         finally:
             gc.collect()  # the trainer's iterators freed now, young (tests/conftest.py)
         answers.write(json.dumps(answer) + "\n")
@@ -168,7 +168,8 @@ def answers_of_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -
 
 
 def train_on_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> dict:
-    """``{replicas: {"names", "initial/<i>", "final/<i>", "warnings"}}``: ``spec`` trained
+    """``{replicas: {"names", "initial/<i>", "final/<i>", ..., "warnings", "plan"}}`` (the
+    answers' ``.npz`` and fields): ``spec`` trained
     by every worker at once; fails with the workers' errors when it did not train."""
     import numpy as np
 
@@ -180,14 +181,14 @@ def train_on_every_replica_count(workers: dict[int, SpecWorker], spec: dict) -> 
     for n, answer in answers.items():
         with np.load(answer["npz"]) as f:
             runs[n] = {k: f[k] for k in f.files}
-        runs[n]["warnings"] = answer["warnings"]
+        runs[n]["warnings"], runs[n]["plan"] = answer["warnings"], answer["plan"]
         os.remove(answer["npz"])
     return runs
 
 
 def weights(run: dict, which: str) -> list:
-    """The ``"initial"``, ``"final"`` or ``"resumed"`` weights of one run, in
-    ``run["names"]`` order."""
+    """The ``"initial"``, ``"final"``, ``"resumed"`` or ``"pinned"`` weights of one run,
+    in ``run["names"]`` order."""
     return [run[f"{which}/{i}"] for i in range(len(run["names"]))]
 
 

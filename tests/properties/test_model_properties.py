@@ -16,7 +16,9 @@ once for this module: they train it at the same time, and the final weights must
 within ``TOL`` relative (tests/support/families.py's, as in test_model_families.py). A spec
 that draws random numbers trains to other weights on 2 replicas (they draw other numbers
 than one replica) and must instead resume bit-equal on each: stopped after half its steps
-and resumed by a new Trainer, it ends where the uninterrupted run ends.
+and resumed by a new Trainer, it ends where the uninterrupted run ends. A spec of plan
+"auto" measures its plan on a rehearsal (a copy of the run, rewound) and must end, on
+each replica count, bit-equal to the plan it kept pinned from the start.
 Profiles: tests/README.md.
 """
 
@@ -75,7 +77,7 @@ _TANH = {"layer": "dense", "units": 5, "activation": "tanh", "use_bias": True,
 #: gathered global batch (equal), a batch norm synchronized by distribute.sync_batch_norm
 #: (equal), one that is not (warned), the Keras guide's step and a model with its own
 #: train_step (refused), dropout and a Trainer's SeedGenerator (random: bit-equal after a
-#: resume).
+#: resume), the same measuring its plan (bit-equal to the kept plan pinned).
 OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "running_mean"}, _TANH], step="gather"),
     _variant(EVERY_FAMILY, [_TANH, {"layer": "batch_norm", "momentum": 0.5, "center": True,
@@ -87,6 +89,12 @@ OUTCOMES = [
     _variant(EVERY_FAMILY, [_TANH, {"layer": "dropout", "rate": 0.5}, _TANH], step="tape",
              noise="seed_generator"),
     _variant(EVERY_FAMILY, step="model_step"),
+    _variant({**EVERY_FAMILY, "inputs": [  # fixed shapes: XLA compiles the whole step
+        {"kind": "dense", "width": 3, "dtype": "float32", "units": 4, "use_bias": True},
+        {"kind": "tokens", "vocab": 12, "dim": 3, "min_len": 1, "max_len": 7,
+         "padding": "post", "trainable": True}]},
+        [_TANH, {"layer": "dropout", "rate": 0.5}, _TANH], step="tape",
+        noise="seed_generator", plan="auto", steps=10, steps_per_loop=1),
 ]
 
 #: Hand-written specs of what a user brings besides the model (each run in every
@@ -126,6 +134,8 @@ def check_same_weights(workers: dict, spec: dict) -> None:
     said = [w for w in runs[2]["warnings"] if "BatchNormalization layer(s)" in w]
     assert len(said) == (1 if expected == "warned" else 0), runs[2]["warnings"]
     assert not [w for w in runs[1]["warnings"] if "BatchNormalization layer(s)" in w]
+    if spec["train"].get("plan") == "auto":
+        check_measuring_changes_nothing(runs)
     if expected == "warned":  # the weights differ by design, and the run said so
         return
     if expected == "random":  # other draws than one replica's; a resume draws the same
@@ -143,12 +153,26 @@ def check_same_weights(workers: dict, spec: dict) -> None:
                           f"per weight: {json.dumps(diffs)}")
 
 
+def check_measuring_changes_nothing(runs: dict) -> None:
+    """On each replica count, the run that measured its plan (a rehearsal, rewound) ends
+    on the values (weights, the Trainer's SeedGenerator state) of the kept plan pinned."""
+    for n, run in runs.items():
+        plan = run["plan"]
+        event(f"plan auto on {n} replica(s): {plan['source']}, kept {plan['chosen']}")
+        for name, a, b in zip(run["names"], weights(run, "final"), weights(run, "pinned")):
+            assert np.array_equal(a, b), (
+                f"{n} replica(s): {name} after measuring the plan ({plan['source']}, kept "
+                f"{plan['chosen']}) differs from the kept plan pinned from the start by "
+                f"{np.max(np.abs(a.astype(float) - b.astype(float))):.3g}")
+
+
 @example(spec=EVERY_FAMILY)
 @example(spec=OUTCOMES[0])
 @example(spec=OUTCOMES[1])
 @example(spec=OUTCOMES[2])
 @example(spec=OUTCOMES[3])
 @example(spec=OUTCOMES[4])
+@example(spec=OUTCOMES[6])
 @example(spec=USER_OBJECTS[0])
 @example(spec=USER_OBJECTS[1])
 @example(spec=USER_OBJECTS[2])

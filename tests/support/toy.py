@@ -43,6 +43,15 @@ def on_replicas(config, replicas: int):
     return config
 
 
+def pinned(chosen: dict) -> dict:
+    """The config overrides that pin the plan ``chosen`` (a plan record's ``chosen``)
+    with ``perf.plan="fixed"`` ("section.field" to values)."""
+    return {"perf.plan": "fixed", "train.steps_per_loop": chosen["steps_per_loop"],
+            "perf.jit_compile": chosen["xla"] == "grads",
+            "perf.jit_compile_step": chosen["xla"] == "step",
+            "distribute.grad_pack_bytes": chosen["pack_bytes"]}
+
+
 class ToyTrainer(trainer.Trainer):
     """Overrides only the three required hooks (plus metrics/eval for coverage)."""
 
