@@ -10,7 +10,8 @@ import shlex
 import signal
 import subprocess
 
-from tests.sweep.runs import TINY, one_trial_checkpointed, status, sweep, trial_pid, wait_for
+from tests.sweep.runs import (TINY, one_trial_checkpointed, start, status, sweep, trial_pid,
+                              wait_for)
 from tests.support.helpers import REPO, subprocess_env
 
 
@@ -62,14 +63,19 @@ def test_a_trial_sigtermed_mid_run_resumes_from_its_checkpoint_and_counts_once(t
 
 
 def test_a_killed_sweep_leaves_no_trial_running_forever(tmp_path):
-    # Long enough that its orphaned run still trains when the sweep runs again.
     root, flags, trial_dir, first = one_trial_checkpointed(tmp_path, "killed", 12000)
     first.send_signal(signal.SIGKILL)  # the sweep itself; its trial runs on, orphaned
     first.wait(timeout=30)
+    orphan = trial_pid(trial_dir)
+    # Held (SIGSTOP) until the new sweep has sent its SIGTERM, so it cannot end its
+    # training first on a loaded machine; SIGCONT delivers the SIGTERM.
+    os.kill(orphan, signal.SIGSTOP)
     assert status(root)["0000"]["state"] == "PREEMPTED"  # its sweep is gone
-    again = sweep(*flags)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "outlived its sweep; stopping it to resume it" in again.stderr
+    log = tmp_path / "again.log"
+    again = start(*flags, log=log)
+    wait_for(lambda: "outlived its sweep; stopping it to resume it" in log.read_text())
+    os.kill(orphan, signal.SIGCONT)
+    assert again.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert trial_pid(trial_dir) is None
     assert {"0000": ("COMPLETE", "12000", "1")} == {
         n: (r["state"], r["step"], r["resumed"]) for n, r in status(root).items()}
