@@ -315,6 +315,11 @@ def report(error: BaseException) -> int:
     return user.exit_code
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its type's name when it has none)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def call(fn: Callable[..., object], *args: object) -> object:
     """Runs ``fn(*args)``; an exception is reported (:func:`report`) and its exit status
     returned instead. ``SystemExit`` and ``KeyboardInterrupt`` pass through."""

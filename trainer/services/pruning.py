@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import ConfigError
-from trainer.errors import EXIT_USAGE, UserError
+from trainer.errors import EXIT_USAGE, UserError, first_line
 from trainer.run_context import RunContext, Service
 from trainer.runtime import studies
 
@@ -89,7 +89,7 @@ def open_trial(sweep: Any, pruner) -> tuple[Any, set[int]]:
         trial_id = storage.get_trial_id_from_study_id_trial_number(
             storage.get_study_id_from_name(sweep.study), sweep.trial)
     except Exception as error:  # noqa: BLE001 - storage, driver, no such study or trial
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        first = first_line(error)
         raise UserError(f"config.sweep.trial={sweep.trial} of study {sweep.study!r} in "
                         f"{url} cannot be opened to report to: {first}. These flags are "
                         f"the sweep's; a run by hand leaves sweep.trial at -1.") from error

@@ -109,7 +109,7 @@ def views(config, opened: study.Study, root: str, dims: list[space.Dimension] | 
         except Exception as error:  # noqa: BLE001 - the store's and drivers' errors: one line
             raise errors.UserError(
                 f"MLflow cannot record the sweep: {type(error).__name__}: "
-                f"{study.first_line(error)}. Set "
+                f"{errors.first_line(error)}. Set "
                 f"MLFLOW_TRACKING_URI to a store this machine reaches, or leave 'mlflow' "
                 f"out of config.telemetry.loggers.") from error
     return found

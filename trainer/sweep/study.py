@@ -33,7 +33,7 @@ import socket
 import time
 from typing import Any
 
-from trainer.errors import ConfigError, UserError
+from trainer.errors import ConfigError, UserError, first_line
 from trainer.runtime import studies
 
 try:  # the [sweep] extra; trainer.sweep.cli says what to install without it
@@ -66,11 +66,6 @@ def default_name(root: str) -> str:
 def owner_id() -> str:
     """``host:pid`` of this sweep process."""
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message (its type's name when it has none)."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def sqlite_path(url: str) -> str:
