@@ -23,7 +23,9 @@ from tests.support.helpers import REPO, last_lines, subprocess_env
 
 CONFIG = f"--config={REPO / 'tests' / 'support' / 'run_signals.py'}"
 HANG_S = 120  # a process still running this long after its signal hangs: the test fails
-START_S = 900  # start-up bound (TensorFlow's import takes minutes on a loaded 2-core box)
+START_S = 600  # start-up bound (TensorFlow's import takes minutes on a loaded 2-core box);
+# below pytest's own timeout (900 s), so a late process fails with its case's name, its
+# output and the Python stacks of all its threads (faulthandler, on SIGABRT)
 TERM, INT = signal.SIGTERM, signal.SIGINT
 NOTHING_TO_SAVE = "no training step in progress, nothing new to save"
 
@@ -48,6 +50,7 @@ class SignalledRun:
     """One process: started at once, signalled (from a thread) when its marker shows."""
 
     def __init__(self, root, case: str):
+        self.case = case
         phase, flags, self.signals = CASES[case]
         self.marker = f"PHASE {phase}" if phase else "continuous_eval: watching"
         module = "trainer.doctor" if case == "doctor" else "trainer.main"
@@ -56,6 +59,7 @@ class SignalledRun:
         env = subprocess_env()
         env.pop("TF_CONFIG", None)
         env["SIGNAL_TEST_PHASE"] = phase
+        env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, CONFIG, *workdir, *flags], cwd=REPO, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -86,9 +90,12 @@ class SignalledRun:
             late = (now - self.signalled_at > HANG_S if self.signalled_at is not None
                     else now - self.started_at > START_S)
             if late and self.thread.is_alive():
+                self.proc.send_signal(signal.SIGABRT)  # the stacks, then the end
+                self.thread.join(10.0)
                 self.proc.kill()
-                raise AssertionError(f"{'no exit' if self.signalled_at else 'no marker'} in "
-                                     f"time:\n{self.output[-3000:]}")
+                raise AssertionError(
+                    f"{self.case!r}: {'no exit' if self.signalled_at else 'no marker'} in "
+                    f"time:\n{self.output[-6000:]}")
         return self
 
     @property

@@ -72,9 +72,24 @@ class SlowPreprocessingTrainer(SlowInputTrainer):
 
 
 class TurnsSlowTrainer(SlowInputTrainer):
-    """Fast (no py_function runs) until :class:`TurnSlow` flips ``slow`` at SLOW_FROM_STEP."""
+    """Fast (no py_function runs) until :class:`TurnSlow` flips ``slow`` at SLOW_FROM_STEP.
+
+    Compute-bound while fast: its 512-wide hidden layers take a few ms per step, far
+    more than the in-memory pipeline, so an input probe that a loaded host slows several
+    times over still finds the fast phase compute-bound (on the toy model's 0.6 ms step,
+    a CI host's probe once took the pipeline for 10x the compute, and the fast windows
+    for prefetched stock the detector must ignore).
+    """
 
     starts_slow = False
+
+    def build_model(self) -> keras.Model:
+        return keras.Sequential([
+            keras.Input((8,)),
+            keras.layers.Dense(512, activation="tanh"),
+            keras.layers.Dense(512, activation="tanh"),
+            keras.layers.Dense(3),
+        ])
 
 
 class TurnSlow(Callback):
