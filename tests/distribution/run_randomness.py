@@ -2,6 +2,8 @@
 
     python -m tests.distribution.run_randomness --replicas N --workdir DIR --out runs.npz
     python -m tests.distribution.run_randomness --manual 2 --workdir DIR --out runs.npz
+    python -m tests.distribution.run_randomness --replicas 4 --draws global --workdir DIR \
+        --out runs.npz
     python -m launch.multiworker --workers 2 --module tests.distribution.run_randomness \
         --replicas 2 \
         --workdir DIR --out runs.npz
@@ -13,6 +15,9 @@ virtual CPU devices, or on each worker of a group the launcher started (TF_CONFI
 each writes ``runs-<task>.npz``, e.g. ``runs-worker-1.npz``). Saves the weights and
 random states of each (``straight/<i>``, ``resumed/<i>``) and the last step's share of
 equal dropout-mask entries across the two halves of the global batch (``equal_share``).
+``--draws global`` (or ``per_replica,global``: both, in one process) trains to step 8
+straight with ``distribute.random_draws="global"`` instead (``global/<i>``,
+``global_equal_share``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--manual", type=int, default=0)
+    parser.add_argument("--draws", default="per_replica")  # comma-separated: which runs
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--out", required=True)
     args, _ = parser.parse_known_args()  # the launcher adds trainer.main's flags
@@ -42,12 +48,20 @@ def main() -> None:
     if os.environ.get("TF_CONFIG"):
         manual = {"distribute.strategy": "multi_worker", "distribute.virtual_devices": 1}
         out_path = args.out.removesuffix(".npz") + f"-{task_name()}.npz"
-    straight, results = random_trainers.train(args.replicas, 8, **manual)
-    random_trainers.train(args.replicas, 4, args.workdir, **manual)
-    resumed, _ = random_trainers.train(args.replicas, 8, args.workdir, **manual)
-    out = {"equal_share": np.float64(results["train/equal_share"])}
-    out.update({f"straight/{i}": w for i, w in enumerate(straight)})
-    out.update({f"resumed/{i}": w for i, w in enumerate(resumed)})
+    out = {}
+    draws = args.draws.split(",")
+    if "per_replica" in draws:
+        straight, results = random_trainers.train(args.replicas, 8, **manual)
+        random_trainers.train(args.replicas, 4, args.workdir, **manual)
+        resumed, _ = random_trainers.train(args.replicas, 8, args.workdir, **manual)
+        out["equal_share"] = np.float64(results["train/equal_share"])
+        out.update({f"straight/{i}": w for i, w in enumerate(straight)})
+        out.update({f"resumed/{i}": w for i, w in enumerate(resumed)})
+    if "global" in draws:
+        weights, results = random_trainers.train(args.replicas, 8, **{
+            **manual, "distribute.random_draws": "global"})
+        out["global_equal_share"] = np.float64(results["train/equal_share"])
+        out.update({f"global/{i}": w for i, w in enumerate(weights)})
     np.savez(out_path, **out)
 
 

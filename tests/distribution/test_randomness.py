@@ -3,7 +3,9 @@ Dropout draws other masks on each replica, and a run resumed at step 4 ends bit-
 an uninterrupted one with dropout, a Trainer's SeedGenerator, an int-seeded
 keras.random op and a layer's tf.random.Generator in the step
 (tests/distribution/random_trainers.py): on 1 and 2 Mirrored replicas, under manual data
-parallelism over 2 devices (one process each) and on 2 workers (launch.multiworker)."""
+parallelism over 2 devices (one process each) and on 2 workers (launch.multiworker).
+With distribute.random_draws="global" (the same processes, and one of 4 replicas) 2 and
+4 Mirrored replicas and 2 manual device slices end with the weights of 1 replica."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support.helpers import run_in_parallel, saved_run
+from tests.support.helpers import max_abs_diff, run_in_parallel, saved_run
 
-RUNS = {"1": ["--replicas", "1"], "2": ["--replicas", "2"], "manual2": ["--manual", "2"]}
+BOTH = ["--draws", "per_replica,global"]
+RUNS = {"1": ["--replicas", "1", *BOTH], "2": ["--replicas", "2", *BOTH],
+        "manual2": ["--manual", "2", *BOTH], "4": ["--replicas", "4", "--draws", "global"]}
+PER_REPLICA_RUNS = ["1", "2", "manual2"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def test_dropout_masks_are_independent_across_the_global_batch(random_runs, run)
     assert 0.4 <= float(random_runs[run]["equal_share"]) <= 0.6
 
 
-@pytest.mark.parametrize("run", list(RUNS))
+@pytest.mark.parametrize("run", PER_REPLICA_RUNS)
 def test_a_resumed_run_ends_bit_equal_to_an_uninterrupted_one(random_runs, run):
     straight = saved_run(random_runs[run], "straight")
     resumed = saved_run(random_runs[run], "resumed")
@@ -57,3 +62,19 @@ def test_two_workers_draw_apart_and_resume_bit_equal(random_runs):
     for run, worker in [("resumed", worker0), ("straight", worker1), ("resumed", worker1)]:
         for i, (a, b) in enumerate(zip(straight, saved_run(worker, run))):
             np.testing.assert_array_equal(a, b, err_msg=f"{run} array {i}")
+
+
+@pytest.mark.parametrize("run", ["2", "4", "manual2"])
+def test_global_draws_on_n_replicas_end_as_on_one(random_runs, run):
+    # Each replica (device slice) draws its rows of one draw for the global batch, keyed
+    # without the replica: the weights and random states of 1 replica, within rounding
+    # (per_replica: other masks, as different as two seeds).
+    one, many = saved_run(random_runs["1"], "global"), saved_run(random_runs[run], "global")
+    if run == "manual2":  # the last: the probe's state (manual steps skip the probe)
+        one, many = one[:-1], many[:-1]
+    assert max_abs_diff(one, many) <= 1e-5
+
+
+@pytest.mark.parametrize("run", ["1", "2"])
+def test_global_draws_are_independent_across_the_global_batch(random_runs, run):
+    assert 0.4 <= float(random_runs[run]["global_equal_share"]) <= 0.6

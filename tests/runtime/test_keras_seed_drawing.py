@@ -83,3 +83,44 @@ def test_keras_draws_with_philox_with_and_without_xla():
     compiled = [t.numpy() for t in tf.function(draw, jit_compile=True)()]
     for i, (a, b) in enumerate(zip(plain, compiled)):
         np.testing.assert_array_equal(a, b, err_msg=f"draw {i}")
+
+
+def _row_draws(rows, shape) -> list[np.ndarray]:
+    """Keras' uniform, normal, truncated normal, a Dropout (with and without a
+    noise_shape) of ``shape`` and a draw of 5 rows, keyed, in a ``draw_rows(*rows)``
+    block; traced (the batch size known, and not: the decision in the graph)."""
+    out = []
+    for spec in (tf.TensorSpec(shape), tf.TensorSpec([None, shape[1]])):
+        generator = keras.random.SeedGenerator(5)
+        dropout = keras.layers.Dropout(0.5, seed=5)
+        columns = keras.layers.Dropout(0.5, noise_shape=(None, 1), seed=6)
+
+        @tf.function(input_signature=[spec])
+        def draw(x):
+            with keras_compat.seed_key(7), keras_compat.draw_rows(*rows):
+                return [keras.random.uniform(tf.shape(x), seed=generator),
+                        keras.random.normal(tf.shape(x), seed=3),
+                        keras.random.truncated_normal(tf.shape(x), seed=4),
+                        dropout(tf.ones_like(x), training=True),
+                        columns(tf.ones_like(x), training=True),
+                        keras.random.uniform([5, 3], seed=8)]
+        out.append([t.numpy() for t in draw(tf.ones(shape))])
+    return out
+
+
+def test_keras_draws_of_a_replicas_rows_are_its_rows_of_the_global_draw():
+    # distribute.random_draws="global" (trainer.step.random_streams): Keras' uniform,
+    # normal and truncated normal draws and its dropout reach TensorFlow through
+    # keras_compat.PINNED_TF, which draws a tensor led by a replica's rows for all rows
+    # and keeps the replica's. A Keras upgrade that draws elsewhere fails here.
+    keras_compat.keyed_seed_drawing()
+    b, n = 4, 3
+    whole = _row_draws((0, b * n, b * n), (b * n, 6))[0]
+    parts = [_row_draws((r * b, b, b * n), (b, 6)) for r in range(n)]
+    for trace in range(2):
+        for i in range(5):
+            rows = np.concatenate([part[trace][i] for part in parts])
+            np.testing.assert_array_equal(rows, whole[i], err_msg=f"trace {trace} draw {i}")
+        for part in parts:  # not led by the rows: drawn whole, the same on every replica
+            np.testing.assert_array_equal(part[trace][5], whole[5])
+    assert 0.3 < float(np.mean(whole[3] > 0)) < 0.7  # a dropout mask, not all kept

@@ -45,7 +45,9 @@ private name it uses and fails with a clear message when a Keras version lacks i
   draw other numbers than the CPU kernels from a seed known only at run time (a
   ``SeedGenerator``'s state, the step's key): compiling the step changes its dropout
   masks. Categorical, gamma and binomial draws take no algorithm and are left as they
-  are.
+  are. Inside a :func:`draw_rows` block the same view draws a uniform, normal or
+  truncated-normal tensor, or a dropout mask, whose leading dimension is the block's
+  rows at the block's total rows and keeps its rows: a replica's slice of one global draw.
 """
 
 from __future__ import annotations
@@ -243,6 +245,10 @@ def _keyed_drawing(draw: Callable) -> Callable:
     """Keras' ``draw_seed`` (``draw``), then the key of :func:`seed_key` folded in."""
 
     def draw_seed(seed):
+        states = getattr(_SEED_KEY, "states", None)
+        if (states is not None and isinstance(seed, keras.random.SeedGenerator)
+                and id(seed) not in states):
+            states[id(seed)] = (seed.state, tf.identity(seed.state.value))
         drawn = draw(seed)
         parts = getattr(_SEED_KEY, "parts", ())
         if not parts:
@@ -269,12 +275,47 @@ class _PinnedDraws:
         return self._replaced[name] if name in self._replaced else getattr(self._module, name)
 
 
+def _in_rows(draw: Callable[[Any], tf.Tensor], shape: Any) -> tf.Tensor:
+    """``draw(shape)``; inside :func:`draw_rows`, when ``shape`` leads with the block's
+    rows (known at trace time, else decided in the graph): ``draw`` at the block's total
+    rows, then the block's rows of it."""
+    rows = getattr(_SEED_KEY, "rows", None)
+    given = tf.convert_to_tensor(shape) if rows is not None else None
+    if given is None or given.shape.rank != 1 or given.shape[0] == 0:
+        return draw(shape)
+    dims = tf.cast(given, tf.int32)
+    start, size, total = (tf.cast(v, tf.int32) if tf.is_tensor(v) else v for v in rows)
+
+    def sliced():
+        return draw(tf.concat([tf.reshape(total, [1]), dims[1:]], 0))[start:start + size]
+
+    leading = tf.get_static_value(given, partial=True)
+    leading, wanted = (None if leading is None else leading[0]), tf.get_static_value(size)
+    if leading is not None and wanted is not None:
+        return sliced() if int(leading) == int(wanted) else draw(shape)
+    return tf.cond(tf.equal(dims[0], size), sliced, lambda: draw(shape))
+
+
 def _philox_default(draw: Callable, keyword: str) -> Callable:
-    def pinned(*args, **kwargs):
+    def pinned(shape, *args, **kwargs):
         kwargs.setdefault(keyword, "philox")
-        return draw(*args, **kwargs)
+        return _in_rows(lambda s: draw(s, *args, **kwargs), shape)
 
     return pinned
+
+
+def _pinned_dropout(x, rate, seed, rng_alg="philox", noise_shape=None, name=None):
+    """``tf.nn.experimental.stateless_dropout`` drawing with philox; inside
+    :func:`draw_rows` its mask is a uniform draw of :func:`_in_rows` (what TensorFlow's
+    dropout computes: ``x / (1 - rate)`` where the draw is ``>= rate``, else 0)."""
+    if getattr(_SEED_KEY, "rows", None) is None:
+        return tf.nn.experimental.stateless_dropout(x, rate, noise_shape=noise_shape,
+                                                    seed=seed, rng_alg=rng_alg, name=name)
+    x = tf.convert_to_tensor(x)
+    noise = _in_rows(lambda s: tf.random.stateless_uniform(s, seed, dtype=x.dtype, alg=rng_alg),
+                     tf.shape(x) if noise_shape is None else noise_shape)
+    rate = tf.cast(rate, x.dtype)
+    return tf.where(noise >= rate, x * (1 / (1 - rate)), tf.zeros([], x.dtype))
 
 
 #: TensorFlow as Keras' random modules see it (see the module docstring).
@@ -283,8 +324,7 @@ PINNED_TF = _PinnedDraws(tf, {
         name: _philox_default(getattr(tf.random, name), "alg")
         for name in ("stateless_uniform", "stateless_normal", "stateless_truncated_normal")}),
     "nn": _PinnedDraws(tf.nn, {"experimental": _PinnedDraws(tf.nn.experimental, {
-        "stateless_dropout": _philox_default(tf.nn.experimental.stateless_dropout,
-                                             "rng_alg")})}),
+        "stateless_dropout": _pinned_dropout})}),
 })
 
 
@@ -318,3 +358,40 @@ def seed_key(*parts) -> Iterator[None]:
         yield
     finally:
         _SEED_KEY.parts = before
+
+
+@contextlib.contextmanager
+def draw_rows(start: Any, size: Any, total: Any) -> Iterator[None]:
+    """Inside, on this thread, a Keras uniform, normal or truncated-normal draw, or dropout
+    mask, whose leading dimension is ``size`` is drawn with ``total`` rows and rows
+    ``[start, start + size)`` of it are kept: a replica's ``size`` rows of a batch of
+    ``total`` draw its rows of what one replica draws for the whole batch, with the same
+    seed. Other draws are drawn whole. ``start``, ``size``, ``total``: ints or integer
+    scalars; the innermost block applies. Trace time, as :func:`seed_key`."""
+    keyed_seed_drawing()
+    before = getattr(_SEED_KEY, "rows", None)
+    _SEED_KEY.rows = (start, size, total)
+    try:
+        yield
+    finally:
+        _SEED_KEY.rows = before
+
+
+@contextlib.contextmanager
+def rewindable_seeds() -> Iterator[Callable[[], None]]:
+    """Inside, on this thread, every ``SeedGenerator`` a Keras random op draws from is
+    recorded with its state before its first draw; the function yielded sets each back
+    to that state (assign ops, trace time): a step traced again on the same copy of the
+    state (manual data parallelism's device slices) draws the same seeds again."""
+    keyed_seed_drawing()
+    before = getattr(_SEED_KEY, "states", None)
+    states = _SEED_KEY.states = {}
+
+    def rewind() -> None:
+        for variable, value in states.values():
+            variable.assign(value)
+
+    try:
+        yield rewind
+    finally:
+        _SEED_KEY.states = before

@@ -10,7 +10,11 @@ on 2 replicas dropped the same units in both halves of the global batch). Three 
   replica's id in the sync group (unique across workers) folded in
   (:func:`trainer.runtime.keras_compat.seed_key`; under ``distribute.strategy=manual``
   the device slice's index too). Replicas draw independent streams; the same command
-  draws the same numbers. A ``tf.random.Generator`` made in the scope already gives
+  draws the same numbers. With ``distribute.random_draws="global"`` the train step's
+  key has no replica id and a draw led by the per-replica batch is drawn for the global
+  batch, of which the replica keeps its rows
+  (:func:`trainer.runtime.keras_compat.draw_rows`; manual: the slice's rows): N replicas
+  draw what one draws for the same global batch. A ``tf.random.Generator`` made in the scope already gives
   each replica its own stream and is left as it is. A stateful ``tf.random.*`` op
   (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``) restarts its sequence in every
   new ``tf.function`` and process: it can be neither keyed nor saved, and the trace
@@ -48,10 +52,18 @@ _FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond")
 _WARNED: dict[int, set[str]] = {}
 
 
-def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
+def global_rows(config: Any, batch: Any) -> int:
+    """The per-replica batch (``batch``: :class:`trainer.data.BatchSizes`) under
+    ``config.distribute.random_draws="global"``, else 0: :func:`keyed`'s ``rows``."""
+    return batch.per_replica if config.distribute.random_draws == "global" else 0
+
+
+def keyed(step_fn: Callable, step_counter: tf.Variable, rows: int = 0) -> Callable:
     """``step_fn`` (a replica step ``batch -> outputs``) drawing its Keras random numbers
     from a stream keyed by (seed, step, replica); warns once per stateful random op
-    type the traces of a Trainer (``step_counter``) hold (see the module docstring)."""
+    type the traces of a Trainer (``step_counter``) hold (see the module docstring).
+    ``rows`` > 0 (the per-replica batch): keyed by (seed, step), a draw led by ``rows``
+    is the replica's rows of the draw for all replicas' rows."""
     if id(step_counter) not in _WARNED:
         _WARNED[id(step_counter)] = set()
         weakref.finalize(step_counter, _WARNED.pop, id(step_counter), None)
@@ -60,10 +72,16 @@ def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
     def keyed_step(batch):
         graph = tf.compat.v1.get_default_graph()
         first_op = len(graph.get_operations())
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        context = tf.distribute.get_replica_context()
+        replica = context.replica_id_in_sync_group
         step = tf.cast(tf.math.floormod(step_counter.read_value(), tf.int32.max),
                        tf.int32)
-        with keras_compat.seed_key(step, replica):
+        if rows:
+            start = tf.cast(replica, tf.int32) * rows
+            key = keras_compat.draw_rows(start, rows, rows * context.num_replicas_in_sync)
+        else:
+            key = keras_compat.seed_key(replica)
+        with keras_compat.seed_key(step), key:
             outputs = step_fn(batch)
         if not tf.executing_eagerly():
             for op_type, name in stateful_random_ops(graph, first_op):

@@ -1,0 +1,103 @@
+"""What ``distribute.random_draws="global"`` costs against the default ``"per_replica"``
+on a dropout-heavy MLP, on 1 and 2 Mirrored replicas, in one process; prints
+examples/s and each global mode's ratio to the per-replica mode of its replica count.
+
+    python -m benchmarks.overhead.global_draws [--rounds 5] [--steps 200]
+
+Modes (each its own Trainer, Adam, ``steps_per_loop=50``, virtual CPU devices, no
+workdir): ``per_replica_1``, ``global_1`` (one replica: the same draws, one key less),
+``per_replica_2``, ``global_2`` (2 replicas: each draws the dropout masks of the whole
+global batch and keeps its half). The model: 256 -> 1024 -> Dropout -> 1024 -> Dropout ->
+1024 -> Dropout -> 10, global batch 256, so three [b, 1024] masks per step. Every round
+runs one ``fit()`` of ``--steps`` more steps per mode in a rotating order; the table
+shows the median examples/s and the median of the per-round ratios (min-max) to the
+``per_replica`` mode of the same replica count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from benchmarks.common.table import Row, format_table
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+BATCH, WIDTH = 256, 1024
+MODES = ("per_replica_1", "global_1", "per_replica_2", "global_2")
+
+
+def dropout_trainer(mode: str):
+    """A Trainer of the dropout-heavy MLP in ``mode`` (``<random_draws>_<replicas>``)."""
+    import keras
+    import numpy as np
+
+    from benchmarks.common.arrays_trainer import ArraysTrainer
+    from trainer import config as config_lib
+
+    class DropoutMLP(ArraysTrainer):
+        def build_model(self):
+            layers = [keras.Input((256,))]
+            for _ in range(3):
+                layers += [keras.layers.Dense(WIDTH, activation="relu"),
+                           keras.layers.Dropout(0.5)]
+            return keras.Sequential([*layers, keras.layers.Dense(10)])
+
+        def arrays(self):
+            x = np.random.default_rng(0).normal(size=(4 * BATCH, 256)).astype(np.float32)
+            return x, (x[:, 0] > 0).astype(np.int32)
+
+    draws, replicas = mode.rsplit("_", 1)
+    config = config_lib.get_config()
+    config.update_from_flattened_dict({
+        "train.global_batch_size": BATCH, "train.steps": 50, "train.steps_per_loop": 50,
+        "train.log_every_steps": 10**6, "eval.every_steps": 0, "perf.plan": "fixed",
+        "telemetry.progress": "off", "distribute.virtual_devices": 2,
+        "distribute.strategy": "mirrored" if replicas == "2" else "one_device",
+        "distribute.random_draws": draws})
+    return DropoutMLP(config)
+
+
+def measure(rounds: int, steps: int) -> dict:
+    from absl import logging
+
+    logging.set_verbosity(logging.WARNING)
+    trainers = {mode: dropout_trainer(mode) for mode in MODES}
+    for trainer in trainers.values():
+        trainer.fit()  # trace and warm up
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for r in range(rounds):
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            trainer = trainers[mode]
+            trainer.config.train.steps = trainer.step + steps
+            start = time.perf_counter()
+            trainer.fit()
+            rates[mode].append(steps * BATCH / (time.perf_counter() - start))
+    results = {}
+    for mode in MODES:
+        baseline = rates["per_replica_" + mode.rsplit("_", 1)[1]]
+        ratios = [v / b for v, b in zip(rates[mode], baseline)]
+        results[mode] = {"examples_per_s": statistics.median(rates[mode]),
+                         "spread": (min(rates[mode]), max(rates[mode])),
+                         "vs_per_replica": statistics.median(ratios),
+                         "range": (min(ratios), max(ratios))}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    result = measure(args.rounds, args.steps)
+    rows = [Row(mode, result[mode]["examples_per_s"], "ex/s", result[mode]["vs_per_replica"],
+                result[mode]["range"], result[mode]["spread"]) for mode in MODES]
+    print(format_table(f"global_draws: dropout MLP, batch {BATCH}, {args.rounds} rounds x "
+                       f"{args.steps} steps",
+                       rows, "per_replica (same replicas)"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
