@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
-from benchmarks.common.table import Row, format_table
+from benchmarks.common import rounds as rounds_lib
+from benchmarks.common.table import format_table, from_rounds
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -60,30 +59,25 @@ def dropout_trainer(mode: str):
     return DropoutMLP(config)
 
 
-def measure(rounds: int, steps: int) -> dict:
+def fit_more(trainer, steps: int) -> None:
+    """One ``fit()`` of ``steps`` more steps."""
+    trainer.config.train.steps = trainer.step + steps
+    trainer.fit()
+
+
+def measure(rounds: int, steps: int) -> list:
+    """The table's rows: examples/s per mode, ratios to per_replica of its replicas."""
     from absl import logging
 
     logging.set_verbosity(logging.WARNING)
     trainers = {mode: dropout_trainer(mode) for mode in MODES}
-    for trainer in trainers.values():
-        trainer.fit()  # trace and warm up
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for r in range(rounds):
-        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-            trainer = trainers[mode]
-            trainer.config.train.steps = trainer.step + steps
-            start = time.perf_counter()
-            trainer.fit()
-            rates[mode].append(steps * BATCH / (time.perf_counter() - start))
-    results = {}
-    for mode in MODES:
-        baseline = rates["per_replica_" + mode.rsplit("_", 1)[1]]
-        ratios = [v / b for v, b in zip(rates[mode], baseline)]
-        results[mode] = {"examples_per_s": statistics.median(rates[mode]),
-                         "spread": (min(rates[mode]), max(rates[mode])),
-                         "vs_per_replica": statistics.median(ratios),
-                         "range": (min(ratios), max(ratios))}
-    return results
+    fits = {mode: (lambda t=t: fit_more(t, steps)) for mode, t in trainers.items()}
+    for fit in fits.values():
+        fit()  # trace and warm up
+    rates = {mode: [BATCH * 1e6 / us for us in per_step]
+             for mode, per_step in rounds_lib.interleaved(fits, rounds, steps).items()}
+    return [from_rounds(mode, rates[mode], "ex/s", rates["per_replica_" + mode[-1]])
+            for mode in MODES]
 
 
 def main() -> None:
@@ -91,12 +85,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    result = measure(args.rounds, args.steps)
-    rows = [Row(mode, result[mode]["examples_per_s"], "ex/s", result[mode]["vs_per_replica"],
-                result[mode]["range"], result[mode]["spread"]) for mode in MODES]
     print(format_table(f"global_draws: dropout MLP, batch {BATCH}, {args.rounds} rounds x "
-                       f"{args.steps} steps",
-                       rows, "per_replica (same replicas)"), flush=True)
+                       f"{args.steps} steps", measure(args.rounds, args.steps),
+                       "per_replica (same replicas)"), flush=True)
 
 
 if __name__ == "__main__":
