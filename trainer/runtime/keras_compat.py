@@ -48,6 +48,9 @@ private name it uses and fails with a clear message when a Keras version lacks i
   are. Inside a :func:`draw_rows` block the same view draws a uniform, normal or
   truncated-normal tensor, or a dropout mask, whose leading dimension is the block's
   rows at the block's total rows and keeps its rows: a replica's slice of one global draw.
+  :func:`rewindable_seeds` records the state of each ``SeedGenerator`` (public
+  ``state``) at its first draw, so steps traced one after another on one copy of it
+  (manual data parallelism's slices) can draw the same seeds.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ on 2 replicas dropped the same units in both halves of the global batch). Three 
   key has no replica id and a draw led by the per-replica batch is drawn for the global
   batch, of which the replica keeps its rows
   (:func:`trainer.runtime.keras_compat.draw_rows`; manual: the slice's rows): N replicas
-  draw what one draws for the same global batch. A ``tf.random.Generator`` made in the scope already gives
-  each replica its own stream and is left as it is. A stateful ``tf.random.*`` op
-  (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``) restarts its sequence in every
-  new ``tf.function`` and process: it can be neither keyed nor saved, and the trace
-  logs one warning naming it and the alternatives.
+  draw what one draws for the same global batch. A ``tf.random.Generator`` made in
+  the scope already gives each replica its own stream and is left as it is. A
+  stateful ``tf.random.*`` op (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``)
+  restarts its sequence in every new ``tf.function`` and process: it can be neither
+  keyed nor saved, and the trace logs one warning naming it and the alternatives.
 * :func:`find`: the state of every ``keras.random.SeedGenerator`` and
   ``tf.random.Generator`` the Trainer holds (in public attributes, nested in lists,
   tuples and dicts) or a layer of its model holds, that is not a model variable
