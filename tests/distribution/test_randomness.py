@@ -5,7 +5,8 @@ keras.random op and a layer's tf.random.Generator in the step
 (tests/distribution/random_trainers.py): on 1 and 2 Mirrored replicas, under manual data
 parallelism over 2 devices (one process each) and on 2 workers (launch.multiworker).
 With distribute.random_draws="global" (the same processes, and one of 4 replicas) 2 and
-4 Mirrored replicas and 2 manual device slices end with the weights of 1 replica."""
+4 Mirrored replicas, 2 manual device slices and 2 workers end with the weights of 1
+replica."""
 
 from __future__ import annotations
 
@@ -25,17 +26,20 @@ PER_REPLICA_RUNS = ["1", "2", "manual2"]
 @pytest.fixture(scope="module")
 def random_runs(tmp_path_factory) -> dict:
     """{run: npz of tests/distribution/run_randomness.py}; the two workers' as
-    ``workers-worker-0`` and ``workers-worker-1``."""
+    ``workers-worker-0`` and ``workers-worker-1`` (``workers-global-worker-<i>``: with
+    ``distribute.random_draws="global"``)."""
     out = tmp_path_factory.mktemp("randomness")
     commands = {name: [sys.executable, "-m", "tests.distribution.run_randomness", *argv,
                        "--workdir", str(out / f"work{name}"), "--out", str(out / f"{name}.npz")]
                 for name, argv in RUNS.items()}
-    commands["workers"] = [sys.executable, "-m", "launch.multiworker", "--workers", "2",
-                           "--module", "tests.distribution.run_randomness", "--replicas", "2",
-                           "--workdir", str(out / "workworkers"),
-                           "--out", str(out / "workers.npz")]
+    for name, draws in [("workers", "per_replica"), ("workers-global", "global")]:
+        commands[name] = [sys.executable, "-m", "launch.multiworker", "--workers", "2",
+                          "--module", "tests.distribution.run_randomness", "--replicas", "2",
+                          "--draws", draws, "--workdir", str(out / f"work{name}"),
+                          "--out", str(out / f"{name}.npz")]
     run_in_parallel(commands)
-    names = [*RUNS, "workers-worker-0", "workers-worker-1"]
+    names = [*RUNS, *(f"{run}-worker-{i}" for run in ("workers", "workers-global")
+                      for i in range(2))]
     return {name: dict(np.load(out / f"{name}.npz")) for name in names}
 
 
@@ -78,3 +82,11 @@ def test_global_draws_on_n_replicas_end_as_on_one(random_runs, run):
 @pytest.mark.parametrize("run", ["1", "2"])
 def test_global_draws_are_independent_across_the_global_batch(random_runs, run):
     assert 0.4 <= float(random_runs[run]["global_equal_share"]) <= 0.6
+
+
+def test_two_workers_with_global_draws_end_as_one_replica(random_runs):
+    one = saved_run(random_runs["1"], "global")
+    for i in range(2):
+        worker = random_runs[f"workers-global-worker-{i}"]
+        assert max_abs_diff(one, saved_run(worker, "global")) <= 1e-5, f"worker {i}"
+        assert 0.4 <= float(worker["global_equal_share"]) <= 0.6
