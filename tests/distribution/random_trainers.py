@@ -8,6 +8,7 @@ that replicas draw independent streams and a resume draws what an uninterrupted 
 * a ``keras.random.SeedGenerator`` the Trainer holds (``self.noise``, made in
   ``build_model``: not a model variable) through ``keras.random.normal``;
 * ``keras.random.uniform`` with an int seed;
+* ``keras.random.dropout`` without a seed (Keras' global ``SeedGenerator``);
 * a ``tf.random.Generator`` a custom layer of the model holds (not a model variable);
 * a ``keras.layers.Dropout(0.5)`` the Trainer holds (``self.probe``) on a tensor of
   ones: its output ``equal_share`` is the share of equal mask entries between the first
@@ -59,6 +60,7 @@ class RandomTrainer(ArraysTrainer):
         x, y = batch
         x = (x + keras.random.normal(tf.shape(x), stddev=0.1, seed=self.noise)
              + keras.random.uniform(tf.shape(x), maxval=0.1, seed=11))
+        x = keras.random.dropout(x, rate=0.25)
         with tf.GradientTape() as tape:
             loss = self.compute_loss((x, y), self.model(x, training=True))
         mean_loss = self.apply_gradients(tape, loss)
