@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.callbacks import Callback
+from trainer.checks import held_layers
 from trainer.errors import HookError, InputError, UserError
 from trainer.runtime.tracing import user_hook
 
@@ -357,6 +358,8 @@ class Hooks:
                               _location(self._user_fn(hook)))
         if hook == "build_model":
             _check_model_step(self.owner, value, _location(self._user_fn(hook)))
+        if hook in ("build_model", "train_step", "eval_step"):  # a step builds a layer
+            held_layers.check(self.owner, vars(self._trainer))
         return value
 
     def call(self, hook: str, *args: Any) -> Any:
