@@ -73,6 +73,28 @@ class RandomTrainer(ArraysTrainer):
         return {"loss": mean_loss, "equal_share": tf.reduce_mean(equal)}
 
 
+class UnseededLossTrainer(ArraysTrainer):
+    """The default step (the one the telemetry's compute probe times) on
+    :class:`RandomTrainer`'s data and model, its loss seeing the logits through
+    ``keras.random.dropout`` without a seed."""
+
+    build_model = RandomTrainer.build_model
+    arrays = RandomTrainer.arrays
+
+    def compute_loss(self, batch, outputs):
+        return super().compute_loss(batch, keras.random.dropout(outputs, 0.25))
+
+
+def probed_weights(replicas: int, probe_every_windows: int) -> list[np.ndarray]:
+    """:class:`UnseededLossTrainer`'s weights after 8 steps, the compute probe run after
+    every window from the 2nd (``probe_every_windows=1``) or never (0)."""
+    config = random_config(replicas, 8, **{"telemetry.probe_every_windows": probe_every_windows})
+    config.trainer = f"{UnseededLossTrainer.__module__}:{UnseededLossTrainer.__name__}"
+    t = UnseededLossTrainer(config)
+    t.fit()
+    return [np.asarray(w) for w in t.model.get_weights()]
+
+
 def final_arrays(t: RandomTrainer) -> list[np.ndarray]:
     """The model's weights, then the random generators' states outside the model."""
     return ([np.asarray(w) for w in t.model.get_weights()]

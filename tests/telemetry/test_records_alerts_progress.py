@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -307,28 +306,3 @@ def test_likely_cause_weighs_added_input_wait_against_added_step_time(wait, step
     assert ("input wait up" in cause) == named, cause
     if named:
         assert "88% of a 32 ms step (was 72% of a 0.7 ms step)" in cause
-
-
-class UnseededDropoutLossTrainer(toy.ToyTrainer):
-    """The toy whose loss sees its logits through ``keras.random.dropout`` without a seed."""
-
-    def compute_loss(self, batch, outputs):
-        return super().compute_loss(batch, keras.random.dropout(outputs, 0.25))
-
-
-def test_the_compute_probe_of_an_unseeded_random_op_on_two_replicas_leaves_the_run_as_is():
-    """The probe draws the loss's unseeded numbers from the Trainer's global generator,
-    as the step does, and puts its state back (before: Keras made its own global
-    generator inside the probe's trace, which failed the run on 2 replicas)."""
-    def config(every: int):
-        return toy.on_replicas(toy.toy_config(**{
-            "train.steps": 15, "train.log_every_steps": 5, "perf.plan": "fixed",
-            "telemetry.probe_every_windows": every}), 2)
-
-    probed = UnseededDropoutLossTrainer(config(1))
-    records = _fit(probed).records
-    assert all(r["perf/compute_examples_per_s"] > 0 for r in records[1:]), records
-    plain = UnseededDropoutLossTrainer(config(0))
-    plain.fit()
-    for a, b in zip(probed.model.get_weights(), plain.model.get_weights()):
-        np.testing.assert_array_equal(a, b)

@@ -2,7 +2,7 @@
 
 Keras keeps a ``SeedGenerator``'s state in one variable; made in ``strategy.scope()`` it
 is mirrored, so every replica read the same state and drew the same numbers (a Dropout
-on 2 replicas dropped the same units in both halves of the global batch). Three parts:
+on 2 replicas dropped the same units in both halves of the global batch). Four parts:
 
 * :func:`keyed`: the loops call the replica step through it. Every seed a Keras random
   op draws in the step (a layer's own generator, ``keras.random.*`` with a
@@ -18,8 +18,8 @@ on 2 replicas dropped the same units in both halves of the global batch). Three 
 * :func:`seed`: ``keras.utils.set_random_seed(config.seed)``, then the Trainer's own
   Keras global ``SeedGenerator``, made in its strategy's scope with an initial seed
   that depends on ``config.seed`` only. A ``keras.random.*`` op without a seed
-  (``keras.random.dropout(x, 0.5)``) in the step draws from it (:func:`keyed`
-  installs it while the step is traced: :func:`trainer.runtime.keras_compat.global_seed_generator`),
+  (``keras.random.dropout(x, 0.5)``) in the step draws from it (:func:`keyed` installs
+  it while the step is traced: :func:`trainer.runtime.keras_compat.global_seed_generator`),
   not from Keras' own global generator, which Keras made lazily at the first draw:
   outside any scope (on 2 Mirrored replicas the trace failed) and never saved (a
   resumed run drew other numbers).
@@ -179,6 +179,6 @@ def find(attributes: Mapping[str, Any], model: keras.Model,
         if state is not None and id(state) not in seen:
             seen.add(id(state))
             states.append((name, state))
-    if id(step_counter) in _GLOBAL:
+    if step_counter is not None and id(step_counter) in _GLOBAL:
         states.append((GLOBAL_NAME, _GLOBAL[id(step_counter)].state))
     return states
