@@ -122,7 +122,8 @@ class RunContext(Protocol):
 
     def random_states(self) -> list[tuple[str, Any]]:
         """``[(name, variable)]``: the states of the random generators the Trainer or its
-        model's layers hold that are not model variables (:mod:`trainer.step.random_streams`)."""
+        model's layers hold that are not model variables, and of the Trainer's Keras
+        global generator (:mod:`trainer.step.random_streams`)."""
 
     def train_graph(self) -> Any:
         """After a loop: the ``tf.Graph`` of the compiled train loop as ``fit()`` traced

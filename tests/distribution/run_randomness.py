@@ -13,6 +13,9 @@ virtual CPU devices, or on each worker of a group the launcher started (TF_CONFI
 each writes ``runs-<task>.npz``, e.g. ``runs-worker-1.npz``). Saves the weights and
 random states of each (``straight/<i>``, ``resumed/<i>``) and the last step's share of
 equal dropout-mask entries across the two halves of the global batch (``equal_share``).
+On Mirrored replicas, also :class:`tests.distribution.random_trainers.UnseededLossTrainer`'s
+weights with the telemetry's compute probe after every window and without
+(``probed/<i>``, ``unprobed/<i>``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ def main() -> None:
     out = {"equal_share": np.float64(results["train/equal_share"])}
     out.update({f"straight/{i}": w for i, w in enumerate(straight)})
     out.update({f"resumed/{i}": w for i, w in enumerate(resumed)})
+    if args.replicas > 1 and not manual:  # the compute probe puts back what it changes
+        out.update({f"probed/{i}": w for i, w in enumerate(random_trainers.probed_weights(
+            args.replicas, 1))})
+        out.update({f"unprobed/{i}": w for i, w in enumerate(random_trainers.probed_weights(
+            args.replicas, 0))})
     np.savez(out_path, **out)
 
 

@@ -50,6 +50,18 @@ def test_a_resumed_run_ends_bit_equal_to_an_uninterrupted_one(random_runs, run):
         np.testing.assert_array_equal(a, b, err_msg=f"array {i}")
 
 
+def test_the_compute_probe_of_an_unseeded_random_op_on_2_replicas_leaves_the_run_as_is(
+        random_runs):
+    """The probe draws the loss's unseeded numbers from the Trainer's global generator,
+    as the step does, and puts its state back (before: Keras made its own global
+    generator inside the probe's trace, which failed the run on 2 replicas)."""
+    probed = saved_run(random_runs["2"], "probed")
+    unprobed = saved_run(random_runs["2"], "unprobed")
+    assert probed and len(probed) == len(unprobed)
+    for i, (a, b) in enumerate(zip(probed, unprobed)):
+        np.testing.assert_array_equal(a, b, err_msg=f"array {i}")
+
+
 def test_two_workers_draw_apart_and_resume_bit_equal(random_runs):
     worker0, worker1 = random_runs["workers-worker-0"], random_runs["workers-worker-1"]
     assert 0.4 <= float(worker0["equal_share"]) <= 0.6  # worker 0's rows against worker 1's

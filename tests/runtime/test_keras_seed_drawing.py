@@ -83,3 +83,22 @@ def test_keras_draws_with_philox_with_and_without_xla():
     compiled = [t.numpy() for t in tf.function(draw, jit_compile=True)()]
     for i, (a, b) in enumerate(zip(plain, compiled)):
         np.testing.assert_array_equal(a, b, err_msg=f"draw {i}")
+
+
+def test_unseeded_keras_random_ops_draw_from_the_installed_global_generator():
+    # A Trainer's step draws its unseeded keras.random ops from the Trainer's own
+    # generator (trainer/step/random_streams.py), installed through Keras' private
+    # GLOBAL_SEED_GENERATOR: a Keras that moves it fails here, not in a resumed run.
+    generator = keras.random.SeedGenerator(9)
+    start = generator.state.numpy()
+
+    @tf.function
+    def draw():
+        with keras_compat.global_seed_generator(generator):
+            return keras.random.dropout(tf.ones([64]), 0.5)
+
+    draw()
+    drawn = generator.state.numpy()
+    assert not np.array_equal(drawn, start)
+    keras.random.uniform([4])  # outside: Keras' own global generator again
+    np.testing.assert_array_equal(generator.state.numpy(), drawn)

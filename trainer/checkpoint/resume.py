@@ -131,7 +131,7 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     if newest == _NONE:
         return None
     run.ensure_built()  # the variables a checkpoint fills must exist
-    groups = checkpoint_state.state_variables(run)
+    groups = checkpoint_state.state_variables(run, optional=True)
     state, manifest, failure = None, None, None
     if chief:
         try:

@@ -294,7 +294,7 @@ class Checkpointer(Service):
 
     def _export_best(self, run: RunContext, step: int) -> None:
         """Exports the best step's model to ``workdir/export/best`` (chief)."""
-        groups = checkpoint_state.state_variables(run)
+        groups = checkpoint_state.state_variables(run, optional=True)
         current, _ = checkpoint_state.snapshot(run)
         state, _ = load(os.path.join(run.workdir, BEST_DIR, str(step)), groups)
         target = os.path.join(run.workdir, BEST_EXPORT_DIR)

@@ -46,6 +46,12 @@ private name it uses and fails with a clear message when a Keras version lacks i
   ``SeedGenerator``'s state, the step's key): compiling the step changes its dropout
   masks. Categorical, gamma and binomial draws take no algorithm and are left as they
   are.
+* :func:`global_seed_generator`: a Keras random op without a seed (``seed=None``) draws
+  from Keras' global ``SeedGenerator``, made lazily at its first draw and kept in the
+  private thread-local ``global_state`` attribute ``GLOBAL_SEED_GENERATOR``
+  (``keras.src.random.seed_generator``). Inside the block, a given generator is that
+  global one, so a Trainer's step draws from a generator the Trainer made in its
+  strategy's scope and saves in its checkpoints.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ import tensorflow as tf
 from keras.src.backend.common import global_state
 from keras.src.backend.tensorflow import image as keras_tf_image
 from keras.src.backend.tensorflow import random as keras_tf_random
+from keras.src.random import seed_generator as keras_seed_generator
 
 _NAME_UIDS = "object_name_uids"
 _PRE_REDUCED = threading.local()  # per replica thread: "gradients are already summed"
@@ -318,3 +325,23 @@ def seed_key(*parts) -> Iterator[None]:
         yield
     finally:
         _SEED_KEY.parts = before
+
+
+@contextlib.contextmanager
+def global_seed_generator(generator: keras.random.SeedGenerator) -> Iterator[None]:
+    """Inside, on this thread, Keras' random ops without a seed draw from ``generator``
+    (Keras' global ``SeedGenerator``); the previous global one again afterwards. Raises
+    RuntimeError naming the Keras version when Keras no longer keeps its global
+    generator in the private ``GLOBAL_SEED_GENERATOR`` attribute."""
+    name = getattr(keras_seed_generator, "GLOBAL_SEED_GENERATOR", None)
+    if name is None or not hasattr(keras_seed_generator, "global_seed_generator"):
+        raise RuntimeError(
+            f"keras.src.random.seed_generator has no GLOBAL_SEED_GENERATOR: this Keras "
+            f"version ({keras.__version__}) changed where unseeded random ops draw from; "
+            f"use a Keras version from 3.10 to 3.15.")
+    before = global_state.get_global_attribute(name)
+    global_state.set_global_attribute(name, generator)
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute(name, before)

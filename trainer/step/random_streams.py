@@ -2,7 +2,7 @@
 
 Keras keeps a ``SeedGenerator``'s state in one variable; made in ``strategy.scope()`` it
 is mirrored, so every replica read the same state and drew the same numbers (a Dropout
-on 2 replicas dropped the same units in both halves of the global batch). Three parts:
+on 2 replicas dropped the same units in both halves of the global batch). Four parts:
 
 * :func:`keyed`: the loops call the replica step through it. Every seed a Keras random
   op draws in the step (a layer's own generator, ``keras.random.*`` with a
@@ -15,18 +15,29 @@ on 2 replicas dropped the same units in both halves of the global batch). Three 
   (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``) restarts its sequence in every
   new ``tf.function`` and process: it can be neither keyed nor saved, and the trace
   logs one warning naming it and the alternatives.
+* :func:`seed`: ``keras.utils.set_random_seed(config.seed)``, then the Trainer's own
+  Keras global ``SeedGenerator``, made in its strategy's scope with an initial seed
+  that depends on ``config.seed`` only. A ``keras.random.*`` op without a seed
+  (``keras.random.dropout(x, 0.5)``) in the step draws from it (:func:`keyed` installs
+  it while the step is traced: :func:`trainer.runtime.keras_compat.global_seed_generator`),
+  not from Keras' own global generator, which Keras made lazily at the first draw:
+  outside any scope (on 2 Mirrored replicas the trace failed) and never saved (a
+  resumed run drew other numbers).
 * :func:`find`: the state of every ``keras.random.SeedGenerator`` and
   ``tf.random.Generator`` the Trainer holds (in public attributes, nested in lists,
   tuples and dicts) or a layer of its model holds, that is not a model variable
-  already: the checkpoint's ``random`` group (:mod:`trainer.checkpoint.state`), so a
-  resumed run draws what an uninterrupted one draws.
+  already, and of the Trainer's global generator (named :data:`GLOBAL_NAME`): the
+  checkpoint's ``random`` group (:mod:`trainer.checkpoint.state`), so a resumed run
+  draws what an uninterrupted one draws.
 
-Contexts: :func:`keyed`'s function runs in replica context at trace time; :func:`find`
-on the host.
+Contexts: :func:`keyed`'s function runs in replica context at trace time; :func:`seed`
+on the host in ``strategy.scope()``; :func:`find` on the host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import weakref
 from typing import Any, Callable, Mapping
 
@@ -46,12 +57,46 @@ _FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond")
 # The stateful op types already named, per Trainer (by the id of its step counter, as
 # long as it lives): one warning each, however many loops (plans) trace the step.
 _WARNED: dict[int, set[str]] = {}
+#: The name of a Trainer's global generator in the checkpoint's ``random`` group (no
+#: attribute path has a dot).
+GLOBAL_NAME = "keras.random.global_seed_generator"
+# The global generator of each Trainer (by the id of its step counter, as long as it lives).
+_GLOBAL: dict[int, "_GlobalSeedGenerator"] = {}
+
+
+class _GlobalSeedGenerator(keras.random.SeedGenerator):
+    """A Trainer's Keras global generator; ``drawn``: a traced step drew from it."""
+
+    drawn = False
+
+    def next(self, ordered: bool = True):
+        self.drawn = True
+        return super().next(ordered)
+
+
+def seed(value: int, step_counter: tf.Variable) -> None:
+    """``keras.utils.set_random_seed(value)`` (Python, NumPy, TensorFlow and Keras' global
+    seeds), then the global generator of the Trainer whose step counter is
+    ``step_counter``, made in the current scope (call it in ``strategy.scope()``) with an
+    initial seed that depends on ``value`` only (see the module docstring)."""
+    keras.utils.set_random_seed(value)
+    initial = random.Random(f"{GLOBAL_NAME} {value}").randint(1, 10**9)
+    _GLOBAL[id(step_counter)] = _GlobalSeedGenerator(initial, name="global_seed_generator")
+    weakref.finalize(step_counter, _GLOBAL.pop, id(step_counter), None)
+
+
+def drew_global(step_counter: tf.Variable) -> bool:
+    """Whether a traced step of the Trainer whose step counter is ``step_counter`` drew
+    from its global generator (a ``keras.random.*`` op without a seed)."""
+    generator = _GLOBAL.get(id(step_counter))
+    return generator is not None and generator.drawn
 
 
 def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
     """``step_fn`` (a replica step ``batch -> outputs``) drawing its Keras random numbers
-    from a stream keyed by (seed, step, replica); warns once per stateful random op
-    type the traces of a Trainer (``step_counter``) hold (see the module docstring)."""
+    from a stream keyed by (seed, step, replica), its unseeded ones from the global
+    generator :func:`seed` made for the Trainer (``step_counter``), if any; warns once
+    per stateful random op type the Trainer's traces hold (see the module docstring)."""
     if id(step_counter) not in _WARNED:
         _WARNED[id(step_counter)] = set()
         weakref.finalize(step_counter, _WARNED.pop, id(step_counter), None)
@@ -63,7 +108,9 @@ def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         step = tf.cast(tf.math.floormod(step_counter.read_value(), tf.int32.max),
                        tf.int32)
-        with keras_compat.seed_key(step, replica):
+        generator = _GLOBAL.get(id(step_counter))
+        with (keras_compat.seed_key(step, replica), contextlib.nullcontext()
+              if generator is None else keras_compat.global_seed_generator(generator)):
             outputs = step_fn(batch)
         if not tf.executing_eagerly():
             for op_type, name in stateful_random_ops(graph, first_op):
@@ -110,11 +157,14 @@ def _state(value: Any) -> Any | None:
     return None
 
 
-def find(attributes: Mapping[str, Any], model: keras.Model) -> list[tuple[str, Any]]:
+def find(attributes: Mapping[str, Any], model: keras.Model,
+         step_counter: tf.Variable | None = None) -> list[tuple[str, Any]]:
     """``[(name, state variable)]``: the random generators' states of a Trainer
     (``attributes``: its ``vars()``; public entries, named by attribute path) and of the
     layers of ``model`` and of the Keras layers in its public attributes (named
-    ``LAYER_PATH/attribute``), each once, none of ``model.variables``, in a fixed order."""
+    ``LAYER_PATH/attribute``), each once, none of ``model.variables``, in a fixed order;
+    last, as :data:`GLOBAL_NAME`, the global generator :func:`seed` made for the Trainer
+    whose step counter is ``step_counter``, if any (drawn from or not: :func:`drew_global`)."""
     found = owned_variables.leaves(attributes)
     holders = [model, *(v for _, v in found if isinstance(v, keras.layers.Layer))]
     layers = {id(layer): layer for holder in holders for layer in keras_compat.all_layers(holder)}
@@ -129,4 +179,6 @@ def find(attributes: Mapping[str, Any], model: keras.Model) -> list[tuple[str, A
         if state is not None and id(state) not in seen:
             seen.add(id(state))
             states.append((name, state))
+    if step_counter is not None and id(step_counter) in _GLOBAL:
+        states.append((GLOBAL_NAME, _GLOBAL[id(step_counter)].state))
     return states
