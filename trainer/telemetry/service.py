@@ -243,7 +243,9 @@ class Telemetry(Service):
             return
         if record["kind"] == "rollback":  # the step went back: the next loop is new
             self._seen_step = record["step"]
-        if self._active_writers:
+        if self._active_writers and record["kind"] == "goodput":  # numbers: TensorBoard too
+            self._active_writers.write(record, logdir="train")
+        elif self._active_writers:
             self._active_writers.write_jsonl(record)
         self._say(event_line(record))
 
