@@ -53,6 +53,17 @@ from trainer.telemetry import goodput_record
 from trainer.telemetry.object_append import upload_errors
 
 
+def process_start() -> float:
+    """This process's start (Unix seconds): ``psutil.Process().create_time()``, whose
+    boot time is in whole seconds (up to a second early), made exact to the clock tick
+    by the boot-time clock where there is one (Linux)."""
+    created = psutil.Process().create_time()
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        return created
+    since_boot = created - psutil.boot_time()
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + since_boot
+
+
 class LatestWriter:
     """Writes the latest of the values handed over, on one background thread: a value
     handed over while a write runs replaces any waiting one (never a queue)."""
@@ -96,7 +107,7 @@ class Goodput(Service):
       events: the run's events (the ``goodput`` event is reported there).
       saves: the checkpoint service (its ``blocking_s``).
       evaluation: the evaluation service (its ``seconds``).
-      started: the process's start (Unix seconds; default: psutil's).
+      started: the process's start (Unix seconds; default: :func:`process_start`).
       clock: Unix seconds (injected by tests).
     """
 
@@ -105,7 +116,7 @@ class Goodput(Service):
                  clock: Callable[[], float] = time.time):
         self.enabled = bool(workdir) and chief
         self.events, self.saves, self.evaluation, self.clock = events, saves, evaluation, clock
-        self.start = psutil.Process().create_time() if started is None else started
+        self.start = process_start() if started is None else started
         now = clock()
         self.seconds = dict.fromkeys(goodput_record.MEASURED, 0.0)
         self.seconds["program_startup"] = now - self.start
