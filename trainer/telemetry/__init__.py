@@ -17,5 +17,5 @@
   :mod:`trainer.telemetry.goodput_record` — the workdir's record of it.
 """
 
-__all__ = ["alerts", "flops", "goodput", "goodput_record", "loggers", "object_append", "probes", "profiler", "progress",
-           "service", "summaries", "system_stats"]
+__all__ = ["alerts", "flops", "goodput", "goodput_record", "loggers", "object_append", "probes",
+           "profiler", "progress", "service", "summaries", "system_stats"]

@@ -41,6 +41,9 @@ MEASURED = ("program_startup", "training_prep", "data_loading", "checkpoint_save
 CATEGORIES = ("productive", "program_startup", "training_prep", "data_loading",
               "checkpoint_save", "checkpoint_restore", "evaluation", "wasted_progress",
               "infrastructure_recovery", "other")
+#: The numbers of a ``goodput`` record of metrics.jsonl (and its TensorBoard tags).
+KEYS = ("goodput/goodput", "goodput/total_s", "goodput/attempts", "goodput/wasted_steps",
+        *(f"goodput/{category}_s" for category in CATEGORIES))
 _LABELS = {"productive": "productive training", "program_startup": "program startup",
            "training_prep": "training prep", "data_loading": "data loading wait",
            "checkpoint_save": "checkpoint save (blocking)",
@@ -126,12 +129,11 @@ def summary(attempts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def scalars(summed: dict[str, Any]) -> dict[str, float]:
-    """A :func:`summary` as flat ``goodput/...`` numbers (a metrics.jsonl record's and
-    TensorBoard's)."""
-    return {"goodput/goodput": summed["goodput"], "goodput/total_s": summed["total_s"],
-            "goodput/attempts": summed["attempts"],
-            "goodput/wasted_steps": summed["wasted_steps"],
-            **{f"goodput/{c}_s": v for c, v in summed["seconds"].items()}}
+    """A :func:`summary` as flat numbers under :data:`KEYS` (a metrics.jsonl record's
+    and TensorBoard's)."""
+    return dict(zip(KEYS, [summed["goodput"], summed["total_s"], summed["attempts"],
+                           summed["wasted_steps"],
+                           *(summed["seconds"][c] for c in CATEGORIES)]))
 
 
 def table(record: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
 * ``workdir/metrics.jsonl``: one JSON object per logging window and per evaluation;
   the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in docs/telemetry.md;
   and one per event (its ``kind``: ``restore``, ``resume``, ``stop``, ``rollback``,
-  ``preemption``). An event reported outside ``fit()`` (``Trainer.restore`` before it) is
+  ``preemption``; ``goodput``, whose numbers go to TensorBoard's train run too). An event reported outside ``fit()`` (``Trainer.restore`` before it) is
   written and printed at the start of the next ``fit()``.
   ``telemetry.loggers`` chooses among these files ("jsonl", "tensorboard").
 
