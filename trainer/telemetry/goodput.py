@@ -178,7 +178,8 @@ class Goodput(Service):
         self._save_later()
 
     def on_checkpoint(self, run: RunContext, step: int) -> None:
-        if self.enabled and signals.seconds_since_signal() is None:
+        stopping = run.stopped_by == "preemption" or signals.seconds_since_signal() is not None
+        if self.enabled and not stopping:  # a stop's save: the record stays as it was
             self._account(run)
             self._save_later()
 
