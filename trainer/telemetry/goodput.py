@@ -39,7 +39,6 @@ Contexts: host; the record's writes on one background thread.
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 from typing import Any, Callable
@@ -65,37 +64,41 @@ def process_start() -> float:
 
 
 class LatestWriter:
-    """Writes the latest of the values handed over, on one background thread: a value
-    handed over while a write runs replaces any waiting one (never a queue)."""
+    """Writes the latest of the values handed over, on a background thread that runs
+    while there is something to write: a value handed over while a write runs replaces
+    any waiting one (never a queue)."""
 
     def __init__(self, write: Callable[[Any], None]):
         self._write = write
         self._lock = threading.Lock()
         self._latest: Any = None
-        self._future: concurrent.futures.Future | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="goodput")
+        self._running = False
+        self._threads: list[threading.Thread] = []
 
     def put(self, value: Any) -> None:
         with self._lock:
             self._latest = value
-            if self._future is None:
-                self._future = self._pool.submit(self._drain)
+            if not self._running:
+                self._running = True
+                thread = threading.Thread(target=self._drain, daemon=True, name="goodput")
+                self._threads.append(thread)
+                thread.start()
 
     def _drain(self) -> None:
         while True:
             with self._lock:
                 value, self._latest = self._latest, None
                 if value is None:
-                    self._future = None
+                    self._running = False
                     return
             self._write(value)
 
     def flush(self) -> None:
-        """Returns once every value handed over is written."""
+        """Returns once every value handed over is written and the thread has ended."""
         with self._lock:
-            future = self._future
-        if future is not None:
-            future.result()
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
 
 
 class Goodput(Service):
@@ -248,7 +251,7 @@ class Goodput(Service):
             return
         try:
             self._file.write(attempts)
-        except (OSError, *upload_errors()) as error:
+        except Exception as error:  # noqa: BLE001 - the record never ends a run
             logging.warning("goodput: cannot write %s (%s: %s); the run goes on without "
                             "its goodput record.", self._file.path, type(error).__name__, error)
             self._file = None
