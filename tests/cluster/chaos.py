@@ -186,7 +186,8 @@ def goodput(workdir: Path, attempts: list[Attempt]) -> dict[str, float]:
     by_kind: dict[str, list[tuple[float, float]]] = {}
     for i, (kind, entry) in enumerate(zip(kinds, record)):
         after = record[i + 1] if i + 1 < len(record) else None
-        productive = entry["seconds"]["productive"] - (after["wasted_s"] if after else 0.0)
+        redone = after["wasted_s"] - after["wasted_input_s"] if after else 0.0
+        productive = entry["seconds"]["productive"] - redone
         wall = entry["last_time"] - entry["start"] + (after["recovery_s"] if after else 0.0)
         by_kind.setdefault(kind, []).append((productive, wall))
     out = {kind: sum(p for p, _ in rows) / sum(w for _, w in rows)

@@ -81,6 +81,7 @@ def test_a_killed_and_resumed_run_counts_the_redone_steps_and_the_recovery(
     assert EVERY <= restored < first["last_step"] < STEPS
     assert second["wasted_steps"] == first["last_step"] - restored > 0
     assert second["wasted_s"] == pytest.approx(second["wasted_steps"] * first["step_s"])
+    assert 0 <= second["wasted_input_s"] <= second["wasted_s"]
     assert second["recovery_s"] > 0
     assert second["seconds"]["checkpoint_restore"] > 0
     assert second["last_step"] == STEPS

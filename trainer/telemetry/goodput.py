@@ -13,8 +13,9 @@ process running ``fit()``), from the process's start:
   ``blocking_s``: the host copy, and a previous save's commit when one is due; the
   background part of an async save is not counted);
 * evaluation: the periodic and final evaluations (the evaluation service's ``seconds``);
-* data loading wait: each logging window's loop time times the input-wait fraction
-  telemetry judged for it (``perf/input_wait_fraction``; a window without one: 0);
+* data loading wait: each logging window's loop time (a fit's first call aside) times
+  the input-wait fraction telemetry judged for it (``perf/input_wait_fraction``; a
+  window without one: 0);
 * productive training: the train loop calls' time, less the above parts of it;
 * other: the rest (logging, the host between loop calls, the time between ``fit()``
   calls of one process).
@@ -110,17 +111,14 @@ class Goodput(Service):
       events: the run's events (the ``goodput`` event is reported there).
       saves: the checkpoint service (its ``blocking_s``).
       evaluation: the evaluation service (its ``seconds``).
-      started: the process's start (Unix seconds; default: :func:`process_start`).
-      clock: Unix seconds (injected by tests).
     """
 
     def __init__(self, workdir: str | None, chief: bool, events: RunEvents, saves: Any,
-                 evaluation: Any, started: float | None = None,
-                 clock: Callable[[], float] = time.time):
+                 evaluation: Any):
         self.enabled = bool(workdir) and chief
-        self.events, self.saves, self.evaluation, self.clock = events, saves, evaluation, clock
-        self.start = process_start() if started is None else started
-        now = clock()
+        self.events, self.saves, self.evaluation = events, saves, evaluation
+        self.start = process_start()
+        now = time.time()
         self.seconds = dict.fromkeys(goodput_record.MEASURED, 0.0)
         self.seconds["program_startup"] = now - self.start
         self._cursor, self._phase = now, "training_prep"
@@ -131,7 +129,8 @@ class Goodput(Service):
         self._previous: list[dict] = []
         self._attempt: dict[str, Any] | None = None  # from the first fit() on
         self._loop_s = self._window_s = 0.0  # loop time not yet accounted / in the window
-        self._calls: list[tuple[int, float, bool]] = []  # (steps, seconds, first of a fit)
+        self._firsts: list[tuple[int, float]] = []  # (steps, seconds) of each fit's 1st call
+        self._steady = [0, 0.0]  # steps and seconds of the other calls
         self._last_step, self._fit_calls = 0, 0
 
     # ------------------------------------------------------------------ hooks
@@ -204,16 +203,20 @@ class Goodput(Service):
         if run.step != self._last_step:
             steps, seconds = run.last_loop
             self._last_step = run.step
-            self._calls.append((steps, seconds, self._fit_calls == 0))
+            if self._fit_calls == 0:  # its excess is training prep, never input wait
+                self._firsts.append((steps, seconds))
+            else:
+                self._steady[0] += steps
+                self._steady[1] += seconds
+                self._window_s += seconds
             self._fit_calls += 1
             self._loop_s += seconds
-            self._window_s += seconds
 
     def _account(self, run: RunContext) -> None:
         """The time since the last call, by category: what the services measured
         (saves, evaluations, restores), the loop calls, and the rest in the phase (the
         preparation until a fit's first loop, "other" after)."""
-        now = self.clock()
+        now = time.time()
         parts = {"checkpoint_save": self.saves.blocking_s - self._seen["save"],
                  "evaluation": self.evaluation.seconds - self._seen["eval"],
                  "checkpoint_restore": 0.0}
@@ -230,12 +233,11 @@ class Goodput(Service):
     def _snapshot(self) -> dict[str, Any]:
         """This attempt's entry now: the loop time split into productive time and the
         first calls' excess over the steady seconds per step (training prep)."""
-        steady = [(n, s) for n, s, first in self._calls if not first]
-        steps = sum(n for n, _, _ in self._calls)
-        loop_s = sum(s for _, s, _ in self._calls)
-        step_s = (sum(s for _, s in steady) / max(sum(n for n, _ in steady), 1) if steady
+        steps = self._steady[0] + sum(n for n, _ in self._firsts)
+        loop_s = self._steady[1] + sum(s for _, s in self._firsts)
+        step_s = (self._steady[1] / self._steady[0] if self._steady[0]
                   else loop_s / max(steps, 1))
-        excess = sum(max(0.0, s - n * step_s) for n, s, first in self._calls if first)
+        excess = sum(max(0.0, s - n * step_s) for n, s in self._firsts)
         seconds = dict(self.seconds)
         seconds["training_prep"] += excess
         seconds["productive"] = loop_s - excess - seconds["data_loading"]

@@ -10,7 +10,8 @@ every restart after a preemption, a SIGKILL, a lost VM), in order::
        "steps": N, "step_s": X,  # steps it trained, its measured seconds per step
        "seconds": {CATEGORY: s}, # its time from T0 to T, by MEASURED category
        "wasted_steps": W, "wasted_s": w,  # the previous attempt's steps past its last
-                                          # checkpoint, redone by this one
+       "wasted_input_s": i,               # checkpoint, redone by this one (i of w: input
+                                          # wait)
        "recovery_s": r},         # T0 - the previous attempt's last_time
       ...]}
 
@@ -101,12 +102,17 @@ class RecordFile:
 def follow(previous: dict[str, Any] | None, start: float, restored: int) -> dict[str, float]:
     """What an attempt starting at ``start`` from step ``restored`` says of the attempt
     before it (None: none): its steps past ``restored`` (recorded, so trained, then lost)
-    at its measured seconds per step, and the time from its last record to ``start``."""
+    at its measured seconds per step (``wasted_s``; ``wasted_input_s`` of it was input
+    wait, in the share of its loop time that was), and the time from its last record to
+    ``start``."""
     if previous is None:
-        return {"wasted_steps": 0, "wasted_s": 0.0, "recovery_s": 0.0}
+        return {"wasted_steps": 0, "wasted_s": 0.0, "wasted_input_s": 0.0, "recovery_s": 0.0}
     wasted = max(0, int(previous["last_step"]) - restored)
-    wasted_s = min(wasted * float(previous["step_s"]), previous["seconds"]["productive"])
+    spent = previous["seconds"]
+    trained_s = spent["productive"] + spent["data_loading"]
+    wasted_s = min(wasted * float(previous["step_s"]), trained_s)
     return {"wasted_steps": wasted, "wasted_s": wasted_s,
+            "wasted_input_s": wasted_s * spent["data_loading"] / trained_s if trained_s else 0.0,
             "recovery_s": max(0.0, start - float(previous["last_time"]))}
 
 
@@ -119,7 +125,8 @@ def summary(attempts: list[dict[str, Any]]) -> dict[str, Any]:
         for category, value in attempt["seconds"].items():
             seconds[category] += value
         seconds["wasted_progress"] += attempt["wasted_s"]
-        seconds["productive"] -= attempt["wasted_s"]
+        seconds["productive"] -= attempt["wasted_s"] - attempt["wasted_input_s"]
+        seconds["data_loading"] -= attempt["wasted_input_s"]
         seconds["infrastructure_recovery"] += attempt["recovery_s"]
     total = attempts[-1]["last_time"] - attempts[0]["start"]
     return {"seconds": seconds, "total_s": total,
