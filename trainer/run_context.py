@@ -244,6 +244,8 @@ def next_multiple(step: int, every: int) -> float:
 #      "chosen": {"xla": B, "steps_per_loop": N}, "baseline": {...}, "ratio": R,
 #      "measure_s": T, "plans": [{"xla", "steps_per_loop", "steps_per_s", "vs_baseline"}],
 #      ...}  (the execution plan: trainer.loop.plan)
+#     {"kind": "goodput", "step": S, "goodput/goodput": G, "goodput/total_s": T, ...}
+#      (at the end of fit(): where the time went, trainer.telemetry.goodput)
 #
 # Host only; no TensorFlow.
 Record = dict[str, Any]
