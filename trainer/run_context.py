@@ -122,7 +122,8 @@ class RunContext(Protocol):
 
     def random_states(self) -> list[tuple[str, Any]]:
         """``[(name, variable)]``: the states of the random generators the Trainer or its
-        model's layers hold that are not model variables (:mod:`trainer.step.random_streams`)."""
+        model's layers hold that are not model variables, and of the Trainer's Keras
+        global generator (:mod:`trainer.step.random_streams`)."""
 
     def train_graph(self) -> Any:
         """After a loop: the ``tf.Graph`` of the compiled train loop as ``fit()`` traced
@@ -243,6 +244,8 @@ def next_multiple(step: int, every: int) -> float:
 #      "chosen": {"xla": B, "steps_per_loop": N}, "baseline": {...}, "ratio": R,
 #      "measure_s": T, "plans": [{"xla", "steps_per_loop", "steps_per_s", "vs_baseline"}],
 #      ...}  (the execution plan: trainer.loop.plan)
+#     {"kind": "goodput", "step": S, "goodput/goodput": G, "goodput/total_s": T, ...}
+#      (at the end of fit(): where the time went, trainer.telemetry.goodput)
 #
 # Host only; no TensorFlow.
 Record = dict[str, Any]

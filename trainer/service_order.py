@@ -24,6 +24,7 @@ from trainer.services.history import History
 from trainer.services.nonfinite import NonFiniteGuard
 from trainer.services.pruning import Pruning
 from trainer.telemetry.flops import FlopsMeter
+from trainer.telemetry.goodput import Goodput
 from trainer.telemetry.loggers import build_loggers
 from trainer.telemetry.profiler import ProfilerWindows
 from trainer.telemetry.service import Telemetry
@@ -39,11 +40,14 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
     (telemetry writes and prints them).
 
     The FLOPs meter is no service: telemetry asks it for values (a record source), and
-    the loggers are telemetry's sinks too.
+    the loggers and goodput are telemetry's sinks too.
     """
     loggers = build_loggers(config)
-    telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=loggers, events=events)
     checkpointer = Checkpointer(config, workdir, chief, events)
+    evaluation = PeriodicEvaluation(config, has_eval)
+    goodput = Goodput(workdir, chief, events, checkpointer, evaluation)
+    telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=[*loggers, goodput],
+                          events=events)
 
     def last_good(workdir: str | None) -> str:  # once this run's saves are committed
         checkpointer.wait()
@@ -56,6 +60,10 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         # What fit() returns: first, so it holds every window's and evaluation's values
         # whatever a later service raises.
         history,
+        # Where the time went: its window hooks before telemetry's (the window record it
+        # receives as a sink is then this boundary's); its end-of-fit event while
+        # telemetry still writes. It reads what saves and evaluations cost from them.
+        goodput,
         # The window record and progress line before anything acts on the window, so
         # metrics.jsonl shows the window that led to a rollback or stop before its event.
         telemetry,
@@ -73,7 +81,7 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         ConsistencyCheck(config),
         # Evaluates before early stopping judges its values and before the checkpoint
         # that keeps the best step needs them.
-        PeriodicEvaluation(config, has_eval),
+        evaluation,
         # Judges the evaluation just announced; its stop is agreed after every hook.
         EarlyStopping(config),
         # A sweep's trial: reports the evaluation just announced to the study, whose

@@ -45,7 +45,7 @@ from trainer.runtime.tracing import no_autograph
 from trainer.service_order import build_services
 from trainer.services.history import History
 from trainer.step.default_steps import DefaultSteps
-from trainer.step import owned_variables, replica_state
+from trainer.step import owned_variables, random_streams, replica_state
 from trainer.step.ema import ExponentialMovingAverage
 from trainer.step.gradients import GradientPath
 from tf_cluster.storage_schemes import absolute
@@ -105,7 +105,6 @@ class Trainer:
             "train.global_batch_size", config.train.global_batch_size, self.strategy)
         self.eval_batch = strategies.batch_sizes(
             "eval.global_batch_size", self.eval_global_batch_size, self.strategy)
-        keras.utils.set_random_seed(config.seed)
         precision.set_policy(config.precision.policy)
         float16_warning = precision.float16_warning(
             config.precision.policy, strategies.slow_float16_devices(self.strategy))
@@ -120,6 +119,7 @@ class Trainer:
         with self.strategy.scope(), keras_compat.fresh_names():
             self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            random_streams.seed(config.seed, self.step_counter)  # + the step's global generator
             self.precision = precision.PrecisionState(
                 config.precision.policy, config.precision.initial_loss_scale,
                 config.precision.growth_interval, self.step_counter)

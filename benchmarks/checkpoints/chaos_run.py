@@ -12,7 +12,8 @@ group of two workers that loses one to SIGKILL and is restarted by its launcher
 (``launch.multiworker --max_restarts 1``), to the end; an uninterrupted run of the
 same command on the other host is the reference.
 Prints the fault count, max|dw| against the reference and the goodput (productive
-training time / wall time) overall and per fault kind. ``--every``: a checkpoint every
+training time / wall time, as the run's own record ``goodput.json`` says) overall and
+per fault kind. ``--every``: a checkpoint every
 that many steps; ``--latency_ms``: the emulator answers every request that much later
 for the campaign (a real bucket's median is 60-130 ms).
 """
@@ -94,7 +95,7 @@ def _campaign(args, cluster, gcs) -> None:
         fetch(cluster, gcs, f"{tag}-ref", Path(tmp) / "ref")
         diff = max_abs_diff(load_weights(Path(tmp) / "ref" / "weights-local-0.npz"),
                             load_weights(Path(tmp) / "run" / "weights-worker-0.npz"))
-    goodput = chaos.goodput(campaign.attempts, args.steps, reference_s / args.steps)
+        goodput = chaos.goodput(Path(tmp) / "run", campaign.attempts)
     title = (f"chaos_run: saves every {args.every} steps, +{args.latency_ms:g} ms a request, "
              f"{args.faults + 1} faults ({', '.join(sorted({*faults, chaos.LAST}))}), "
              f"{len(campaign.attempts)} attempts, {args.steps} steps, seed {args.seed}")

@@ -26,7 +26,9 @@ from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.service import Checkpointer
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage.reader import LATEST_DIR
+from trainer.checkpoint.storage.writer import CheckpointWriter
 from trainer.config import ConfigError, validate
+from trainer.step.random_streams import GLOBAL_NAME
 
 
 def adam_config(**overrides):
@@ -203,6 +205,55 @@ def test_missing_variable_is_named(trained):
                        match=r"Variable '.*dense_\d+/kernel' \(model, shape \[3, 3\]\) is "
                              r"missing from checkpoint"):
         DeeperToyTrainer(adam_config(), trained.workdir).restore()
+
+
+class UnseededDropoutTrainer(toy.ToyTrainer):
+    """The toy whose loss sees its logits through ``keras.random.dropout`` without a seed
+    (Keras' global generator); with ``hold_noise``, a SeedGenerator of its own too."""
+
+    hold_noise = False
+
+    def build_model(self):
+        if self.hold_noise:
+            self.noise = keras.random.SeedGenerator(3)
+        return super().build_model()
+
+    def compute_loss(self, batch, outputs):
+        return super().compute_loss(batch, keras.random.dropout(outputs, 0.25))
+
+
+def global_state(trainer) -> np.ndarray:
+    return np.asarray(dict(trainer.context.random_states())[GLOBAL_NAME].numpy())
+
+
+@pytest.mark.parametrize("hold_noise", [False, True])
+def test_a_checkpoint_without_the_global_generator_restores_it_as_it_is(tmp_path, hold_noise):
+    """A checkpoint of an earlier version (or written before the step drew) has no
+    entry for the Keras global generator's state: the restore keeps its initial
+    state. One written after the step drew from it restores it."""
+    config = adam_config(**{"train.steps": 4, "checkpoint.every_steps": 4})
+    trainer_class = type("Trainer", (UnseededDropoutTrainer,), {"hold_noise": hold_noise})
+    written = trainer_class(config, str(tmp_path / "new"))
+    initial = global_state(written)
+    written.fit()
+    assert not np.array_equal(global_state(written), initial)  # the step drew from it
+    state, manifest = checkpoint_state.snapshot(written.context)
+    assert manifest["groups"]["random"][-1][0] == GLOBAL_NAME
+    state["random"].pop()  # as an earlier version wrote it
+    manifest["groups"]["random"].pop()
+    if not manifest["groups"]["random"]:
+        del state["random"], manifest["groups"]["random"]
+    old = CheckpointWriter(str(tmp_path / "old"), config.checkpoint, "")
+    old.save(LATEST_DIR, 4, state, manifest, wait=True)
+    old.close()
+    restored = trainer_class(config, str(tmp_path / "old"))
+    assert restored.restore() == 4
+    np.testing.assert_array_equal(global_state(restored), initial)
+    for got, want in zip(restored.model.get_weights(), written.model.get_weights()):
+        np.testing.assert_array_equal(got, want)
+    resumed = trainer_class(config, str(tmp_path / "new"))
+    assert resumed.restore() == 4
+    np.testing.assert_array_equal(global_state(resumed), global_state(written))
 
 
 @pytest.mark.parametrize("damage", ["garbage", "one_missing"])

@@ -216,6 +216,9 @@ CASES = {
                           r"ModelWithTrainStep\.train_step\(batch\) .*self\.apply_gradients",
     "LayerBesideModel": r"LayerBesideModel\.head is a Keras layer \(Dense\) outside the model, "
                         r"with 2 trainable weights .*LayerBesideModel\.head\.trainable = False",
+    "UnbuiltLayerBesideModel": r"UnbuiltLayerBesideModel\.head is a Keras layer \(Dense\) outside "
+                               r"the model, with 2 trainable weights .*"
+                               r"UnbuiltLayerBesideModel\.head\.trainable = False",
     "KerasEmaOverwrite": r"KerasEmaOverwrite\.build_optimizer returned Adam\(use_ema=True, "
                          r"ema_overwrite_frequency=5\): .*optimizer\.ema_decay",
     "SecondLossScaleOptimizer": r"SecondLossScaleOptimizer\.build_optimizer_variables was "
@@ -283,6 +286,19 @@ class LayerBesideModel(toy.ToyTrainer):
         self.head = keras.layers.Dense(3)
         self.head.build((None, 3))
         return super().build_model()
+
+
+class UnbuiltLayerBesideModel(toy.ToyTrainer):
+    """Its head has no weights until the step calls it: refused once the step is traced
+    (before: with a constant initializer, trained silently without its head; with a
+    random one, an UnliftableError)."""
+
+    def build_model(self):
+        self.head = keras.layers.Dense(3, kernel_initializer="ones")
+        return super().build_model()
+
+    def compute_loss(self, batch, outputs):
+        return super().compute_loss(batch, self.head(outputs))
 
 
 def get_config():

@@ -19,8 +19,10 @@ the group): the launcher stops the other and restarts the group from the last
 checkpoint (on another worker count than the attempts before), which runs to the end.
 
 :func:`goodput` is productive training time over wall time (as Google's ML goodput
-defines it): the steps an attempt added that the run kept, at the uninterrupted
-reference's seconds per step, over the attempt's wall time from start to exit.
+defines it), as the run's own goodput record says (``workdir/goodput.json``, kept by
+the chief: :mod:`trainer.telemetry.goodput`): overall, and per fault kind the
+productive time of the attempts the fault ended (less the steps the next attempt redid)
+over their wall time from process start to the next attempt's start.
 
 Used by tests/cluster/test_chaos_run.py (a short campaign) and benchmarks/checkpoints/chaos_run.py
 (a longer one).
@@ -34,11 +36,13 @@ import random
 import re
 import signal
 import time
+from pathlib import Path
 
 from tests.cluster.gcs import BUCKET, GcsEmulator
 from tests.cluster.hosts import Host, SimulatedCluster
 from tests.cluster.runs import CONFIG, RUN_S, bucket_url, start, trainer_argv
 from tests.launch_helpers.running import task_pids
+from trainer.telemetry import goodput_record
 
 STEP_S = 0.1  # input sleep per batch: 10 steps/s
 KINDS = ("sigterm_stalled_upload", "sigkill", "corrupt_newest", "bucket_errors")
@@ -169,15 +173,24 @@ class Campaign:
         return self.attempts
 
 
-def goodput(attempts: list[Attempt], steps: int, step_s: float) -> dict[str, float]:
-    """Productive time over wall time, overall and per fault kind (see the module doc).
-    ``step_s``: the uninterrupted run's seconds per step."""
-    starts = [a.resumed for a in attempts] + [steps]
-    kept = [max(0, starts[i + 1] - starts[i]) for i in range(len(attempts))]
+def goodput(workdir: Path, attempts: list[Attempt]) -> dict[str, float]:
+    """The goodput the run's own record says (``workdir/goodput.json`` of the fetched
+    run: :mod:`trainer.telemetry.goodput`), overall and per fault kind (see the module
+    doc). Checks that the record has one entry per process of the chief (the group of
+    :data:`LAST` has two: before and after its launcher's restart), each resumed from
+    the step the campaign saw."""
+    record = goodput_record.RecordFile(str(workdir)).read()
+    kinds = [a.fault for a in attempts] + [LAST]
+    assert [r["restored_step"] for r in record[:len(attempts)]] == [
+        a.resumed for a in attempts] and len(record) == len(kinds), record
     by_kind: dict[str, list[tuple[float, float]]] = {}
-    for attempt, n in zip(attempts, kept):
-        by_kind.setdefault(attempt.fault, []).append((n * step_s, attempt.wall_s))
+    for i, (kind, entry) in enumerate(zip(kinds, record)):
+        after = record[i + 1] if i + 1 < len(record) else None
+        redone = after["wasted_s"] - after["wasted_input_s"] if after else 0.0
+        productive = entry["seconds"]["productive"] - redone
+        wall = entry["last_time"] - entry["start"] + (after["recovery_s"] if after else 0.0)
+        by_kind.setdefault(kind, []).append((productive, wall))
     out = {kind: sum(p for p, _ in rows) / sum(w for _, w in rows)
            for kind, rows in by_kind.items()}
-    out["overall"] = sum(n * step_s for n in kept) / sum(a.wall_s for a in attempts)
+    out["overall"] = goodput_record.summary(record)["goodput"]
     return out

@@ -185,11 +185,12 @@ def test_continuous_eval_beside_a_two_worker_run(tmp_path):
     assert {int(s) for s in os.listdir(tmp_path / LATEST_DIR)} == written
     assert set(steps) <= written
     # The trainer's stream holds only the trainer's lines: a train record per 5-step
-    # window and its one end-of-run evaluation (eval.every_steps=0), none of the evaluator's.
+    # window, its one end-of-run evaluation (eval.every_steps=0) and its goodput, none of
+    # the evaluator's.
     with open(tmp_path / "metrics.jsonl") as f:
         trainer_records = [json.loads(line) for line in f]
     assert [(r["kind"], r["step"]) for r in trainer_records] == \
-        [("train", s) for s in (5, 10, 15, 20, 25, 30)] + [("eval", 30)]
+        [("train", s) for s in (5, 10, 15, 20, 25, 30)] + [("eval", 30), ("goodput", 30)]
 
     # --mode=eval of the final checkpoint gives the evaluator's numbers.
     proc = run_main(tmp_path, "--mode=eval", config=CONFIG)

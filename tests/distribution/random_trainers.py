@@ -8,6 +8,7 @@ that replicas draw independent streams and a resume draws what an uninterrupted 
 * a ``keras.random.SeedGenerator`` the Trainer holds (``self.noise``, made in
   ``build_model``: not a model variable) through ``keras.random.normal``;
 * ``keras.random.uniform`` with an int seed;
+* ``keras.random.dropout`` without a seed (Keras' global ``SeedGenerator``);
 * a ``tf.random.Generator`` a custom layer of the model holds (not a model variable;
   not under ``distribute.random_draws="global"``: TensorFlow gives each replica its own
   stream of it, so 1 and N replicas cannot draw alike);
@@ -62,6 +63,7 @@ class RandomTrainer(ArraysTrainer):
         x, y = batch
         x = (x + keras.random.normal(tf.shape(x), stddev=0.1, seed=self.noise)
              + keras.random.uniform(tf.shape(x), maxval=0.1, seed=11))
+        x = keras.random.dropout(x, rate=0.25)
         with tf.GradientTape() as tape:
             loss = self.compute_loss((x, y), self.model(x, training=True))
         mean_loss = self.apply_gradients(tape, loss)
@@ -72,6 +74,28 @@ class RandomTrainer(ArraysTrainer):
         half = tf.shape(masks)[0] // 2
         equal = tf.cast(tf.equal(masks[:half], masks[half:2 * half]), tf.float32)
         return {"loss": mean_loss, "equal_share": tf.reduce_mean(equal)}
+
+
+class UnseededLossTrainer(ArraysTrainer):
+    """The default step (the one the telemetry's compute probe times) on
+    :class:`RandomTrainer`'s data and model, its loss seeing the logits through
+    ``keras.random.dropout`` without a seed."""
+
+    build_model = RandomTrainer.build_model
+    arrays = RandomTrainer.arrays
+
+    def compute_loss(self, batch, outputs):
+        return super().compute_loss(batch, keras.random.dropout(outputs, 0.25))
+
+
+def probed_weights(replicas: int, probe_every_windows: int) -> list[np.ndarray]:
+    """:class:`UnseededLossTrainer`'s weights after 8 steps, the compute probe run after
+    every window from the 2nd (``probe_every_windows=1``) or never (0)."""
+    config = random_config(replicas, 8, **{"telemetry.probe_every_windows": probe_every_windows})
+    config.trainer = f"{UnseededLossTrainer.__module__}:{UnseededLossTrainer.__name__}"
+    t = UnseededLossTrainer(config)
+    t.fit()
+    return [np.asarray(w) for w in t.model.get_weights()]
 
 
 def final_arrays(t: RandomTrainer) -> list[np.ndarray]:

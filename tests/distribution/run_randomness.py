@@ -17,7 +17,10 @@ random states of each (``straight/<i>``, ``resumed/<i>``) and the last step's sh
 equal dropout-mask entries across the two halves of the global batch (``equal_share``).
 ``--draws global`` (or ``per_replica,global``: both, in one process) trains to step 8
 straight with ``distribute.random_draws="global"`` instead (``global/<i>``,
-``global_equal_share``).
+``global_equal_share``). With ``per_replica`` on Mirrored replicas, also
+:class:`tests.distribution.random_trainers.UnseededLossTrainer`'s weights with the
+telemetry's compute probe after every window and without (``probed/<i>``,
+``unprobed/<i>``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,12 @@ def main() -> None:
         out["equal_share"] = np.float64(results["train/equal_share"])
         out.update({f"straight/{i}": w for i, w in enumerate(straight)})
         out.update({f"resumed/{i}": w for i, w in enumerate(resumed)})
+    if "per_replica" in draws and args.replicas > 1 and not manual:
+        # the compute probe puts back what it changes
+        out.update({f"probed/{i}": w for i, w in enumerate(random_trainers.probed_weights(
+            args.replicas, 1))})
+        out.update({f"unprobed/{i}": w for i, w in enumerate(random_trainers.probed_weights(
+            args.replicas, 0))})
     if "global" in draws:
         weights, results = random_trainers.train(args.replicas, 8, **{
             **manual, "distribute.random_draws": "global"})

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.support import toy
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, pinned_draws
 from trainer.step import random_streams
 
 
@@ -97,7 +97,7 @@ def _row_draws(rows, shape) -> list[np.ndarray]:
 
         @tf.function(input_signature=[spec])
         def draw(x):
-            with keras_compat.seed_key(7), keras_compat.draw_rows(*rows):
+            with keras_compat.seed_key(7), pinned_draws.draw_rows(*rows):
                 return [keras.random.uniform(tf.shape(x), seed=generator),
                         keras.random.normal(tf.shape(x), seed=3),
                         keras.random.truncated_normal(tf.shape(x), seed=4),
@@ -111,7 +111,7 @@ def _row_draws(rows, shape) -> list[np.ndarray]:
 def test_keras_draws_of_a_replicas_rows_are_its_rows_of_the_global_draw():
     # distribute.random_draws="global" (trainer.step.random_streams): Keras' uniform,
     # normal and truncated normal draws and its dropout reach TensorFlow through
-    # keras_compat.PINNED_TF, which draws a tensor led by a replica's rows for all rows
+    # pinned_draws.PINNED_TF, which draws a tensor led by a replica's rows for all rows
     # and keeps the replica's. A Keras upgrade that draws elsewhere fails here.
     keras_compat.keyed_seed_drawing()
     b, n = 4, 3
@@ -124,3 +124,44 @@ def test_keras_draws_of_a_replicas_rows_are_its_rows_of_the_global_draw():
         for part in parts:  # not led by the rows: drawn whole, the same on every replica
             np.testing.assert_array_equal(part[trace][5], whole[5])
     assert 0.3 < float(np.mean(whole[3] > 0)) < 0.7  # a dropout mask, not all kept
+
+
+def test_unseeded_keras_random_ops_draw_from_the_installed_global_generator():
+    # A Trainer's step draws its unseeded keras.random ops from the Trainer's own
+    # generator (trainer/step/random_streams.py), installed through Keras' private
+    # GLOBAL_SEED_GENERATOR: a Keras that moves it fails here, not in a resumed run.
+    generator = keras.random.SeedGenerator(9)
+    start = generator.state.numpy()
+
+    @tf.function
+    def draw():
+        with keras_compat.global_seed_generator(generator):
+            return keras.random.dropout(tf.ones([64]), 0.5)
+
+    draw()
+    drawn = generator.state.numpy()
+    assert not np.array_equal(drawn, start)
+    keras.random.uniform([4])  # outside: Keras' own global generator again
+    np.testing.assert_array_equal(generator.state.numpy(), drawn)
+
+
+def test_rewound_seeds_include_the_installed_global_generator():
+    # Manual data parallelism's slices under distribute.random_draws="global" draw the
+    # same seeds: the rewind covers the Trainer's global generator an unseeded op draws
+    # from as well as a SeedGenerator passed as the seed.
+    generator = keras.random.SeedGenerator(9)
+    held = keras.random.SeedGenerator(4)
+    start = generator.state.numpy()
+
+    @tf.function
+    def draw_twice():
+        with keras_compat.global_seed_generator(generator), \
+                keras_compat.rewindable_seeds() as rewind:
+            first = [keras.random.uniform([8]), keras.random.uniform([8], seed=held)]
+            rewind()
+            return first, [keras.random.uniform([8]), keras.random.uniform([8], seed=held)]
+
+    first, second = draw_twice()
+    for i, (a, b) in enumerate(zip(first, second)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"draw {i}")
+    assert not np.array_equal(generator.state.numpy(), start)  # drawn once, not undone

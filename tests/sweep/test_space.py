@@ -1,5 +1,6 @@
 """config.sweep.space and the sweep section: what parses, and every mistake in one line
-(a ConfigError naming the string), checked against the digits demo's config."""
+(a ConfigError naming the string), checked against the digits demo's config; and the
+study's heartbeat of a trial that finished meanwhile."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from models.configs import digits_sweep
 from trainer.config import ConfigError
 from trainer.sweep import settings, space
+from trainer.sweep import study as study_lib
 
 
 @pytest.fixture
@@ -108,3 +110,19 @@ def test_a_sweep_needs_a_space_and_only_one(config):
     config.sweep.space = ()
     with pytest.raises(ConfigError, match="nothing to sweep"):
         settings.check_section(config, None, "cfg.py")
+
+
+def test_a_heartbeat_for_a_trial_that_just_finished_leaves_it_as_it_is(tmp_path):
+    """The runner renews the heartbeat of the trials it saw running; one may be told
+    COMPLETE by its worker thread in between (CI: 'Trial#1 has already finished and can
+    not be updated' ended a PostgreSQL sweep)."""
+    storage = study_lib.open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = study_lib.Study.open(storage, "s", "maximize", ["x=float(0, 1)"], "eval/accuracy")
+    trial = study.optuna.ask()
+    study.beat(trial.number)
+    running_beat = study.trial(trial.number).user_attrs["heartbeat"]
+    study.optuna.tell(trial, 0.5)
+    study.beat(trial.number)
+    finished = study.trial(trial.number)
+    assert finished.state == optuna.trial.TrialState.COMPLETE
+    assert finished.user_attrs["heartbeat"] == running_beat

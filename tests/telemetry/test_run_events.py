@@ -47,9 +47,9 @@ def _run(script, *args) -> str:
     return proc.stdout + proc.stderr
 
 
-def _events(workdir) -> list[dict]:
+def _events(workdir, kinds: tuple[str, ...] = ("restore", "stop", "rollback")) -> list[dict]:
     with open(workdir / "metrics.jsonl") as f:
-        return [r for r in map(json.loads, f) if r["kind"] not in ("train", "eval")]
+        return [r for r in map(json.loads, f) if r["kind"] in kinds]
 
 
 def test_a_plain_script_shows_restore_and_stop_reasons_and_records_them(tmp_path):
@@ -81,6 +81,10 @@ def test_a_plain_script_shows_restore_and_stop_reasons_and_records_them(tmp_path
     assert reasons[0].startswith("early stopping: eval/loss") and "at step 10" in reasons[0]
     assert reasons[2] == "the loss is low enough (StopAtTwenty)"
     assert reasons[4].endswith("nothing to train")
+    # Each process's fit() ends with the run's goodput over the attempts so far.
+    goodput = _events(workdir, ("goodput",))
+    assert [(r["step"], r["goodput/attempts"]) for r in goodput] == [(10, 1), (20, 2), (20, 3)]
+    assert "goodput " in third and "over 3 attempts" in third, third[-3000:]
 
 
 class Poisoned(toy.ToyTrainer):
@@ -107,11 +111,11 @@ def test_rollback_with_a_window_as_long_as_the_loop_goes_on_and_is_recorded(tmp_
         records = [json.loads(line) for line in f]
     assert [(r["kind"], r["step"]) for r in records] == [
         ("train", 2), ("train", 4), ("train", 6), ("rollback", 4), ("train", 6),
-        ("train", 8), ("train", 10), ("train", 12)]
+        ("train", 8), ("train", 10), ("train", 12), ("goodput", 12)]
     assert all(r["perf/loop_calls"] == 1 for r in records if r["kind"] == "train")
     rollback = records[3]
     assert rollback["from_step"] == 6 and "non-finite" in rollback["reason"]
-    assert [r["kind"] for r in t.events.records] == ["rollback"]
+    assert [r["kind"] for r in t.events.records] == ["rollback", "goodput"]
 
 
 def test_a_preemption_is_an_event_too(tmp_path, capsys):

@@ -21,6 +21,7 @@ Contexts: host, eager, cross-replica, between ``tf.function`` calls.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 from absl import logging
@@ -109,6 +110,7 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
     unreadable or does not fit the model.
     """
+    started = time.monotonic()
     strategy = run.strategy
     multi = host_collectives.num_workers(strategy) > 1
     chief = host_collectives.is_chief(strategy)
@@ -131,7 +133,7 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     if newest == _NONE:
         return None
     run.ensure_built()  # the variables a checkpoint fills must exist
-    groups = checkpoint_state.state_variables(run)
+    groups = checkpoint_state.state_variables(run, optional=True)
     state, manifest, failure = None, None, None
     if chief:
         try:
@@ -161,7 +163,8 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         strategy, manifest.get("services", {}) if chief else None)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
                                   data_resume.InputLayout.from_words(words[1:]),
-                                  manifest.get("plan") if chief else None, services)
+                                  manifest.get("plan") if chief else None, services,
+                                  time.monotonic() - started)
     checkpoint_state.assign(groups, state)
     run.resumed(resumed)  # the step, and the input layout the train input continues
     if chief:

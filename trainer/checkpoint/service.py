@@ -67,7 +67,9 @@ class Checkpointer(Service):
     "from_workers", "to_workers"}`` (metrics.jsonl and one console line). ``writer`` and
     ``deferral``: the :class:`~trainer.checkpoint.storage.writer.CheckpointWriter` and
     :class:`~trainer.checkpoint.deferral.SaveDeferral` to use instead of the default
-    ones (a slower or failing writer under test).
+    ones (a slower or failing writer under test). ``blocking_s``: the seconds the
+    caller waited in :meth:`save` and :meth:`wait` so far (the host copy, a previous
+    write's commit, a stop's whole save; not an async write's background part).
     """
 
     def __init__(self, config, workdir: str | None, chief: bool, events: Any = None,
@@ -87,6 +89,7 @@ class Checkpointer(Service):
         self.failures, self.deferral = SaveFailures(workdir), deferral or SaveDeferral(self.every)
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
+        self.blocking_s = 0.0  # seconds the loop waited in save() and wait(), this process
 
     def next_boundary(self, step: int) -> float:
         return next_multiple(step, self.every if self.enabled else 0)
@@ -94,6 +97,15 @@ class Checkpointer(Service):
     def save(self, run: RunContext, kind: str = LATEST_DIR,
              metrics: dict[str, float] | None = None, wait: bool = False,
              deadline: float | None = None) -> bool:
+        """:meth:`_save`, its time added to :attr:`blocking_s`."""
+        started = time.monotonic()
+        try:
+            return self._save(run, kind, metrics, wait, deadline)
+        finally:
+            self.blocking_s += time.monotonic() - started
+
+    def _save(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
+              wait: bool, deadline: float | None) -> bool:
         """Saves the current state (chief writes; every worker announces a save of the
         latest state, so every callback's ``on_checkpoint`` runs). A step already saved
         to ``kind`` by this run is not saved again; with ``wait`` (a stop's save) its
@@ -220,9 +232,12 @@ class Checkpointer(Service):
         self.failures.failed(error, os.path.join(self.writer.workdir, kind), step, final)
 
     def wait(self) -> None:
-        """Blocks until pending async saves are committed (chief; others return)."""
+        """Blocks until pending async saves are committed (chief; others return); its
+        time is added to :attr:`blocking_s`."""
         if self.enabled and self.chief:
+            started = time.monotonic()
             self._commit_pending()
+            self.blocking_s += time.monotonic() - started
 
     # --- hooks
     def on_fit_start(self, run: RunContext) -> None:
@@ -294,7 +309,7 @@ class Checkpointer(Service):
 
     def _export_best(self, run: RunContext, step: int) -> None:
         """Exports the best step's model to ``workdir/export/best`` (chief)."""
-        groups = checkpoint_state.state_variables(run)
+        groups = checkpoint_state.state_variables(run, optional=True)
         current, _ = checkpoint_state.snapshot(run)
         state, _ = load(os.path.join(run.workdir, BEST_DIR, str(step)), groups)
         target = os.path.join(run.workdir, BEST_EXPORT_DIR)

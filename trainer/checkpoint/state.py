@@ -10,8 +10,9 @@ The state is a pytree of numpy arrays, ``{group: [array, ...]}``, with the group
   Trainer (e.g. a second optimizer; variables already saved are not repeated);
 * ``random``: the states of the ``SeedGenerator`` and ``tf.random.Generator`` objects the
   Trainer or a layer holds outside the model's variables (by attribute path:
-  :mod:`trainer.step.random_streams`), so a resumed run draws what an uninterrupted one
-  draws;
+  :mod:`trainer.step.random_streams`) and of the Keras global generator the step's
+  unseeded ``keras.random`` ops draw from, so a resumed run draws what an uninterrupted
+  one draws;
 * ``trainer``: ``step_counter`` and the loss-scale state (``scale``, ``good_steps``,
   ``skipped_steps``, ``last_skipped_step``).
 
@@ -29,9 +30,9 @@ its name. A Trainer builds its model and optimizers under fresh Keras auto-numbe
 (:func:`trainer.runtime.keras_compat.fresh_names`), so the same code gives the same names in
 every process and for every Trainer of one process. A name seen twice in a group gets
 ``#2``, ``#3``... in creation order. A missing, extra, reshaped or retyped variable is a
-:class:`CheckpointError` naming it. Restore assigns into the variables the current
-strategy created, so a checkpoint written with 4 replicas restores into 1, 2 or another
-strategy.
+:class:`CheckpointError` naming it, but for an entry of :data:`OPTIONAL` a checkpoint
+lacks: it keeps its value. Restore assigns into the variables the current strategy
+created, so a checkpoint written with 4 replicas restores into 1, 2 or another strategy.
 
 Contexts: host, eager, cross-replica.
 """
@@ -47,10 +48,16 @@ from trainer.checkpoint.storage import array_files
 from trainer.distribution import host_collectives
 from trainer.errors import UserError
 from trainer.run_context import RunContext
+from trainer.step import random_streams
 
 FORMAT = 2  # 1: variables matched by position (before names); not readable any more
 
 Groups = dict[str, list[tuple[str, Any]]]
+#: ``(group, name)`` of the entries a checkpoint may lack: the Keras global generator's
+#: state is saved once a traced step drew from it (:func:`random_streams.drew_global`),
+#: and checkpoints of earlier versions never hold it. Restored from a checkpoint without
+#: it, it keeps its value (its initial state, as in the run that wrote that checkpoint).
+OPTIONAL = frozenset({("random", random_streams.GLOBAL_NAME)})
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -68,7 +75,7 @@ def dtype_name(variable) -> str:
     return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype).name
 
 
-def state_variables(run: RunContext) -> Groups:
+def state_variables(run: RunContext, optional: bool = False) -> Groups:
     """The variables a checkpoint holds, by group: ``{group: [(name, variable), ...]}``.
 
     ``run``: the run context (:class:`trainer.run_context.RunContext`). Groups, in
@@ -77,6 +84,8 @@ def state_variables(run: RunContext) -> Groups:
     the Trainer holds (``other_models_and_optimizers()``, by attribute name), ``ema``,
     ``random`` (generators' states, by attribute path), ``trainer``. A
     variable appears once (in its first group). The optimizer must be built.
+    ``optional``: with the :data:`OPTIONAL` entries a save leaves out (for a restore,
+    which fills them from a checkpoint that has them).
     """
     groups: Groups = {}
     seen: set[int] = set()
@@ -101,7 +110,9 @@ def state_variables(run: RunContext) -> Groups:
         add(attr, value.variables)
     if run.ema is not None and run.ema.built:
         add("ema", run.ema.variables)
-    randoms = run.random_states()
+    randoms = [(name, v) for name, v in run.random_states()
+               if optional or name != random_streams.GLOBAL_NAME
+               or random_streams.drew_global(run.step_counter)]
     add("random", [v for _, v in randoms], [name for name, _ in randoms])
     p = run.precision
     add("trainer", [run.step_counter, p.scale, p.good_steps, p.skipped_steps,
@@ -110,11 +121,13 @@ def state_variables(run: RunContext) -> Groups:
 
 
 def trajectory_variables(run: RunContext) -> list:
-    """Every variable the run's next steps depend on, flat: :func:`state_variables`'s,
-    and the precision's non-finite streaks (which a checkpoint does not hold). What the
-    execution plan's rehearsal puts back (:mod:`trainer.loop.rehearsal`)."""
+    """Every variable the run's next steps depend on, flat: :func:`state_variables`'s
+    (the optional ones included), and the precision's non-finite streaks (which a
+    checkpoint does not hold). What the execution plan's rehearsal puts back
+    (:mod:`trainer.loop.rehearsal`)."""
     p = run.precision
-    return [*(v for entries in state_variables(run).values() for _, v in entries),
+    groups = state_variables(run, optional=True)
+    return [*(v for entries in groups.values() for _, v in entries),
             p.nonfinite_streak, p.worst_streak]
 
 
@@ -204,6 +217,8 @@ def check_compatible(saved: dict, groups: Groups, where: str) -> None:
     for group, entries in groups.items():
         stored = {name: (shape, dtype) for name, shape, dtype in saved_groups.get(group, [])}
         for name, variable in entries:
+            if name not in stored and (group, name) in OPTIONAL:
+                continue
             if name not in stored:
                 close = [n for n in stored if n.rsplit("/", 1)[-1] == name.rsplit("/", 1)[-1]]
                 hint = f" (it has {', '.join(repr(n) for n in close[:3])})" if close else ""
@@ -229,11 +244,13 @@ def check_compatible(saved: dict, groups: Groups, where: str) -> None:
 def in_trainer_order(groups: Groups, saved: dict,
                      state: dict[str, list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
     """``state`` (arrays in the manifest ``saved``'s order) rearranged by name into the
-    order of ``groups``. Call :func:`check_compatible` first."""
+    order of ``groups``; an :data:`OPTIONAL` entry ``saved`` lacks is the variable's
+    current value. Call :func:`check_compatible` first."""
     out = {}
     for group, entries in groups.items():
-        order = {name: i for i, (name, _, _) in enumerate(saved["groups"][group])}
-        out[group] = [state[group][order[name]] for name, _ in entries]
+        order = {name: i for i, (name, _, _) in enumerate(saved["groups"].get(group, []))}
+        out[group] = [state[group][order[name]] if name in order
+                      else np.array(tf.convert_to_tensor(variable)) for name, variable in entries]
     return out
 
 

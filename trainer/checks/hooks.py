@@ -38,7 +38,9 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.callbacks import Callback
+from trainer.checks import held_layers
 from trainer.errors import HookError, InputError, UserError
+from trainer.runtime import seeds
 from trainer.runtime.tracing import user_hook
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras bolds parts of its messages
@@ -357,6 +359,8 @@ class Hooks:
                               _location(self._user_fn(hook)))
         if hook == "build_model":
             _check_model_step(self.owner, value, _location(self._user_fn(hook)))
+        if hook in ("build_model", "train_step", "eval_step"):  # a step builds a layer
+            held_layers.check(self.owner, vars(self._trainer))
         return value
 
     def call(self, hook: str, *args: Any) -> Any:
@@ -367,8 +371,13 @@ class Hooks:
 
     def dataset(self, hook: str) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
         """``ctx -> dataset`` calling ``hook`` (``build_train_dataset`` or
-        ``build_eval_dataset``) with the checks."""
-        return lambda ctx: self.call(hook, ctx)
+        ``build_eval_dataset``) with the checks, under seeds the same at every call
+        (:func:`trainer.runtime.seeds.reseeded`: ``config.seed``)."""
+        def build(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            with seeds.reseeded(self._trainer.config.seed):
+                return self.call(hook, ctx)
+
+        return build
 
     def traced(self, hook: str, default: Callable) -> Callable:
         """The replica-context hook ``hook`` ready to trace (AutoGraph-converted when

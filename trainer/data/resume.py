@@ -110,7 +110,8 @@ class Resumed:
     chose (:meth:`trainer.loop.plan.Planner.saved`; read on the chief only, None elsewhere
     or when not recorded), and the services' states
     (:meth:`trainer.run_context.Service.checkpoint_state`, by key; the same on every
-    worker; empty when none was recorded)."""
+    worker; empty when none was recorded); ``seconds``: the wall time the restore took
+    (finding, reading, checking and broadcasting the state)."""
 
     step: int
     from_workers: int
@@ -118,6 +119,7 @@ class Resumed:
     layout: InputLayout | None
     plan: dict | None = None
     services: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
 
 
 def layout_to_continue(resumed: InputLayout | None, ctx: tf.distribute.InputContext,

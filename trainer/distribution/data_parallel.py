@@ -80,7 +80,7 @@ from absl import logging
 from trainer.config import ConfigError
 from trainer.distribution import collectives
 from trainer.distribution.strategies import resolve_devices
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, pinned_draws
 from trainer.step.gradients import GradientPath, Reducer
 from trainer.step.replica_state import SliceState
 
@@ -197,13 +197,13 @@ class ManualDataParallel(Reducer):
         (:func:`collectives.refusing_replica_context`) and Keras seeds keyed by ``index``
         (:func:`keras_compat.seed_key`); under ``distribute.random_draws="global"`` with
         ``rows`` (the slice's ``(start, size, total)`` rows of the batch): draws of those
-        rows of the batch's draw instead (:func:`keras_compat.draw_rows`)."""
+        rows of the batch's draw instead (:func:`pinned_draws.draw_rows`)."""
         if self.supports_collectives:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(collectives.refusing_replica_context(self._strategy))
         if self._global_draws and rows is not None:
-            stack.enter_context(keras_compat.draw_rows(*rows))
+            stack.enter_context(pinned_draws.draw_rows(*rows))
         else:
             stack.enter_context(keras_compat.seed_key(index))
         return stack

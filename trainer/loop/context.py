@@ -111,7 +111,8 @@ class LoopContext:
         return list(self._trainer.gradients.owned)
 
     def random_states(self) -> list[tuple[str, Any]]:
-        return random_streams.find(vars(self._trainer), self._trainer.model)
+        trainer = self._trainer
+        return random_streams.find(vars(trainer), trainer.model, trainer.step_counter)
 
     def train_graph(self) -> Any:
         return self._driver.train_graph()

@@ -45,12 +45,18 @@ private name it uses and fails with a clear message when a Keras version lacks i
   draw other numbers than the CPU kernels from a seed known only at run time (a
   ``SeedGenerator``'s state, the step's key): compiling the step changes its dropout
   masks. Categorical, gamma and binomial draws take no algorithm and are left as they
-  are. Inside a :func:`draw_rows` block the same view draws a uniform, normal or
-  truncated-normal tensor, or a dropout mask, whose leading dimension is the block's
-  rows at the block's total rows and keeps its rows: a replica's slice of one global draw.
+  are. :mod:`trainer.runtime.pinned_draws` holds that view (and slices its draws by
+  rows inside a :func:`~trainer.runtime.pinned_draws.draw_rows` block).
   :func:`rewindable_seeds` records the state of each ``SeedGenerator`` (public
-  ``state``) at its first draw, so steps traced one after another on one copy of it
-  (manual data parallelism's slices) can draw the same seeds.
+  ``state``; Keras' global one for a draw without a seed) at its first draw, so steps
+  traced one after another on one copy of it (manual data parallelism's slices) can
+  draw the same seeds.
+* :func:`global_seed_generator`: a Keras random op without a seed (``seed=None``) draws
+  from Keras' global ``SeedGenerator``, made lazily at its first draw and kept in the
+  private thread-local ``global_state`` attribute ``GLOBAL_SEED_GENERATOR``
+  (``keras.src.random.seed_generator``). Inside the block, a given generator is that
+  global one, so a Trainer's step draws from a generator the Trainer made in its
+  strategy's scope and saves in its checkpoints.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ import tensorflow as tf
 from keras.src.backend.common import global_state
 from keras.src.backend.tensorflow import image as keras_tf_image
 from keras.src.backend.tensorflow import random as keras_tf_random
+from keras.src.random import seed_generator as keras_seed_generator
+
+from trainer.runtime import pinned_draws
 
 _NAME_UIDS = "object_name_uids"
 _PRE_REDUCED = threading.local()  # per replica thread: "gradients are already summed"
@@ -249,9 +258,10 @@ def _keyed_drawing(draw: Callable) -> Callable:
 
     def draw_seed(seed):
         states = getattr(_SEED_KEY, "states", None)
-        if (states is not None and isinstance(seed, keras.random.SeedGenerator)
-                and id(seed) not in states):
-            states[id(seed)] = (seed.state, tf.identity(seed.state.value))
+        if states is not None:
+            generator = keras_seed_generator.global_seed_generator() if seed is None else seed
+            if isinstance(generator, keras.random.SeedGenerator) and id(generator) not in states:
+                states[id(generator)] = (generator.state, tf.identity(generator.state.value))
         drawn = draw(seed)
         parts = getattr(_SEED_KEY, "parts", ())
         if not parts:
@@ -267,74 +277,11 @@ def _keyed_drawing(draw: Callable) -> Callable:
     return draw_seed
 
 
-class _PinnedDraws:
-    """A module (``tf``, ``tf.random``, ``tf.nn``) as Keras' random modules see it:
-    its attributes, but those of ``replaced`` (pinned draws, pinned sub-modules)."""
-
-    def __init__(self, module: Any, replaced: dict[str, Any]):
-        self._module, self._replaced = module, replaced
-
-    def __getattr__(self, name: str) -> Any:
-        return self._replaced[name] if name in self._replaced else getattr(self._module, name)
-
-
-def _in_rows(draw: Callable[[Any], tf.Tensor], shape: Any) -> tf.Tensor:
-    """``draw(shape)``; inside :func:`draw_rows`, when ``shape`` leads with the block's
-    rows (known at trace time, else decided in the graph): ``draw`` at the block's total
-    rows, then the block's rows of it."""
-    rows = getattr(_SEED_KEY, "rows", None)
-    given = tf.convert_to_tensor(shape) if rows is not None else None
-    if given is None or given.shape.rank != 1 or given.shape[0] == 0:
-        return draw(shape)
-    dims = tf.cast(given, tf.int32)
-    start, size, total = (tf.cast(v, tf.int32) if tf.is_tensor(v) else v for v in rows)
-
-    def sliced():
-        return draw(tf.concat([tf.reshape(total, [1]), dims[1:]], 0))[start:start + size]
-
-    leading = tf.get_static_value(given, partial=True)
-    leading, wanted = (None if leading is None else leading[0]), tf.get_static_value(size)
-    if leading is not None and wanted is not None:
-        return sliced() if int(leading) == int(wanted) else draw(shape)
-    return tf.cond(tf.equal(dims[0], size), sliced, lambda: draw(shape))
-
-
-def _philox_default(draw: Callable, keyword: str) -> Callable:
-    def pinned(shape, *args, **kwargs):
-        kwargs.setdefault(keyword, "philox")
-        return _in_rows(lambda s: draw(s, *args, **kwargs), shape)
-
-    return pinned
-
-
-def _pinned_dropout(x, rate, seed, rng_alg="philox", noise_shape=None, name=None):
-    """``tf.nn.experimental.stateless_dropout`` drawing with philox; inside
-    :func:`draw_rows` its mask is a uniform draw of :func:`_in_rows` (what TensorFlow's
-    dropout computes: ``x / (1 - rate)`` where the draw is ``>= rate``, else 0)."""
-    if getattr(_SEED_KEY, "rows", None) is None:
-        return tf.nn.experimental.stateless_dropout(x, rate, noise_shape=noise_shape,
-                                                    seed=seed, rng_alg=rng_alg, name=name)
-    x = tf.convert_to_tensor(x)
-    noise = _in_rows(lambda s: tf.random.stateless_uniform(s, seed, dtype=x.dtype, alg=rng_alg),
-                     tf.shape(x) if noise_shape is None else noise_shape)
-    rate = tf.cast(rate, x.dtype)
-    return tf.where(noise >= rate, x * (1 / (1 - rate)), tf.zeros([], x.dtype))
-
-
-#: TensorFlow as Keras' random modules see it (see the module docstring).
-PINNED_TF = _PinnedDraws(tf, {
-    "random": _PinnedDraws(tf.random, {
-        name: _philox_default(getattr(tf.random, name), "alg")
-        for name in ("stateless_uniform", "stateless_normal", "stateless_truncated_normal")}),
-    "nn": _PinnedDraws(tf.nn, {"experimental": _PinnedDraws(tf.nn.experimental, {
-        "stateless_dropout": _pinned_dropout})}),
-})
-
-
 def keyed_seed_drawing() -> None:
-    """Makes Keras' random ops read :func:`seed_key` and draw with philox
-    (:data:`PINNED_TF`; idempotent); raises RuntimeError naming the Keras version when
-    its TensorFlow backend no longer draws seeds through the private ``draw_seed`` of
+    """Makes Keras' random ops read :func:`seed_key` and draw with philox, sliced by
+    rows inside a ``draw_rows`` block (:data:`trainer.runtime.pinned_draws.PINNED_TF`;
+    idempotent); raises RuntimeError naming the Keras version when its TensorFlow
+    backend no longer draws seeds through the private ``draw_seed`` of
     :data:`SEED_DRAWING_MODULES`."""
     for module in SEED_DRAWING_MODULES:
         draw = getattr(module, "draw_seed", None)
@@ -345,7 +292,7 @@ def keyed_seed_drawing() -> None:
         if not hasattr(draw, "keras_draw_seed"):
             module.draw_seed = _keyed_drawing(draw)
         if getattr(module, "tf", None) is tf:
-            module.tf = PINNED_TF
+            module.tf = pinned_draws.PINNED_TF
 
 
 @contextlib.contextmanager
@@ -364,26 +311,29 @@ def seed_key(*parts) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def draw_rows(start: Any, size: Any, total: Any) -> Iterator[None]:
-    """Inside, on this thread, a Keras uniform, normal or truncated-normal draw, or dropout
-    mask, whose leading dimension is ``size`` is drawn with ``total`` rows and rows
-    ``[start, start + size)`` of it are kept: a replica's ``size`` rows of a batch of
-    ``total`` draw its rows of what one replica draws for the whole batch, with the same
-    seed. Other draws are drawn whole. ``start``, ``size``, ``total``: ints or integer
-    scalars; the innermost block applies. Trace time, as :func:`seed_key`."""
-    keyed_seed_drawing()
-    before = getattr(_SEED_KEY, "rows", None)
-    _SEED_KEY.rows = (start, size, total)
+def global_seed_generator(generator: keras.random.SeedGenerator) -> Iterator[None]:
+    """Inside, on this thread, Keras' random ops without a seed draw from ``generator``
+    (Keras' global ``SeedGenerator``); the previous global one again afterwards. Raises
+    RuntimeError naming the Keras version when Keras no longer keeps its global
+    generator in the private ``GLOBAL_SEED_GENERATOR`` attribute."""
+    name = getattr(keras_seed_generator, "GLOBAL_SEED_GENERATOR", None)
+    if name is None or not hasattr(keras_seed_generator, "global_seed_generator"):
+        raise RuntimeError(
+            f"keras.src.random.seed_generator has no GLOBAL_SEED_GENERATOR: this Keras "
+            f"version ({keras.__version__}) changed where unseeded random ops draw from; "
+            f"use a Keras version from 3.10 to 3.15.")
+    before = global_state.get_global_attribute(name)
+    global_state.set_global_attribute(name, generator)
     try:
         yield
     finally:
-        _SEED_KEY.rows = before
+        global_state.set_global_attribute(name, before)
 
 
 @contextlib.contextmanager
 def rewindable_seeds() -> Iterator[Callable[[], None]]:
-    """Inside, on this thread, every ``SeedGenerator`` a Keras random op draws from is
-    recorded with its state before its first draw; the function yielded sets each back
+    """Inside, on this thread, every ``SeedGenerator`` a Keras random op draws from (Keras'
+    global one for an op without a seed) is recorded with its state before its first draw; the function yielded sets each back
     to that state (assign ops, trace time): a step traced again on the same copy of the
     state (manual data parallelism's device slices) draws the same seeds again."""
     keyed_seed_drawing()

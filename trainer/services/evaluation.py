@@ -10,10 +10,13 @@ Only a loop that advanced the step is evaluated: after a rollback
 and evaluating it again would add a duplicate record and count for early stopping as
 an evaluation without improvement. Inactive when the Trainer has no eval dataset. A
 pass abandoned by a stop signal (:mod:`trainer.loop.eval_pass`) reports nothing; the loop
-then saves and exits.
+then saves and exits. ``seconds``: the evaluations' wall time so far (goodput's
+evaluation time: :mod:`trainer.telemetry.goodput`).
 """
 
 from __future__ import annotations
+
+import time
 
 from absl import logging
 
@@ -30,16 +33,20 @@ class PeriodicEvaluation(Service):
         self.enabled = enabled
         self._evaluated_at: int | None = None
         self._last_step = 0  # the step at the previous loop end (or at the start)
+        self.seconds = 0.0  # the evaluations' wall time so far (this process)
 
     def next_boundary(self, step: int) -> float:
         return next_multiple(step, self.every if self.enabled else 0)
 
     def _evaluate(self, run: RunContext) -> None:
+        started = time.monotonic()
         try:
             logs = {f"eval/{k}": v for k, v in run.evaluate().items()}
         except EvalAbandoned as abandoned:  # a stop signal: the loop saves and exits
             logging.warning("%s", abandoned)
             return
+        finally:
+            self.seconds += time.monotonic() - started
         self._evaluated_at = run.step
         run.announce_eval(logs)
 

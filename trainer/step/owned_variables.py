@@ -15,7 +15,7 @@ Only variables created inside ``strategy.scope()`` (in a ``build_*`` hook) are o
 per replica kept equal by the update; one created elsewhere (in ``__init__`` before
 ``super().__init__``) is refused with one line (:func:`check_in_scope`). A Keras layer
 held beside the model (not a ``keras.Model``) with trainable weights is refused with
-one line (:func:`check_held_layers`): put it in the model, or freeze it.
+one line (:mod:`trainer.checks.held_layers`): put it in the model, or freeze it.
 
 Host only: :func:`collect` is called once, after the ``build_*`` hooks.
 """
@@ -77,28 +77,9 @@ def collect(owner: str, attributes: Mapping[str, Any],
     :func:`check_in_scope` (``owner``: the Trainer class's name, for the message)."""
     held = [value for value in attributes.values()
             if isinstance(value, (keras.layers.Layer, keras.optimizers.Optimizer))]
-    check_held_layers(owner, attributes)
     owned = find(attributes, [v for value in held for v in value.variables])
     check_in_scope(owner, owned, strategy)
     return owned
-
-
-def check_held_layers(owner: str, attributes: Mapping[str, Any]) -> None:
-    """Raises :class:`HookError` naming the first public attribute of ``attributes`` (a
-    Trainer's ``vars()``) that is a Keras layer, not a model, with trainable weights:
-    outside the model, nothing would train or checkpoint it. (A ``keras.Model`` the
-    Trainer holds is checkpointed and trained by the step that updates it, e.g. a GAN's
-    second model; a frozen one, e.g. a teacher, is ``trainable=False``.)"""
-    for attr in sorted(attributes):
-        layer = attributes[attr]
-        if (attr.startswith("_") or not isinstance(layer, keras.layers.Layer)
-                or isinstance(layer, keras.Model) or not layer.trainable_weights):
-            continue
-        raise HookError(
-            f"{owner}.{attr} is a Keras layer ({type(layer).__name__}) outside the model, "
-            f"with {len(layer.trainable_weights)} trainable weights that nothing trains or "
-            f"checkpoints: put it in the keras.Model build_model returns, or set "
-            f"{owner}.{attr}.trainable = False if it stays frozen (e.g. a teacher).")
 
 
 def check_in_scope(owner: str, owned: list[tuple[str, Any]],

@@ -13,24 +13,35 @@ on 2 replicas dropped the same units in both halves of the global batch). Three 
   draws the same numbers. With ``distribute.random_draws="global"`` the train step's
   key has no replica id and a draw led by the per-replica batch is drawn for the global
   batch, of which the replica keeps its rows
-  (:func:`trainer.runtime.keras_compat.draw_rows`; manual: the slice's rows): N replicas
+  (:func:`trainer.runtime.pinned_draws.draw_rows`; manual: the slice's rows): N replicas
   draw what one draws for the same global batch. A ``tf.random.Generator`` made in
   the scope already gives each replica its own stream and is left as it is. A
   stateful ``tf.random.*`` op (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``)
   restarts its sequence in every new ``tf.function`` and process: it can be neither
   keyed nor saved, and the trace logs one warning naming it and the alternatives.
+* :func:`seed`: ``keras.utils.set_random_seed(config.seed)``, then the Trainer's own
+  Keras global ``SeedGenerator``, made in its strategy's scope with an initial seed
+  that depends on ``config.seed`` only. A ``keras.random.*`` op without a seed
+  (``keras.random.dropout(x, 0.5)``) in the step draws from it (:func:`keyed` installs
+  it while the step is traced: :func:`trainer.runtime.keras_compat.global_seed_generator`),
+  not from Keras' own global generator, which Keras made lazily at the first draw:
+  outside any scope (on 2 Mirrored replicas the trace failed) and never saved (a
+  resumed run drew other numbers).
 * :func:`find`: the state of every ``keras.random.SeedGenerator`` and
   ``tf.random.Generator`` the Trainer holds (in public attributes, nested in lists,
   tuples and dicts) or a layer of its model holds, that is not a model variable
-  already: the checkpoint's ``random`` group (:mod:`trainer.checkpoint.state`), so a
-  resumed run draws what an uninterrupted one draws.
+  already, and of the Trainer's global generator (named :data:`GLOBAL_NAME`): the
+  checkpoint's ``random`` group (:mod:`trainer.checkpoint.state`), so a resumed run
+  draws what an uninterrupted one draws.
 
-Contexts: :func:`keyed`'s function runs in replica context at trace time; :func:`find`
-on the host.
+Contexts: :func:`keyed`'s function runs in replica context at trace time; :func:`seed`
+on the host in ``strategy.scope()``; :func:`find` on the host.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import weakref
 from typing import Any, Callable, Mapping
 
@@ -38,7 +49,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, pinned_draws
 from trainer.step import owned_variables
 
 #: Stateful TensorFlow random ops that take an op seed: their sequence restarts in every
@@ -50,6 +61,39 @@ _FUNCTION_ATTRS = ("f", "then_branch", "else_branch", "body", "cond")
 # The stateful op types already named, per Trainer (by the id of its step counter, as
 # long as it lives): one warning each, however many loops (plans) trace the step.
 _WARNED: dict[int, set[str]] = {}
+#: The name of a Trainer's global generator in the checkpoint's ``random`` group (no
+#: attribute path has a dot).
+GLOBAL_NAME = "keras.random.global_seed_generator"
+# The global generator of each Trainer (by the id of its step counter, as long as it lives).
+_GLOBAL: dict[int, "_GlobalSeedGenerator"] = {}
+
+
+class _GlobalSeedGenerator(keras.random.SeedGenerator):
+    """A Trainer's Keras global generator; ``drawn``: a traced step drew from it."""
+
+    drawn = False
+
+    def next(self, ordered: bool = True):
+        self.drawn = True
+        return super().next(ordered)
+
+
+def seed(value: int, step_counter: tf.Variable) -> None:
+    """``keras.utils.set_random_seed(value)`` (Python, NumPy, TensorFlow and Keras' global
+    seeds), then the global generator of the Trainer whose step counter is
+    ``step_counter``, made in the current scope (call it in ``strategy.scope()``) with an
+    initial seed that depends on ``value`` only (see the module docstring)."""
+    keras.utils.set_random_seed(value)
+    initial = random.Random(f"{GLOBAL_NAME} {value}").randint(1, 10**9)
+    _GLOBAL[id(step_counter)] = _GlobalSeedGenerator(initial, name="global_seed_generator")
+    weakref.finalize(step_counter, _GLOBAL.pop, id(step_counter), None)
+
+
+def drew_global(step_counter: tf.Variable) -> bool:
+    """Whether a traced step of the Trainer whose step counter is ``step_counter`` drew
+    from its global generator (a ``keras.random.*`` op without a seed)."""
+    generator = _GLOBAL.get(id(step_counter))
+    return generator is not None and generator.drawn
 
 
 def global_rows(config: Any, batch: Any) -> int:
@@ -60,8 +104,9 @@ def global_rows(config: Any, batch: Any) -> int:
 
 def keyed(step_fn: Callable, step_counter: tf.Variable, rows: int = 0) -> Callable:
     """``step_fn`` (a replica step ``batch -> outputs``) drawing its Keras random numbers
-    from a stream keyed by (seed, step, replica); warns once per stateful random op
-    type the traces of a Trainer (``step_counter``) hold (see the module docstring).
+    from a stream keyed by (seed, step, replica), its unseeded ones from the global
+    generator :func:`seed` made for the Trainer (``step_counter``), if any; warns once
+    per stateful random op type the Trainer's traces hold (see the module docstring).
     ``rows`` > 0 (the per-replica batch): keyed by (seed, step), a draw led by ``rows``
     is the replica's rows of the draw for all replicas' rows."""
     if id(step_counter) not in _WARNED:
@@ -78,10 +123,12 @@ def keyed(step_fn: Callable, step_counter: tf.Variable, rows: int = 0) -> Callab
                        tf.int32)
         if rows:
             start = tf.cast(replica, tf.int32) * rows
-            key = keras_compat.draw_rows(start, rows, rows * context.num_replicas_in_sync)
+            key = pinned_draws.draw_rows(start, rows, rows * context.num_replicas_in_sync)
         else:
             key = keras_compat.seed_key(replica)
-        with keras_compat.seed_key(step), key:
+        generator = _GLOBAL.get(id(step_counter))
+        with (keras_compat.seed_key(step), key, contextlib.nullcontext()
+              if generator is None else keras_compat.global_seed_generator(generator)):
             outputs = step_fn(batch)
         if not tf.executing_eagerly():
             for op_type, name in stateful_random_ops(graph, first_op):
@@ -128,11 +175,14 @@ def _state(value: Any) -> Any | None:
     return None
 
 
-def find(attributes: Mapping[str, Any], model: keras.Model) -> list[tuple[str, Any]]:
+def find(attributes: Mapping[str, Any], model: keras.Model,
+         step_counter: tf.Variable | None = None) -> list[tuple[str, Any]]:
     """``[(name, state variable)]``: the random generators' states of a Trainer
     (``attributes``: its ``vars()``; public entries, named by attribute path) and of the
     layers of ``model`` and of the Keras layers in its public attributes (named
-    ``LAYER_PATH/attribute``), each once, none of ``model.variables``, in a fixed order."""
+    ``LAYER_PATH/attribute``), each once, none of ``model.variables``, in a fixed order;
+    last, as :data:`GLOBAL_NAME`, the global generator :func:`seed` made for the Trainer
+    whose step counter is ``step_counter``, if any (drawn from or not: :func:`drew_global`)."""
     found = owned_variables.leaves(attributes)
     holders = [model, *(v for _, v in found if isinstance(v, keras.layers.Layer))]
     layers = {id(layer): layer for holder in holders for layer in keras_compat.all_layers(holder)}
@@ -147,4 +197,6 @@ def find(attributes: Mapping[str, Any], model: keras.Model) -> list[tuple[str, A
         if state is not None and id(state) not in seen:
             seen.add(id(state))
             states.append((name, state))
+    if step_counter is not None and id(step_counter) in _GLOBAL:
+        states.append((GLOBAL_NAME, _GLOBAL[id(step_counter)].state))
     return states

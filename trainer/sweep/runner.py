@@ -323,7 +323,7 @@ class Sweep:
         with self.lock:
             numbers = list(self.running)
         for number in numbers:
-            self.study.set(number, heartbeat=time.time())
+            self.study.beat(number)
 
     def progress(self) -> str:
         """``sweep NAME: 3/8 finished, 2 running (0004 at step 120, ...), ...``."""

@@ -147,6 +147,15 @@ class Study:
             assert key in ATTRS, key
             self.storage.set_trial_user_attr(trial_id, key, value)
 
+    def beat(self, number: int) -> None:
+        """Renews running trial ``number``'s heartbeat. A trial that finished meanwhile
+        (told between the runner's look at its running trials and this write) keeps its
+        attributes: a finished trial needs no heartbeat."""
+        try:
+            self.set(number, heartbeat=time.time())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+
     def ask(self, seed: int):
         """A new trial (Optuna's ``Trial``, RUNNING) whose values (drawn when they are
         suggested) come from a TPE sampler seeded with ``seed + its number``: they depend

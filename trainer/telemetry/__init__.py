@@ -13,7 +13,9 @@
   about a window (the input-wait fraction).
 * :mod:`trainer.telemetry.flops` — model FLOPs per example, TFLOPS, MFU/HFU.
 * :mod:`trainer.telemetry.profiler` — TensorFlow profiler windows.
+* :mod:`trainer.telemetry.goodput` — where the run's time went, over its restarts;
+  :mod:`trainer.telemetry.goodput_record` — the workdir's record of it.
 """
 
-__all__ = ["alerts", "flops", "loggers", "object_append", "probes", "profiler", "progress",
-           "service", "summaries", "system_stats"]
+__all__ = ["alerts", "flops", "goodput", "goodput_record", "loggers", "object_append", "probes",
+           "profiler", "progress", "service", "summaries", "system_stats"]

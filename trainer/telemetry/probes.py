@@ -11,8 +11,10 @@ context, on the host, eagerly calling small ``tf.function`` loops):
   telemetry) in an in-graph loop: seconds per global batch of the pipeline alone.
 * :class:`ComputeProbe` runs the model's forward and backward pass (no optimizer
   update, no all-reduce) on one cached batch in an in-graph loop: seconds per step of
-  compute alone. Non-trainable state the forward pass changes (BatchNorm statistics,
-  dropout seed state, the random generators of ``run.random_states()``) is restored
+  compute alone. Its random draws are keyed as the step's
+  (:func:`trainer.step.random_streams.keyed`). Non-trainable state the forward pass
+  changes (BatchNorm statistics, dropout seed state, the random generators of
+  ``run.random_states()``, the Trainer's Keras global generator included) is restored
   afterwards, so a probe leaves the run unchanged.
 
 :func:`input_wait_fraction` combines them with the observed step time by the usual
@@ -30,6 +32,7 @@ from trainer import data, precision
 from trainer.data import iterator_release
 from trainer.run_context import RunContext
 from trainer.runtime.tracing import no_autograph, per_object_function
+from trainer.step import random_streams
 
 
 @no_autograph
@@ -147,12 +150,16 @@ class ComputeProbe:
                                           tf.float32)) for g in grads if g is not None]
             return tf.add_n(sums) if sums else loss
 
+        # Its random draws keyed as the step's; unseeded ones from the Trainer's global
+        # generator (Keras' own, made at the first draw, failed the trace on 2 replicas).
+        keyed_step = no_autograph(random_streams.keyed(replica_step, run.step_counter))
+
         @per_object_function
         def run(b, num_steps):
             total = tf.constant(0.0)
             for _ in tf.range(num_steps):
                 total += tf.add_n(strategy.experimental_local_results(
-                    strategy.run(replica_step, args=(b,))))
+                    strategy.run(keyed_step, args=(b,))))
             return total
 
         self._batch = batch

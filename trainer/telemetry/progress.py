@@ -25,6 +25,7 @@ import sys
 from typing import TextIO
 
 from trainer.config import ConfigError
+from trainer.telemetry import goodput_record
 
 PROGRESS_ENV = "TF_TRAINER_PROGRESS"
 _CONTROL = "\r\x1b[K"  # carriage return + erase to end of line
@@ -74,6 +75,8 @@ def event_line(record: dict) -> str:
                 f"{record['max_rollbacks']}); the input goes on from where it was")
     if kind == "plan":
         return plan_line(record)
+    if kind == "goodput":
+        return goodput_record.table(record)
     if kind == "preemption":
         saved = (f"the checkpoint of step {step} is saved" if record.get("saved") == step
                  else f"NO checkpoint of step {step} could be saved, the last good one is "

@@ -37,7 +37,7 @@ Outputs (files only on the chief, and only when the Trainer has a workdir):
 * ``workdir/metrics.jsonl``: one JSON object per logging window and per evaluation;
   the keys are listed in :data:`TRAIN_KEYS` / :data:`EVAL_KEYS` and in docs/telemetry.md;
   and one per event (its ``kind``: ``restore``, ``resume``, ``stop``, ``rollback``,
-  ``preemption``). An event reported outside ``fit()`` (``Trainer.restore`` before it) is
+  ``preemption``; ``goodput``, whose numbers go to TensorBoard's train run too). An event reported outside ``fit()`` (``Trainer.restore`` before it) is
   written and printed at the start of the next ``fit()``.
   ``telemetry.loggers`` chooses among these files ("jsonl", "tensorboard").
 
@@ -243,7 +243,9 @@ class Telemetry(Service):
             return
         if record["kind"] == "rollback":  # the step went back: the next loop is new
             self._seen_step = record["step"]
-        if self._active_writers:
+        if self._active_writers and record["kind"] == "goodput":  # numbers: TensorBoard too
+            self._active_writers.write(record, logdir="train")
+        elif self._active_writers:
             self._active_writers.write_jsonl(record)
         self._say(event_line(record))
 

@@ -183,13 +183,15 @@ class SummaryWriters:
         line = json.dumps(record, sort_keys=True) + "\n"
         self._submit(lambda: self._append(line))
 
-    def write(self, record: dict[str, Any]) -> None:
-        """A window or eval record: metrics.jsonl and its numbers to TensorBoard."""
+    def write(self, record: dict[str, Any], logdir: str | None = None) -> None:
+        """A window or eval record: metrics.jsonl and its numbers to TensorBoard, in the
+        directory of its kind, or of ``logdir`` (a kind of ``logdirs``: a record of
+        another kind, e.g. the run's ``goodput``, its tags left whole)."""
         line, record = json.dumps(record, sort_keys=True) + "\n", dict(record)
 
         def write_both() -> None:
             self._append(line)
-            self._summarize(record)
+            self._summarize(record, logdir or record["kind"])
 
         self._submit(write_both)
 
@@ -202,16 +204,16 @@ class SummaryWriters:
             except (tf.errors.OpError, *upload_errors()) as error:
                 self._failed("jsonl", error)
 
-    def _summarize(self, record: dict[str, Any]) -> None:  # on the writer thread
+    def _summarize(self, record: dict[str, Any], logdir: str) -> None:  # writer thread
         if self.summary:
             try:
-                self._write_summaries(record)
+                self._write_summaries(record, logdir)
                 self._upload("tensorboard")
             except (tf.errors.OpError, *upload_errors()) as error:
                 self._failed("tensorboard", error)
 
-    def _write_summaries(self, record: dict[str, Any]) -> None:
-        kind, step = record["kind"], record["step"]
+    def _write_summaries(self, record: dict[str, Any], kind: str) -> None:
+        step = record["step"]
         scalars = {(key.split("/", 1)[1] if key.startswith(f"{kind}/") else key): float(value)
                    for key, value in record.items()
                    if key not in ("kind", "step", "time", "alert") and value is not None}
