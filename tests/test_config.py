@@ -108,6 +108,12 @@ def test_unknown_grad_compression_names_the_choices():
         config_lib.validate(config_with("distribute", "grad_compression", "bf8"))
 
 
+def test_unknown_random_draws_names_the_choices():
+    with pytest.raises(ConfigError, match=r"^config\.distribute\.random_draws='globl' is not "
+                                          r"one of 'per_replica', 'global'\. Did you mean"):
+        config_lib.validate(config_with("distribute", "random_draws", "globl"))
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_fp16_compression_without_loss_scaling_says_what_to_do(policy):
     config = config_with("distribute", "grad_compression", "fp16")

@@ -28,6 +28,7 @@ SCHEDULES = ("constant", "warmup_constant", "cosine", "warmup_cosine", "linear")
 CONSISTENCY_CHECKS = ("auto", "every_loop", "off")
 ALL_REDUCE = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "ring")
 GRAD_COMPRESSION = ("none", "bf16", "fp16")  # distribute.grad_compression
+RANDOM_DRAWS = ("per_replica", "global")  # distribute.random_draws
 FREE_FORM_SECTIONS = ("model", "data")
 LOGGERS = ("jsonl", "tensorboard", "mlflow")  # telemetry.loggers (chief only)
 
@@ -103,6 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
             # fit() and before each checkpoint; "every_loop"; "off".
             consistency_check="auto",
             sync_batch_norm=False,  # True: BatchNormalization by the global batch's statistics
+            random_draws="per_replica",  # "global": N replicas draw what 1 draws (random_streams)
         )
     )
     config.perf = ml_collections.ConfigDict(
@@ -242,16 +244,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     scale = config.precision.initial_loss_scale
     require("precision.initial_loss_scale", scale, scale > 0, "> 0")
     check_positive("precision.growth_interval", config.precision.growth_interval)
-    check_choice("distribute.strategy", config.distribute.strategy, STRATEGIES)
-    check_choice("distribute.all_reduce", config.distribute.all_reduce, ALL_REDUCE)
-    check_choice("distribute.consistency_check", config.distribute.consistency_check,
-                 CONSISTENCY_CHECKS)
+    for field, choices in (("strategy", STRATEGIES), ("all_reduce", ALL_REDUCE),
+                           ("consistency_check", CONSISTENCY_CHECKS),
+                           ("grad_compression", GRAD_COMPRESSION), ("random_draws", RANDOM_DRAWS)):
+        check_choice(f"distribute.{field}", config.distribute[field], choices)
     _check_device_weights(config.distribute)
     for field in ("virtual_devices", "memory_limit_mb", "grad_pack_bytes", "inter_op_threads",
                   "intra_op_threads"):
         check_positive(f"distribute.{field}", config.distribute[field], allow_zero=True)
-    check_choice("distribute.grad_compression", config.distribute.grad_compression,
-                 GRAD_COMPRESSION)
     _check_fp16_compression(config)
     _check_perf(config)
     check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)

@@ -8,7 +8,7 @@ Each implementation runs ``--draws`` dropouts inside one ``tf.function`` (a
 and best microseconds per draw. Implementations: ``auto`` (TensorFlow's
 ``stateless_dropout`` with its default algorithm, ``auto_select``: philox without XLA,
 ThreeFry under XLA on a CPU, so the two draw other masks), ``philox`` (the algorithm
-pinned, as Keras' draws are under the framework: :data:`trainer.runtime.keras_compat.PINNED_TF`),
+pinned, as Keras' draws are under the framework: :data:`trainer.runtime.pinned_draws.PINNED_TF`),
 ``keyed`` (``keras.random.dropout`` with a ``SeedGenerator`` inside
 :func:`trainer.runtime.keras_compat.seed_key` of a step and a replica id: the seed drawn,
 the key folded in, philox; what a replica's step does).

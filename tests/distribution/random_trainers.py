@@ -9,7 +9,9 @@ that replicas draw independent streams and a resume draws what an uninterrupted 
   ``build_model``: not a model variable) through ``keras.random.normal``;
 * ``keras.random.uniform`` with an int seed;
 * ``keras.random.dropout`` without a seed (Keras' global ``SeedGenerator``);
-* a ``tf.random.Generator`` a custom layer of the model holds (not a model variable);
+* a ``tf.random.Generator`` a custom layer of the model holds (not a model variable;
+  not under ``distribute.random_draws="global"``: TensorFlow gives each replica its own
+  stream of it, so 1 and N replicas cannot draw alike);
 * a ``keras.layers.Dropout(0.5)`` the Trainer holds (``self.probe``) on a tensor of
   ones: its output ``equal_share`` is the share of equal mask entries between the first
   and the second half of the global batch (on 2 replicas: replica 0's rows against
@@ -48,7 +50,8 @@ class RandomTrainer(ArraysTrainer):
     def build_model(self):
         self.noise = keras.random.SeedGenerator(3)
         self.probe = keras.layers.Dropout(0.5)
-        return keras.Sequential([keras.Input((WIDTH,)), GeneratorNoise(),
+        noise = [GeneratorNoise()] if self.config.distribute.random_draws != "global" else []
+        return keras.Sequential([keras.Input((WIDTH,)), *noise,
                                  keras.layers.Dense(16, activation="relu"),
                                  keras.layers.Dropout(0.5), keras.layers.Dense(2)])
 

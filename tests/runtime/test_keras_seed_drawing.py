@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.support import toy
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, pinned_draws
 from trainer.step import random_streams
 
 
@@ -85,6 +85,47 @@ def test_keras_draws_with_philox_with_and_without_xla():
         np.testing.assert_array_equal(a, b, err_msg=f"draw {i}")
 
 
+def _row_draws(rows, shape) -> list[np.ndarray]:
+    """Keras' uniform, normal, truncated normal, a Dropout (with and without a
+    noise_shape) of ``shape`` and a draw of 5 rows, keyed, in a ``draw_rows(*rows)``
+    block; traced (the batch size known, and not: the decision in the graph)."""
+    out = []
+    for spec in (tf.TensorSpec(shape), tf.TensorSpec([None, shape[1]])):
+        generator = keras.random.SeedGenerator(5)
+        dropout = keras.layers.Dropout(0.5, seed=5)
+        columns = keras.layers.Dropout(0.5, noise_shape=(None, 1), seed=6)
+
+        @tf.function(input_signature=[spec])
+        def draw(x):
+            with keras_compat.seed_key(7), pinned_draws.draw_rows(*rows):
+                return [keras.random.uniform(tf.shape(x), seed=generator),
+                        keras.random.normal(tf.shape(x), seed=3),
+                        keras.random.truncated_normal(tf.shape(x), seed=4),
+                        dropout(tf.ones_like(x), training=True),
+                        columns(tf.ones_like(x), training=True),
+                        keras.random.uniform([5, 3], seed=8)]
+        out.append([t.numpy() for t in draw(tf.ones(shape))])
+    return out
+
+
+def test_keras_draws_of_a_replicas_rows_are_its_rows_of_the_global_draw():
+    # distribute.random_draws="global" (trainer.step.random_streams): Keras' uniform,
+    # normal and truncated normal draws and its dropout reach TensorFlow through
+    # pinned_draws.PINNED_TF, which draws a tensor led by a replica's rows for all rows
+    # and keeps the replica's. A Keras upgrade that draws elsewhere fails here.
+    keras_compat.keyed_seed_drawing()
+    b, n = 4, 3
+    whole = _row_draws((0, b * n, b * n), (b * n, 6))[0]
+    parts = [_row_draws((r * b, b, b * n), (b, 6)) for r in range(n)]
+    for trace in range(2):
+        for i in range(5):
+            rows = np.concatenate([part[trace][i] for part in parts])
+            np.testing.assert_array_equal(rows, whole[i], err_msg=f"trace {trace} draw {i}")
+        for part in parts:  # not led by the rows: drawn whole, the same on every replica
+            np.testing.assert_array_equal(part[trace][5], whole[5])
+    assert 0.3 < float(np.mean(whole[3] > 0)) < 0.7  # a dropout mask, not all kept
+
+
 def test_unseeded_keras_random_ops_draw_from_the_installed_global_generator():
     # A Trainer's step draws its unseeded keras.random ops from the Trainer's own
     # generator (trainer/step/random_streams.py), installed through Keras' private
@@ -102,3 +143,25 @@ def test_unseeded_keras_random_ops_draw_from_the_installed_global_generator():
     assert not np.array_equal(drawn, start)
     keras.random.uniform([4])  # outside: Keras' own global generator again
     np.testing.assert_array_equal(generator.state.numpy(), drawn)
+
+
+def test_rewound_seeds_include_the_installed_global_generator():
+    # Manual data parallelism's slices under distribute.random_draws="global" draw the
+    # same seeds: the rewind covers the Trainer's global generator an unseeded op draws
+    # from as well as a SeedGenerator passed as the seed.
+    generator = keras.random.SeedGenerator(9)
+    held = keras.random.SeedGenerator(4)
+    start = generator.state.numpy()
+
+    @tf.function
+    def draw_twice():
+        with keras_compat.global_seed_generator(generator), \
+                keras_compat.rewindable_seeds() as rewind:
+            first = [keras.random.uniform([8]), keras.random.uniform([8], seed=held)]
+            rewind()
+            return first, [keras.random.uniform([8]), keras.random.uniform([8], seed=held)]
+
+    first, second = draw_twice()
+    for i, (a, b) in enumerate(zip(first, second)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"draw {i}")
+    assert not np.array_equal(generator.state.numpy(), start)  # drawn once, not undone

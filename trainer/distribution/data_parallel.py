@@ -45,6 +45,8 @@ Limits:
 * Random ops (dropout) draw per slice: each slice's Keras draws have its index folded
   into their seeds (:mod:`trainer.step.random_streams`), so slices draw independent
   streams: the same distribution, not the same numbers as one device on the whole batch.
+  With ``distribute.random_draws="global"`` a train slice's draws led by its examples
+  are its rows of the whole batch's draw instead: the numbers of one device.
 * All updates of a step are applied after every slice ran. A ``train_step`` with
   several ``apply_gradients`` calls whose later loss reads variables an earlier call
   updates (alternating GAN steps) sees their values from before the step.
@@ -78,7 +80,7 @@ from absl import logging
 from trainer.config import ConfigError
 from trainer.distribution import collectives
 from trainer.distribution.strategies import resolve_devices
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, pinned_draws
 from trainer.step.gradients import GradientPath, Reducer
 from trainer.step.replica_state import SliceState
 
@@ -172,6 +174,7 @@ class ManualDataParallel(Reducer):
                 f"train.global_batch_size (split {self.train_sizes}); raise its weight, use a "
                 f"larger batch, or leave the device out of distribute.devices.")
         self._records: list[_Deferred] | None = None
+        self._global_draws = config.distribute.random_draws == "global"
         logging.info("%s", self.describe())
 
     @property
@@ -188,16 +191,21 @@ class ManualDataParallel(Reducer):
     def attach(self, path: GradientPath) -> None:
         self._path = path
 
-    def _slice_context(self, index: int):
+    def _slice_context(self, index: int, rows: tuple | None = None):
         """Where the ``index``-th device slice's step is traced: with several devices, a
         replica context whose collectives refuse
         (:func:`collectives.refusing_replica_context`) and Keras seeds keyed by ``index``
-        (:func:`keras_compat.seed_key`)."""
+        (:func:`keras_compat.seed_key`); under ``distribute.random_draws="global"`` with
+        ``rows`` (the slice's ``(start, size, total)`` rows of the batch): draws of those
+        rows of the batch's draw instead (:func:`pinned_draws.draw_rows`)."""
         if self.supports_collectives:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(collectives.refusing_replica_context(self._strategy))
-        stack.enter_context(keras_compat.seed_key(index))
+        if self._global_draws and rows is not None:
+            stack.enter_context(pinned_draws.draw_rows(*rows))
+        else:
+            stack.enter_context(keras_compat.seed_key(index))
         return stack
 
     def describe(self) -> str:
@@ -262,10 +270,11 @@ class ManualDataParallel(Reducer):
         variables = self._path.model.trainable_variables
         return getattr(variables[0], "value", variables[0]).device if variables else None
 
-    def run_slice(self, step_fn: StepFn, batch, device: str,
-                  index: int = 0) -> tuple[Any, list[_Deferred]]:
+    def run_slice(self, step_fn: StepFn, batch, device: str, index: int = 0,
+                  rows: tuple | None = None) -> tuple[Any, list[_Deferred]]:
         """Traces ``step_fn(batch)`` under ``tf.device(device)`` with updates deferred
-        (``index``: the slice's position, keying its random draws).
+        (``index``: the slice's position, keying its random draws; ``rows``: its
+        ``(start, size, total)`` rows of the batch, see :meth:`_slice_context`).
 
         Returns the step's outputs and the ``apply_gradients`` calls it made (unapplied).
         """
@@ -273,7 +282,7 @@ class ManualDataParallel(Reducer):
             raise RuntimeError("A device slice is already running; manual steps do not nest.")
         self._records = []
         try:
-            with tf.device(device), self._slice_context(index):
+            with tf.device(device), self._slice_context(index, rows):
                 outputs = step_fn(batch)
             return outputs, self._records
         finally:
@@ -293,13 +302,19 @@ class ManualDataParallel(Reducer):
             outputs, records = [], []
             state = SliceState(self._path.model)
             state.begin()
-            for i, (device, part) in enumerate(zip(self.devices, slices)):
-                if i:
-                    state.next_slice()
-                out, calls = self.run_slice(train_step, part, device, i)
-                state.end_slice(counts[i])
-                outputs.append(out)
-                records.append(calls)
+            seeds = (keras_compat.rewindable_seeds() if self._global_draws
+                     else contextlib.nullcontext(None))
+            with seeds as rewind:
+                for i, (device, part) in enumerate(zip(self.devices, slices)):
+                    if i:
+                        state.next_slice()
+                        if rewind:  # "global": every slice draws from the same seeds
+                            rewind()
+                    rows = (sum(counts[:i]), counts[i], total)
+                    out, calls = self.run_slice(train_step, part, device, i, rows)
+                    state.end_slice(counts[i])
+                    outputs.append(out)
+                    records.append(calls)
             with tf.device(self._update_device()):
                 state.finish(total)
                 self._apply(records)

@@ -87,17 +87,20 @@ class CompiledLoops:
         jit_compile=True)``: forward, backward, gradient path, optimizer update and metric
         updates; the iterator and the output slots stay outside). One replica only.
       step_counter: incremented after every train step.
+      random_rows: > 0 (the per-replica batch, ``distribute.random_draws="global"``): the
+        train step's random draws are its rows of one global draw
+        (:func:`trainer.step.random_streams.keyed`); 0: each replica its own stream.
       train_loss, eval_loss: ``keras.metrics.Mean`` of the steps' ``"loss"`` (train: the
         mean over the call's steps of each replica's ``"loss"``, averaged over elements).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, train_step: Callable,
                  eval_step: Callable, step_counter: tf.Variable, train_loss, eval_loss,
-                 jit_step: bool = False):
+                 jit_step: bool = False, random_rows: int = 0):
         self.slots: StepOutputSlots | None = None  # created by prepare()
         # Per-replica random streams, keyed inside the XLA function: a key read outside
         # would be a tensor of whichever loop graph first traced it (the plan's trials').
-        keyed_train = random_streams.keyed(train_step, step_counter)
+        keyed_train = random_streams.keyed(train_step, step_counter, random_rows)
         if jit_step:
             keyed_train = per_object_function(keyed_train, jit_compile=True, autograph=False)
         self._train_step = keyed_train

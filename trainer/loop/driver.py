@@ -47,7 +47,7 @@ from trainer.loop import eval_pass, metric_readout, plan as plan_lib, rehearsal
 from trainer.loop.compiled_loops import CompiledLoops, TrainableWatch, replica_spec
 from trainer.run_context import next_multiple
 from trainer.runtime import keras_compat
-from trainer.step import replica_state
+from trainer.step import random_streams, replica_state
 
 
 class LoopDriver:
@@ -136,7 +136,7 @@ class LoopDriver:
             self._loops[key] = CompiledLoops(
                 t.strategy, reducer.wrap_train(self._train_step),
                 reducer.wrap_eval(self._eval_step), t.step_counter, t.train_loss, t.eval_loss,
-                jit_step=setting == "step")
+                jit_step=setting == "step", random_rows=random_streams.global_rows(t.config, t.batch))
         return self._loops[key]
 
     def ensure_built(self, dist_dataset=None, what: str = "build_train_dataset") -> None:

@@ -45,7 +45,12 @@ private name it uses and fails with a clear message when a Keras version lacks i
   draw other numbers than the CPU kernels from a seed known only at run time (a
   ``SeedGenerator``'s state, the step's key): compiling the step changes its dropout
   masks. Categorical, gamma and binomial draws take no algorithm and are left as they
-  are.
+  are. :mod:`trainer.runtime.pinned_draws` holds that view (and slices its draws by
+  rows inside a :func:`~trainer.runtime.pinned_draws.draw_rows` block).
+  :func:`rewindable_seeds` records the state of each ``SeedGenerator`` (public
+  ``state``; Keras' global one for a draw without a seed) at its first draw, so steps
+  traced one after another on one copy of it (manual data parallelism's slices) can
+  draw the same seeds.
 * :func:`global_seed_generator`: a Keras random op without a seed (``seed=None``) draws
   from Keras' global ``SeedGenerator``, made lazily at its first draw and kept in the
   private thread-local ``global_state`` attribute ``GLOBAL_SEED_GENERATOR``
@@ -68,6 +73,8 @@ from keras.src.backend.common import global_state
 from keras.src.backend.tensorflow import image as keras_tf_image
 from keras.src.backend.tensorflow import random as keras_tf_random
 from keras.src.random import seed_generator as keras_seed_generator
+
+from trainer.runtime import pinned_draws
 
 _NAME_UIDS = "object_name_uids"
 _PRE_REDUCED = threading.local()  # per replica thread: "gradients are already summed"
@@ -250,6 +257,11 @@ def _keyed_drawing(draw: Callable) -> Callable:
     """Keras' ``draw_seed`` (``draw``), then the key of :func:`seed_key` folded in."""
 
     def draw_seed(seed):
+        states = getattr(_SEED_KEY, "states", None)
+        if states is not None:
+            generator = keras_seed_generator.global_seed_generator() if seed is None else seed
+            if isinstance(generator, keras.random.SeedGenerator) and id(generator) not in states:
+                states[id(generator)] = (generator.state, tf.identity(generator.state.value))
         drawn = draw(seed)
         parts = getattr(_SEED_KEY, "parts", ())
         if not parts:
@@ -265,40 +277,11 @@ def _keyed_drawing(draw: Callable) -> Callable:
     return draw_seed
 
 
-class _PinnedDraws:
-    """A module (``tf``, ``tf.random``, ``tf.nn``) as Keras' random modules see it:
-    its attributes, but those of ``replaced`` (pinned draws, pinned sub-modules)."""
-
-    def __init__(self, module: Any, replaced: dict[str, Any]):
-        self._module, self._replaced = module, replaced
-
-    def __getattr__(self, name: str) -> Any:
-        return self._replaced[name] if name in self._replaced else getattr(self._module, name)
-
-
-def _philox_default(draw: Callable, keyword: str) -> Callable:
-    def pinned(*args, **kwargs):
-        kwargs.setdefault(keyword, "philox")
-        return draw(*args, **kwargs)
-
-    return pinned
-
-
-#: TensorFlow as Keras' random modules see it (see the module docstring).
-PINNED_TF = _PinnedDraws(tf, {
-    "random": _PinnedDraws(tf.random, {
-        name: _philox_default(getattr(tf.random, name), "alg")
-        for name in ("stateless_uniform", "stateless_normal", "stateless_truncated_normal")}),
-    "nn": _PinnedDraws(tf.nn, {"experimental": _PinnedDraws(tf.nn.experimental, {
-        "stateless_dropout": _philox_default(tf.nn.experimental.stateless_dropout,
-                                             "rng_alg")})}),
-})
-
-
 def keyed_seed_drawing() -> None:
-    """Makes Keras' random ops read :func:`seed_key` and draw with philox
-    (:data:`PINNED_TF`; idempotent); raises RuntimeError naming the Keras version when
-    its TensorFlow backend no longer draws seeds through the private ``draw_seed`` of
+    """Makes Keras' random ops read :func:`seed_key` and draw with philox, sliced by
+    rows inside a ``draw_rows`` block (:data:`trainer.runtime.pinned_draws.PINNED_TF`;
+    idempotent); raises RuntimeError naming the Keras version when its TensorFlow
+    backend no longer draws seeds through the private ``draw_seed`` of
     :data:`SEED_DRAWING_MODULES`."""
     for module in SEED_DRAWING_MODULES:
         draw = getattr(module, "draw_seed", None)
@@ -309,7 +292,7 @@ def keyed_seed_drawing() -> None:
         if not hasattr(draw, "keras_draw_seed"):
             module.draw_seed = _keyed_drawing(draw)
         if getattr(module, "tf", None) is tf:
-            module.tf = PINNED_TF
+            module.tf = pinned_draws.PINNED_TF
 
 
 @contextlib.contextmanager
@@ -345,3 +328,23 @@ def global_seed_generator(generator: keras.random.SeedGenerator) -> Iterator[Non
         yield
     finally:
         global_state.set_global_attribute(name, before)
+
+
+@contextlib.contextmanager
+def rewindable_seeds() -> Iterator[Callable[[], None]]:
+    """Inside, on this thread, every ``SeedGenerator`` a Keras random op draws from (Keras'
+    global one for an op without a seed) is recorded with its state before its first draw; the function yielded sets each back
+    to that state (assign ops, trace time): a step traced again on the same copy of the
+    state (manual data parallelism's device slices) draws the same seeds again."""
+    keyed_seed_drawing()
+    before = getattr(_SEED_KEY, "states", None)
+    states = _SEED_KEY.states = {}
+
+    def rewind() -> None:
+        for variable, value in states.values():
+            variable.assign(value)
+
+    try:
+        yield rewind
+    finally:
+        _SEED_KEY.states = before

@@ -2,7 +2,7 @@
 
 Keras keeps a ``SeedGenerator``'s state in one variable; made in ``strategy.scope()`` it
 is mirrored, so every replica read the same state and drew the same numbers (a Dropout
-on 2 replicas dropped the same units in both halves of the global batch). Four parts:
+on 2 replicas dropped the same units in both halves of the global batch). Three parts:
 
 * :func:`keyed`: the loops call the replica step through it. Every seed a Keras random
   op draws in the step (a layer's own generator, ``keras.random.*`` with a
@@ -10,11 +10,15 @@ on 2 replicas dropped the same units in both halves of the global batch). Four p
   replica's id in the sync group (unique across workers) folded in
   (:func:`trainer.runtime.keras_compat.seed_key`; under ``distribute.strategy=manual``
   the device slice's index too). Replicas draw independent streams; the same command
-  draws the same numbers. A ``tf.random.Generator`` made in the scope already gives
-  each replica its own stream and is left as it is. A stateful ``tf.random.*`` op
-  (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``) restarts its sequence in every
-  new ``tf.function`` and process: it can be neither keyed nor saved, and the trace
-  logs one warning naming it and the alternatives.
+  draws the same numbers. With ``distribute.random_draws="global"`` the train step's
+  key has no replica id and a draw led by the per-replica batch is drawn for the global
+  batch, of which the replica keeps its rows
+  (:func:`trainer.runtime.pinned_draws.draw_rows`; manual: the slice's rows): N replicas
+  draw what one draws for the same global batch. A ``tf.random.Generator`` made in
+  the scope already gives each replica its own stream and is left as it is. A
+  stateful ``tf.random.*`` op (``tf.random.uniform(seed=...)``, ``tf.nn.dropout``)
+  restarts its sequence in every new ``tf.function`` and process: it can be neither
+  keyed nor saved, and the trace logs one warning naming it and the alternatives.
 * :func:`seed`: ``keras.utils.set_random_seed(config.seed)``, then the Trainer's own
   Keras global ``SeedGenerator``, made in its strategy's scope with an initial seed
   that depends on ``config.seed`` only. A ``keras.random.*`` op without a seed
@@ -45,7 +49,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from trainer.runtime import keras_compat
+from trainer.runtime import keras_compat, pinned_draws
 from trainer.step import owned_variables
 
 #: Stateful TensorFlow random ops that take an op seed: their sequence restarts in every
@@ -92,11 +96,19 @@ def drew_global(step_counter: tf.Variable) -> bool:
     return generator is not None and generator.drawn
 
 
-def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
+def global_rows(config: Any, batch: Any) -> int:
+    """The per-replica batch (``batch``: :class:`trainer.data.BatchSizes`) under
+    ``config.distribute.random_draws="global"``, else 0: :func:`keyed`'s ``rows``."""
+    return batch.per_replica if config.distribute.random_draws == "global" else 0
+
+
+def keyed(step_fn: Callable, step_counter: tf.Variable, rows: int = 0) -> Callable:
     """``step_fn`` (a replica step ``batch -> outputs``) drawing its Keras random numbers
     from a stream keyed by (seed, step, replica), its unseeded ones from the global
     generator :func:`seed` made for the Trainer (``step_counter``), if any; warns once
-    per stateful random op type the Trainer's traces hold (see the module docstring)."""
+    per stateful random op type the Trainer's traces hold (see the module docstring).
+    ``rows`` > 0 (the per-replica batch): keyed by (seed, step), a draw led by ``rows``
+    is the replica's rows of the draw for all replicas' rows."""
     if id(step_counter) not in _WARNED:
         _WARNED[id(step_counter)] = set()
         weakref.finalize(step_counter, _WARNED.pop, id(step_counter), None)
@@ -105,11 +117,17 @@ def keyed(step_fn: Callable, step_counter: tf.Variable) -> Callable:
     def keyed_step(batch):
         graph = tf.compat.v1.get_default_graph()
         first_op = len(graph.get_operations())
-        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        context = tf.distribute.get_replica_context()
+        replica = context.replica_id_in_sync_group
         step = tf.cast(tf.math.floormod(step_counter.read_value(), tf.int32.max),
                        tf.int32)
+        if rows:
+            start = tf.cast(replica, tf.int32) * rows
+            key = pinned_draws.draw_rows(start, rows, rows * context.num_replicas_in_sync)
+        else:
+            key = keras_compat.seed_key(replica)
         generator = _GLOBAL.get(id(step_counter))
-        with (keras_compat.seed_key(step, replica), contextlib.nullcontext()
+        with (keras_compat.seed_key(step), key, contextlib.nullcontext()
               if generator is None else keras_compat.global_seed_generator(generator)):
             outputs = step_fn(batch)
         if not tf.executing_eagerly():
