@@ -98,6 +98,10 @@ def runs(tmp_path_factory) -> dict:
                                        "--config.distribute.virtual_devices=4",
                                        "--config.train.steps=10"]),
     })
+    # Each restore on its own copy of the 4-replica workdir: two runs on one workdir at
+    # once is what the workdir lease refuses (CI: the second of them exited 1, "another
+    # run is writing to this workdir").
+    shutil.copytree(root / "save_4", root / "save_4_copy")
     second = wait_all({
         "kill": Run(root, "kill_restart", workdir="kill"),
         "kill_m2": Run(root, "kill_m2_restart", MIRRORED_2, workdir="kill_m2"),
@@ -105,7 +109,7 @@ def runs(tmp_path_factory) -> dict:
         "crash": Run(root, "crash_restart", workdir="crash"),
         "restore_1": Run(root, "restore_1", ["--config.train.steps=10"], workdir="save_4"),
         "restore_2": Run(root, "restore_2", [*MIRRORED_2, "--config.train.steps=10"],
-                         workdir="save_4"),
+                         workdir="save_4_copy"),
     })
     return {"first": first, "second": second}
 
