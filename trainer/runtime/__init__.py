@@ -18,4 +18,5 @@ Importing this package loads none of them: the command lines use ``signals`` and
 ``fast_exit`` before TensorFlow is imported.
 """
 
-__all__ = ["fast_exit", "gcs", "keras_compat", "pinned_draws", "seeds", "signals", "studies", "tracing", "waiting"]
+__all__ = ["fast_exit", "gcs", "keras_compat", "pinned_draws", "seeds", "signals", "studies",
+           "tracing", "waiting"]

@@ -333,9 +333,10 @@ def global_seed_generator(generator: keras.random.SeedGenerator) -> Iterator[Non
 @contextlib.contextmanager
 def rewindable_seeds() -> Iterator[Callable[[], None]]:
     """Inside, on this thread, every ``SeedGenerator`` a Keras random op draws from (Keras'
-    global one for an op without a seed) is recorded with its state before its first draw; the function yielded sets each back
-    to that state (assign ops, trace time): a step traced again on the same copy of the
-    state (manual data parallelism's device slices) draws the same seeds again."""
+    global one for an op without a seed) is recorded with its state before its first
+    draw; the function yielded sets each back to that state (assign ops, trace time): a
+    step traced again on the same copy of the state (manual data parallelism's device
+    slices) draws the same seeds again."""
     keyed_seed_drawing()
     before = getattr(_SEED_KEY, "states", None)
     states = _SEED_KEY.states = {}
