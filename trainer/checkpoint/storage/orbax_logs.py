@@ -55,8 +55,8 @@ class QuietOrbax(pylogging.Filter):
     an unfinished save (a temporary step directory) is missing (the checkpoint service
     says it in one line: :class:`trainer.errors.StorageError`), and asyncio's "Task
     exception was never retrieved" for orbax's other reads of a step that failed to read
-    (the read error is raised and reported; which sibling reads are left unretrieved
-    depends on timing), and the timeouts of orbax's writer threads still waiting for the
+    (the read error is raised and reported; which sibling reads are left unretrieved,
+    and whether through orbax's code or a bare tensorstore future, depends on timing), and the timeouts of orbax's writer threads still waiting for the
     directory of a save that failed to make it (a vanished workdir: the save's failure
     is reported); other warnings and errors pass."""
 
@@ -69,8 +69,7 @@ class QuietOrbax(pylogging.Filter):
         path = record.pathname or ""
         if record.name == "asyncio" and record.exc_info and record.getMessage().startswith(
                 "Task exception was never retrieved"):
-            frames = traceback.extract_tb(record.exc_info[2])
-            return not any(s in f.filename for f in frames for s in self._SOURCES)
+            return not orbax_read(record.exc_info)
         if not any(s in path for s in self._SOURCES):
             return True
         if storage_fault_record(record):
@@ -81,6 +80,15 @@ class QuietOrbax(pylogging.Filter):
         if all(part in message for part in self._NO_DIRECTORY):
             return False  # waited for a directory a failed save never made
         return record.levelno >= pylogging.WARNING and self._EXPECTED not in message
+
+
+def orbax_read(exc_info) -> bool:
+    """Whether an exception left in an asyncio task came from one of orbax's reads:
+    raised in orbax's code, or by a tensorstore future orbax awaited directly (then the
+    traceback holds only asyncio's frames, and tensorstore's error names its spec)."""
+    frames = traceback.extract_tb(exc_info[2])
+    return (any(s in f.filename for f in frames for s in QuietOrbax._SOURCES)
+            or "tensorstore_spec=" in str(exc_info[1]))
 
 
 def storage_fault_record(record: pylogging.LogRecord) -> bool:
