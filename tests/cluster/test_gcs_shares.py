@@ -23,6 +23,7 @@ from collections import Counter
 
 import numpy as np
 
+from tests.cluster import gcs_requests
 from tests.cluster.gcs import BUCKET
 from tests.cluster.runs import STEPS, fetch, finish_all, outputs, per_host
 from tests.support.helpers import load_weights
@@ -32,7 +33,9 @@ FLAGS = ("--config.checkpoint.fast_io=True", "--config.checkpoint.every_steps=0"
 
 
 def _step_objects(records: list[dict], prefix: str) -> list[dict]:
-    return [r for r in records if (r.get("object") or "").startswith(f"{prefix}/checkpoints/{STEPS}/")]
+    """The requests of the run under ``prefix`` naming an object of its step ``STEPS``
+    or listing inside it."""
+    return gcs_requests.step_requests(records, f"{prefix}/checkpoints", STEPS)
 
 
 def _largest_share(records: list[dict], field: str) -> tuple[float, dict[str, int]]:
@@ -66,7 +69,7 @@ def test_four_hosts_save_and_restore_their_shares_and_two_hosts_restore_exactly(
     share, by_host = _largest_share(uploads, "bytes")
     print(f"\n[measured] save of step {STEPS} on 4 hosts: largest host share of the uploaded "
           f"bytes {share:.2f} (before: 1.00); bytes by host {by_host}; requests "
-          f"{Counter(r['client'] for r in saved)}")
+          f"{gcs_requests.bill(saved)}, by host {Counter(r['client'] for r in saved)}")
     assert len(by_host) == 4 and share <= MAX_SHARE, by_host
     names = fetch(cluster, gcs, prefix, tmp_path / "saved")
     markers = sorted(n for n in names if n.startswith(f"checkpoints/{STEPS}/_SHARE."))

@@ -270,7 +270,8 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     if chief:
         _warn_on_input_changes(run.config, manifest)
     logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, run.workdir if chief else "the chief's checkpoint, broadcast",
+                 restored, run.workdir if chief or steps.staged
+                 else "the chief's checkpoint, broadcast",
                  resumed.from_workers, workers)
     return restored
 

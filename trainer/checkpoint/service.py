@@ -115,8 +115,7 @@ class Checkpointer(Service):
             return self._save_shared(run, kind, metrics, wait, deadline)
         return self._save_alone(run, kind, metrics, wait, deadline)
 
-    def _shared(self, run: RunContext) -> bool:
-        """Whether every worker writes its share of each step (:meth:`CheckpointWriter.share_over`)."""
+    def _shared(self, run: RunContext) -> bool:  # see CheckpointWriter.share_over
         if self._share is None:
             self._share = self.enabled and self.writer.share_over(
                 host_collectives.worker_rank(run.strategy),
@@ -144,6 +143,8 @@ class Checkpointer(Service):
             return False
         if told == _WRITE:
             self.writer.wait(kind, _remaining(deadline))  # its buffers are reused
+            if self.writer.has(kind, run.step):  # the chief writes a failed save again
+                self.writer.discard(kind)
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
             try:

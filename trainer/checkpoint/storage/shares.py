@@ -40,6 +40,7 @@ from typing import Callable, Iterable
 
 import google_crc32c
 import numpy as np
+import tensorflow as tf
 
 from trainer.checkpoint.storage import array_files as npy_files
 from trainer.checkpoint.storage import checksums
@@ -159,7 +160,10 @@ def read_share(local: str, manifest: dict, names: dict[str, int], workers: int,
     :class:`Unreadable` naming the variable whose file is missing, damaged or not the
     manifest's shape and dtype."""
     mine = set(share_of(names, workers, rank))
-    table = checksums.step_table(local) if checksums.has_checksums(local) else {}
+    try:
+        table = checksums.step_table(local) if checksums.has_checksums(local) else {}
+    except (ValueError, KeyError, TypeError, OSError, tf.errors.OpError) as error:
+        raise Unreadable(f"its checksums cannot be read ({short_error(error)})") from error
     out: list[np.ndarray | None] = []
     for group, entries in manifest["groups"].items():
         for index, (variable, shape, dtype) in enumerate(entries):
