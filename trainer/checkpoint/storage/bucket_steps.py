@@ -12,9 +12,13 @@ commit, in a background thread (never after a ``wait`` save: a stop's save holds
 but its own write). When a manager opens, the staging directory is seeded with the
 bucket's committed steps, so retention sees them as it would in the bucket.
 
+On several workers (:meth:`BucketSteps.share_over`), every worker stages each step and
+uploads only its share of the array files (:mod:`~trainer.checkpoint.storage.shares`);
+the chief alone seeds, commits (once every worker's share marker is in) and deletes.
+
 Reading: one listing per checkpoint directory tells the committed steps (their marker is
 there) from the incomplete ones; a step is read from a local copy, listed and downloaded
-in parallel. The other side of :func:`trainer.checkpoint.storage.steps.steps_for` is
+in parallel (on several workers, each downloads its share: ``readable(path, only)``). The other side of :func:`trainer.checkpoint.storage.steps.steps_for` is
 :mod:`trainer.checkpoint.storage.local_steps`. Contexts: host; the writer's calls from
 one thread, the uploads and deletes in their own.
 """
