@@ -65,7 +65,7 @@ def test_four_hosts_save_and_restore_their_shares_and_two_hosts_restore_exactly(
     runs = per_host(cluster, hosts, 1, workdir, FLAGS, env=gcs.client_env())
     assert finish_all(runs) == [0] * 4, outputs(runs)
     saved = _step_objects(gcs.requests()[logged:], prefix)
-    uploads = [r for r in saved if r["method"] in ("POST", "PUT")]
+    uploads = [r for r in saved if gcs_requests.phase(r) in ("data upload", "commit")]
     share, by_host = _largest_share(uploads, "bytes")
     print(f"\n[measured] save of step {STEPS} on 4 hosts: largest host share of the uploaded "
           f"bytes {share:.2f} (before: 1.00); bytes by host {by_host}; requests "
@@ -82,7 +82,7 @@ def test_four_hosts_save_and_restore_their_shares_and_two_hosts_restore_exactly(
         assert finish_all(runs) == [0] * workers, outputs(runs)
         assert f"resumed from step {STEPS}" in runs[0].output, outputs(runs)
         read = [r for r in _step_objects(gcs.requests()[logged:], prefix)
-                if r["method"] == "GET" and r.get("response_bytes")]
+                if gcs_requests.phase(r) == "read"]  # the objects' bytes (not listings)
         share, by_host = _largest_share(read, "response_bytes")
         print(f"[measured] restore of step {STEPS} on {workers} hosts: largest host share "
               f"of the downloaded bytes {share:.2f} (before: 1.00); bytes by host {by_host}")
