@@ -167,16 +167,22 @@ class BucketSteps:
             return self._upload_share(kind, step, manager)
         manager.wait_until_finished()
         local = os.path.join(self.directory(kind), str(step))
-        steps, others, expected = self._in_bucket(kind), [], {}
+        steps, theirs, expected = self._in_bucket(kind), {}, {}
         if self.workers > 1:
-            sizes = bucket.local_sizes(local)
-            table = checksums.step_table(local)
+            sizes, table = bucket.local_sizes(local), checksums.step_table(local)
             for rank in range(1, self.workers):
-                mine = shares.share_of(sizes, self.workers, rank)
-                others += mine
-                expected[rank] = shares.digest(table, mine)
-        steps.upload(step, local, skip=others,
-                     before_commit=lambda: expected and shares.await_shares(steps, step, expected))
+                theirs[rank] = shares.share_of(sizes, self.workers, rank)
+                expected[rank] = shares.digest(table, theirs[rank])
+
+        def shares_in() -> None:  # every worker's share, the chief's bytes
+            for rank in shares.await_shares(steps, step, expected) if expected else []:
+                logging.warning("Worker %d's array files of step %d differ from the chief's "
+                                "(a variable not the same on every worker?): the chief "
+                                "uploads them.", rank, step)
+                steps.send(step, local, theirs[rank])
+
+        steps.upload(step, local, skip=[f for files in theirs.values() for f in files],
+                     before_commit=shares_in)
         prune_to_stub(local)
         self._committed[kind].add(step)
         gone = self._committed[kind] - set(manager.all_steps())

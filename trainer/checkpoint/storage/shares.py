@@ -15,7 +15,9 @@ the files' names and sizes:
   ``_SHARE.<rank>.failed`` holding the one-line reason); the chief uploads its share
   and everything that is not an array file (orbax's metadata, the manifest, the
   checksums), waits for every marker (:func:`await_shares`, listing the step), checks
-  each digest against its own files, and only then writes the commit marker. So the
+  each digest against its own files (a worker whose files differ, a variable that is
+  not the same on every worker, has its share sent again by the chief, with a
+  warning), and only then writes the commit marker. So the
   committed step is the layout one host writes (plus the markers, which say who wrote
   what), readable by plain orbax and numpy alike, and a worker that fails its share
   fails the save on the chief (its error names the worker and the reason);
@@ -41,6 +43,7 @@ from typing import Callable, Iterable
 import google_crc32c
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from trainer.checkpoint.storage import array_files as npy_files
 from trainer.checkpoint.storage import checksums
@@ -55,11 +58,13 @@ _POLL_S = (0.1, 1.0)  # the chief's listings of the step: first and longest inte
 
 
 class ShareFailed(OSError):
-    """A worker's share of a step is not in the bucket (failed, differs, or never came):
-    an I/O error of the save (:func:`trainer.errors.storage_fault`)."""
+    """A worker's share of a step is not in the bucket (failed or never came): an I/O
+    error of the save (:func:`trainer.errors.storage_fault`), its reason logged as a
+    warning when made (the save's failure line names the error's kind only)."""
 
     def __init__(self, message: str):
         super().__init__(errno.EIO, message)
+        logging.warning("The checkpoint cannot be committed: %s.", message)
 
 
 def array_files(sizes: dict[str, int]) -> dict[str, int]:
@@ -116,12 +121,13 @@ def _reported(names: Iterable[str]) -> dict[int, str]:
 
 
 def await_shares(directory, step: int, expected: dict[int, str],
-                 timeout: float = WAIT_S) -> None:
-    """Returns once every rank of ``expected`` (``{rank: digest}``) has its share marker
+                 timeout: float = WAIT_S) -> list[int]:
+    """Waits until every rank of ``expected`` (``{rank: digest}``) has its share marker
     under ``step`` of the :class:`~trainer.checkpoint.storage.bucket.BucketDirectory`
-    ``directory`` with that digest; one listing of the step each poll. Raises
-    :class:`ShareFailed` naming the worker whose share failed (with its reason), whose
-    files differ from the chief's, or (after ``timeout`` s) that did not report."""
+    ``directory`` (one listing of the step each poll); returns the ranks whose digest
+    is not the expected one (their files differ from the chief's: the chief sends its
+    own). Raises :class:`ShareFailed` naming the worker whose share failed (with its
+    reason) or (after ``timeout`` s) that did not report."""
     deadline, pause = time.monotonic() + timeout, _POLL_S[0]
     while True:
         reported = _reported(n.partition("/")[2] for n in directory.listing(step))
@@ -130,12 +136,9 @@ def await_shares(directory, step: int, expected: dict[int, str],
                 reason = directory.read_text(step, marker(rank, FAILED))
                 raise ShareFailed(f"worker {rank} could not upload its share of step {step}: "
                                   f"{reason}")
-            if rank in expected and value != expected[rank]:
-                raise ShareFailed(f"worker {rank}'s share of step {step} differs from the "
-                                  f"chief's files (its state is not the chief's)")
         missing = sorted(set(expected) - set(reported))
         if not missing:
-            return
+            return [rank for rank in sorted(expected) if reported[rank] != expected[rank]]
         if time.monotonic() > deadline:
             raise ShareFailed(f"worker(s) {', '.join(map(str, missing))} did not report "
                               f"their share of step {step} within {timeout:.0f} s")
