@@ -16,9 +16,10 @@ What it adds for the tests:
 
 * **a request log**: one JSON line per answer in ``DIR/requests.jsonl``:
   ``{"client", "port", "method", "path", "object", "status", "t", "end", "read_s",
-  "wait_s", "handle_s", "bytes"}`` (``object`` the object named, also a multipart
-  upload's; ``t`` and ``end`` the wall-clock start and answer; seconds reading the
-  body, waiting for the API lock, and handling; the body's size);
+  "wait_s", "handle_s", "bytes", "response_bytes"}`` (``object`` the object named, also
+  a multipart upload's; ``t`` and ``end`` the wall-clock start and answer; seconds
+  reading the body, waiting for the API lock, and handling; the request body's size
+  and the answer body's, its ``Content-Length``: what a download received);
 * **latency**: ``--latency_ms`` is slept before each answer, outside the lock (a slow
   link's round trip, for ``benchmarks/checkpoints/bucket_checkpoint.py``); ``DIR/latency.json``
   (``{"ms": N}``, written by :meth:`tests.cluster.gcs.GcsEmulator.set_latency`)
@@ -368,6 +369,8 @@ class _Handler(emulator.RequestHandler):
         self._route(emulator.PATCH)
 
     def send_header(self, keyword: str, value: str) -> None:
+        if keyword.lower() == "content-length" and hasattr(self, "_timing"):
+            self._timing["response_bytes"] = int(value)  # the answer's body, for the log
         if self.tls and keyword.lower() == "location" and value.startswith("http://"):
             value = "https://" + value[len("http://"):]
         super().send_header(keyword, value)

@@ -18,7 +18,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from tests.cluster.hosts import ClusterError, Host, SimulatedCluster
 from tests.support.helpers import REPO
@@ -138,6 +138,12 @@ class SlurmCluster:
                                     env={"SLURM_CONF": str(self.conf), **(env or {})})
         except ClusterError as error:
             raise SlurmError(str(error)) from error
+
+    def confined_to(self, hosts: Sequence[Host]) -> tuple[str, ...]:
+        """``sbatch`` arguments keeping a job (and its requeues) on ``hosts``: the
+        other nodes excluded (a job that loses one of two hosts stays on the other)."""
+        others = [h.name for h in self.cluster.hosts if h not in hosts]
+        return (f"--exclude={','.join(others)}",) if others else ()
 
     def submit(self, script: str | Path, *sbatch_args: str, directory: Path,
                env: Mapping[str, str] | None = None) -> Job:

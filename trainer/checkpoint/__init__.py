@@ -14,8 +14,9 @@ The map (every module of the package is on it; ``trainer.checkpoint.`` is left o
   ``storage.local_steps`` or ``storage.bucket_steps``), ``storage.reader`` (one step
   directory read and verified), ``storage.handlers`` (orbax and its item handlers),
   ``storage.bucket`` (a checkpoint directory's objects in a bucket),
-  ``storage.array_files`` (the ``O_DIRECT`` ``.npy`` files), ``storage.orbax_logs``,
-  ``storage.checksums``;
+  ``storage.shares`` (on several workers in a bucket: each worker's share of a step's
+  array files, uploaded and read back by it), ``storage.array_files`` (the
+  ``O_DIRECT`` ``.npy`` files), ``storage.orbax_logs``, ``storage.checksums``;
 * what guards the run from outside, imported by nothing else here: ``guards`` —
   ``guards.lease`` (one run per workdir), ``guards.shared_workdir`` (every task sees
   the chief's workdir), ``guards.preemption`` (SIGTERM becomes a stop).
@@ -30,8 +31,11 @@ or ``storage.bucket_steps`` (a local staging directory, seeded from the bucket b
 with ``fast_io``; quieted by ``storage.orbax_logs``) and each item's
 ``storage.checksums`` in its own thread. In a bucket, ``storage.bucket_steps``'s upload
 thread then sends the step with ``storage.bucket`` (through ``trainer.runtime.gcs``)
-and commits it by its marker. A write that fails reaches ``save_failures``, which names
-the last good checkpoint from ``inventory``.
+and commits it by its marker. On several workers with ``fast_io`` in a bucket, the
+chief tells every worker to write the step too (``service``, one broadcast) and each
+uploads only its share of the array files (``storage.shares``); the chief's thread
+commits once every worker's share marker is in. A write that fails reaches
+``save_failures``, which names the last good checkpoint from ``inventory``.
 
 Stop's save. SIGTERM reaches ``guards.preemption``, which only sets a flag; at the next
 loop boundary every worker agrees to stop and the driver calls ``on_train_end``:
@@ -54,8 +58,12 @@ bucket, downloaded in parallel); ``storage.reader`` reads its manifest and array
 (orbax through ``storage.handlers``, quieted by ``storage.orbax_logs``;
 ``storage.array_files``) and checks them against
 ``storage.checksums``; ``state`` matches the arrays to the variables by name and
-assigns them (``inventory`` notes a step without checksums). With several workers the
-chief's state is broadcast over the cluster's collectives.
+assigns them (``inventory`` notes a step without checksums). With several workers and
+a workdir in a bucket, the chief sends the step's listing and every worker downloads
+and checks its share of the array files (``storage.shares``, the same split over the
+current worker count) and the small files; the owner of each array sends it to the
+others in one sum over the cluster's collectives. Otherwise the chief's state is
+broadcast over them.
 
 At start, ``guards.lease`` takes the workdir's lease and ``guards.shared_workdir``
 checks that every task sees the chief's workdir. A new checkpoint format is a change to

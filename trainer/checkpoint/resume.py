@@ -11,15 +11,18 @@ step that cannot be read is skipped with a warning and the previous one is tried
 A restore checks a step's files against their checksums (:func:`load`; a damaged step
 is skipped like an unreadable one).
 
-Multi-worker: only the chief (``distribute.is_chief``) reads; every worker takes part
-in a restore, which the chief performs and broadcasts to the others over TF
-collectives (the other workers need no access to the chief's files).
+Multi-worker: every worker takes part in a restore. The chief (``distribute.is_chief``)
+chooses the step. From a bucket, each worker reads its share of the step's array files
+and the owner of each array sends it to the others over TF collectives
+(:func:`_load_in_shares`, :mod:`~trainer.checkpoint.storage.shares`); otherwise the chief reads the step and
+broadcasts it (the other workers need no access to the chief's files).
 
 Contexts: host, eager, cross-replica, between ``tf.function`` calls.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -29,6 +32,7 @@ from absl import logging
 from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
+from trainer.checkpoint.storage import shares
 from trainer.checkpoint.storage.reader import Unreadable
 from trainer.checkpoint.storage.reader import read_manifest, read_state, verify
 from trainer.checkpoint.storage.steps import Steps, readable, steps_for
@@ -93,11 +97,106 @@ def _load_first_readable(steps: Steps, workdir: str, found: list, groups: dict,
             reasons.append(f"{path}: {error}")
             if step is None:
                 logging.warning("Skipping checkpoint %s: %s; trying an earlier one.", path, error)
-    raise CheckpointError(
-        f"No readable checkpoint{'' if step is None else f' of step {step}'}: the last good "
-        f"checkpoint is {inventory.describe_last_good(workdir)}. " + "; ".join(reasons)
-        + ". The files are corrupt or incomplete: delete those step directories (training "
-        "then resumes from an earlier one, or from scratch).")
+    raise CheckpointError(_none_readable(workdir, step, reasons))
+
+
+def _none_readable(workdir: str, step: int | None, reasons: list[str]) -> str:
+    """The one line of a restore that found no readable checkpoint."""
+    return (f"No readable checkpoint{'' if step is None else f' of step {step}'}: the last "
+            f"good checkpoint is {inventory.describe_last_good(workdir)}. " + "; ".join(reasons)
+            + ". The files are corrupt or incomplete: delete those step directories "
+            "(training then resumes from an earlier one, or from scratch).")
+
+
+def _load_in_shares(run: RunContext, steps: Steps, found: list, groups: dict,
+                    step: int | None) -> tuple[dict, dict]:
+    """(Every worker; a workdir in a bucket.) ``(state in groups' order, manifest)`` of
+    the newest readable candidate the chief names, on every worker: for each, the chief
+    sends its objects (its listing); a step of ``.npy`` array files is read in shares
+    (each worker downloads its own and the small files, checks and reads them, and the
+    owner of each array sends it: :func:`~trainer.distribution.host_collectives.gather_owned`),
+    another is read by the chief and broadcast. A step any worker cannot read is
+    skipped (as :func:`_load_first_readable`); none readable: :class:`CheckpointError`
+    on every worker."""
+    strategy, chief = run.strategy, host_collectives.is_chief(run.strategy)
+    reasons: list[str] = []
+    for attempt in itertools.count():
+        plan = None
+        if chief:
+            plan = ({"error": _none_readable(run.workdir, step, reasons)}
+                    if attempt == len(found) else {"path": found[attempt][1],
+                                                   "names": steps.objects(found[attempt][1])})
+            plan["split"] = shares.splittable(plan.get("names", {}))
+        plan = host_collectives.json_from_chief(strategy, plan)
+        if "error" in plan:
+            raise CheckpointError(plan["error"])
+        path = plan["path"]
+        loaded, reason = (_read_shares(run, steps, plan, groups) if plan["split"]
+                          else _read_by_chief(run, steps, path, groups))
+        if loaded is not None:
+            return loaded
+        reasons.append(f"{path}: {reason}")
+        if step is None and chief:
+            logging.warning("Skipping checkpoint %s: %s; trying an earlier one.", path, reason)
+    raise AssertionError("unreachable")  # itertools.count() never ends
+
+
+def _read_by_chief(run: RunContext, steps: Steps, path: str, groups: dict
+                   ) -> tuple[tuple[dict, dict] | None, str | None]:
+    """The step ``path`` read by the chief and broadcast: ``((state, manifest), None)``
+    on every worker, or ``(None, the chief's reason)``."""
+    strategy, chief = run.strategy, host_collectives.is_chief(run.strategy)
+    state, manifest, reason = None, None, None
+    if chief:
+        try:
+            state, manifest = load(path, groups, steps)
+        except Unreadable as error:
+            reason = str(error)
+    if not host_collectives.from_chief(strategy, int(reason is None)):
+        return None, reason or "the chief could not read it; its log says why"
+    flat = host_collectives.broadcast_arrays(
+        strategy, [a for g in groups for a in state[g]] if chief else None,
+        checkpoint_state.like(groups))
+    manifest = host_collectives.json_from_chief(strategy, manifest)
+    return (_grouped(flat, {g: len(e) for g, e in groups.items()}), manifest), None
+
+
+def _read_shares(run: RunContext, steps: Steps, plan: dict, groups: dict
+                 ) -> tuple[tuple[dict, dict] | None, str | None]:
+    """The step of ``plan`` read in shares: ``((state, manifest), None)`` on every
+    worker, or ``(None, why)`` when a worker could not read its share (each says its own
+    reason in its log; the chief's reason names the workers)."""
+    strategy = run.strategy
+    rank, workers = host_collectives.worker_rank(strategy), host_collectives.num_workers(strategy)
+    path, names, arrays, manifest, reason = plan["path"], plan["names"], None, None, None
+    try:
+        with steps.readable(path, shares.wanted(names, workers, rank), names) as local:
+            manifest = read_manifest(local)
+            checkpoint_state.check_compatible(manifest, groups, f"checkpoint {path}")
+            arrays, verified = shares.read_share(local, manifest, names, workers, rank)
+        if not verified and host_collectives.is_chief(strategy):
+            inventory.note_unverified(os.path.dirname(os.path.normpath(path)))
+    except Unreadable as error:
+        reason = str(error)
+        logging.warning("This worker cannot read its share of checkpoint %s: %s", path, reason)
+    failed = host_collectives.sum_over_workers(
+        strategy, np.eye(workers, dtype=np.int32)[rank] * int(reason is not None))
+    if failed.any():
+        return None, reason or (f"worker(s) {', '.join(map(str, np.flatnonzero(failed)))} "
+                                f"could not read their share (their logs say why)")
+    entries = manifest["groups"]
+    flat = host_collectives.gather_owned(
+        strategy, arrays, [(shape, dtype) for e in entries.values() for _, shape, dtype in e])
+    saved = _grouped(flat, {g: len(e) for g, e in entries.items()})
+    return (checkpoint_state.in_trainer_order(groups, manifest, saved), manifest), None
+
+
+def _grouped(flat: list[np.ndarray], counts: dict[str, int]) -> dict[str, list[np.ndarray]]:
+    """``flat`` cut into ``{group: arrays}`` of ``counts`` arrays each, in order."""
+    state, i = {}, 0
+    for group, count in counts.items():
+        state[group], i = flat[i:i + count], i + count
+    return state
 
 
 def restore(run: RunContext, step: int | None = None) -> int | None:
@@ -135,21 +234,22 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     run.ensure_built()  # the variables a checkpoint fills must exist
     groups = checkpoint_state.state_variables(run, optional=True)
     state, manifest, failure = None, None, None
-    if chief:
+    if chief and not (multi and steps.staged):
         try:
             state, manifest = _load_first_readable(steps, run.workdir, found, groups, step)
         except CheckpointError as error:
             failure = error
-    if multi:
+    if multi and steps.staged:  # every worker reads its share (manifest everywhere)
+        state, manifest = _load_in_shares(run, steps, found, groups, step)
+        restored, words = manifest["step"], _input_words(manifest)
+    elif multi:
         status = host_collectives.from_chief(strategy, manifest["step"] if manifest else _FAILED)
         if status == _FAILED:
             raise failure or CheckpointError(_CHIEF_FAILED)
         flat = host_collectives.broadcast_arrays(
             strategy, [a for g in groups for a in state[g]] if chief else None,
             checkpoint_state.like(groups))
-        state, i = {}, 0
-        for group, entries in groups.items():
-            state[group], i = flat[i:i + len(entries)], i + len(entries)
+        state = _grouped(flat, {g: len(e) for g, e in groups.items()})
         restored = status
         words = host_collectives.sum_over_workers(
             strategy, _input_words(manifest) if chief else np.zeros(4, np.int32))
@@ -170,7 +270,8 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     if chief:
         _warn_on_input_changes(run.config, manifest)
     logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, run.workdir if chief else "the chief's checkpoint, broadcast",
+                 restored, run.workdir if chief or steps.staged
+                 else "the chief's checkpoint, broadcast",
                  resumed.from_workers, workers)
     return restored
 

@@ -55,6 +55,7 @@ from trainer.runtime import gcs, signals
 from trainer.runtime.waiting import said_while_waiting
 
 BEST_EXPORT_DIR = os.path.join("export", "best")
+_SKIPPED, _SAVED, _WRITE = 0, 1, 2  # what the chief tells the workers of a save in shares
 
 
 # ------------------------------------------------------------------ service
@@ -90,6 +91,8 @@ class Checkpointer(Service):
         self.events = events
         self._reported: Any = None  # the restore last written as a resume record
         self.blocking_s = 0.0  # seconds the loop waited in save() and wait(), this process
+        self._share: bool | None = None  # every worker writes its share (at the first save)
+        self._told = False  # the chief told the workers of this save (in shares)
 
     def next_boundary(self, step: int) -> float:
         return next_multiple(step, self.every if self.enabled else 0)
@@ -106,6 +109,65 @@ class Checkpointer(Service):
 
     def _save(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
               wait: bool, deadline: float | None) -> bool:
+        """:meth:`_save_alone`; on several workers saving in shares, the chief's save
+        tells every worker when to write its share (:meth:`_save_shared`)."""
+        if self._shared(run):
+            return self._save_shared(run, kind, metrics, wait, deadline)
+        return self._save_alone(run, kind, metrics, wait, deadline)
+
+    def _shared(self, run: RunContext) -> bool:  # see CheckpointWriter.share_over
+        if self._share is None:
+            self._share = self.enabled and self.writer.share_over(
+                host_collectives.worker_rank(run.strategy),
+                host_collectives.num_workers(run.strategy))
+        return self._share
+
+    def _save_shared(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
+                     wait: bool, deadline: float | None) -> bool:
+        """The chief saves as alone and tells every worker, once per call, :data:`_WRITE`
+        right before its write (each worker writes the step too and uploads its share,
+        :mod:`~trainer.checkpoint.storage.shares`; a failed one fails the chief's save),
+        else :data:`_SAVED` or :data:`_SKIPPED` as it returns or raises."""
+        if self.chief:
+            self._told, saved = False, False
+            try:
+                saved = self._save_alone(run, kind, metrics, wait, deadline)
+                return saved
+            finally:
+                if not self._told:
+                    host_collectives.from_chief(run.strategy, _SAVED if saved else _SKIPPED)
+        told = host_collectives.from_chief(run.strategy, 0)
+        if told == _SKIPPED:
+            if not checkpoint_state.all_finite(run):  # the chief raised the same
+                raise self._nonfinite(run)
+            return False
+        if told == _WRITE:
+            self.writer.wait(kind, _remaining(deadline))  # its buffers are reused
+            if self.writer.has(kind, run.step):  # the chief writes a failed save again
+                self.writer.discard(kind)
+            state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
+            self._host_state[kind] = state
+            try:
+                self.writer.save(kind, run.step, state, manifest, metrics, wait,
+                                 timeout=_remaining(deadline))
+            except Exception as error:  # noqa: BLE001 - only storage faults are handled
+                if isinstance(error, StillWriting) or storage_fault(error) is None:
+                    raise
+                self.writer.failed_share(kind, run.step, error)
+        self._saved[kind] = run.step
+        if kind == LATEST_DIR:
+            run.announce_checkpoint(run.step)
+        return True
+
+    def _nonfinite(self, run: RunContext) -> NonFiniteError:
+        return NonFiniteError(
+            f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
+            f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
+            f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
+            f"or set optimizer.clipnorm.")
+
+    def _save_alone(self, run: RunContext, kind: str, metrics: dict[str, float] | None,
+                    wait: bool, deadline: float | None) -> bool:
         """Saves the current state (chief writes; every worker announces a save of the
         latest state, so every callback's ``on_checkpoint`` runs). A step already saved
         to ``kind`` by this run is not saved again; with ``wait`` (a stop's save) its
@@ -126,11 +188,7 @@ class Checkpointer(Service):
         if not checkpoint_state.all_finite(run):
             if self.chief:  # a pending save of an earlier step is a good checkpoint
                 self._commit_pending(deadline=deadline)
-            raise NonFiniteError(
-                f"The weights are NaN/inf at step {run.step}; no checkpoint was written "
-                f"(the last good checkpoint is {inventory.describe_last_good(run.workdir)}). Set "
-                f"train.on_nonfinite='skip' or 'rollback', lower optimizer.learning_rate, "
-                f"or set optimizer.clipnorm.")
+            raise self._nonfinite(run)
         if self.chief and not self._write(run, kind, metrics, wait, deadline):
             return False
         self._saved[kind] = run.step
@@ -158,6 +216,8 @@ class Checkpointer(Service):
                 return True
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get(kind))
             self._host_state[kind] = state
+            if self._share:  # every worker writes its share of this step now
+                self._told = bool(host_collectives.from_chief(run.strategy, _WRITE))
             with said_while_waiting(f"the checkpoint of step {run.step} being written to "
                                     f"{os.path.join(run.workdir, kind)}", why=gcs.retry_reason):
                 self.writer.save(kind, run.step, state, manifest, metrics, wait,
@@ -298,7 +358,12 @@ class Checkpointer(Service):
             self._save_best(run, logs)
 
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
-        if not self.enabled or not self.chief:
+        if not self.enabled:
+            return
+        if not self.chief:
+            if self._share:  # its last share uploaded, its staging directory removed
+                self.writer.close()
+                self._host_state.clear()
             return
         self._commit_pending(final=True)
         best = self.writer.best_step()

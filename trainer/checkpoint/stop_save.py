@@ -71,10 +71,12 @@ class StopSave(Service):
 
     def _deadline(self, run: RunContext) -> float | None:
         """When the grace period of a preemption ends (monotonic seconds), for the chief's
-        save to a bucket; None: the save's waits are not bounded."""
+        save to a bucket (and each worker's share of it); None: the save's waits are not
+        bounded."""
         since = signals.seconds_since_signal()
-        if (run.stopped_by == "preemption" and since is not None and self.checkpointer.chief
-                and self.checkpointer.writer.staged):
+        writer = self.checkpointer.writer
+        if (run.stopped_by == "preemption" and since is not None and writer.staged
+                and (self.checkpointer.chief or writer.shared)):
             return time.monotonic() + max(0.0, self.grace_s - since)
         return None
 

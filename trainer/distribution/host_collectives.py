@@ -117,8 +117,31 @@ def broadcast_arrays(strategy: tf.distribute.Strategy, arrays: list[np.ndarray] 
     is ignored (may be None) off the chief. The bytes travel as int32 words summed with
     zeros, so any dtype arrives unchanged.
     """
-    if is_chief(strategy):
-        words = _pack(arrays)
-    else:
-        words = np.zeros(_pack([np.zeros(s, d) for s, d in like]).shape, np.int32)
-    return _unpack(sum_over_workers(strategy, words), like)
+    return gather_owned(strategy, arrays if is_chief(strategy) else [None] * len(like), like)
+
+
+def gather_owned(strategy: tf.distribute.Strategy, arrays: list[np.ndarray | None],
+                 like: list[tuple[list, str]]) -> list[np.ndarray]:
+    """Every array on every worker, each sent by the one worker that holds it, bit for bit.
+
+    ``arrays[i]`` is the array on the worker that owns it and None on every other one
+    (exactly one owner each); ``like``: ``(shape, dtype name)`` of each, known on every
+    worker. Each worker packs its arrays' bytes and zeros elsewhere, and one sum over the
+    workers of those int32 words joins them: no two workers set a bit of the same word,
+    so no carry, and any dtype arrives unchanged. Every worker must call it at the same
+    point.
+    """
+    parts = [np.zeros(shape, dtype) if array is None else array
+             for array, (shape, dtype) in zip(arrays, like)]
+    return _unpack(sum_over_workers(strategy, _pack(parts)), like)
+
+
+def worker_rank(strategy: tf.distribute.Strategy) -> int:
+    """This worker's place among :func:`num_workers`: the chief 0, then the workers by
+    task index (0 on one worker)."""
+    if num_workers(strategy) == 1:
+        return 0
+    resolver = strategy.cluster_resolver
+    if resolver.task_type == "chief":
+        return 0
+    return int(resolver.task_id) + len(resolver.cluster_spec().as_dict().get("chief", []))

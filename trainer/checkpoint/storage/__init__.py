@@ -6,6 +6,9 @@
   (``steps_for``): :mod:`~trainer.checkpoint.storage.local_steps` (orbax's own
   directories) or :mod:`~trainer.checkpoint.storage.bucket_steps` (staged, uploaded,
   read from a downloaded copy).
+* :mod:`~trainer.checkpoint.storage.shares` — on several workers in a bucket, each
+  worker's share of a step's array files: uploaded by it (the chief commits once every
+  share is in), and read back by it at a restore.
 * :mod:`~trainer.checkpoint.storage.reader` — reading and verifying one step directory;
   the names every storage module shares.
 * :mod:`~trainer.checkpoint.storage.handlers` — orbax (loaded on first use) and its item
@@ -19,4 +22,4 @@
 """
 
 __all__ = ["array_files", "bucket", "bucket_steps", "checksums", "handlers", "local_steps",
-           "orbax_logs", "reader", "steps", "writer"]
+           "orbax_logs", "reader", "shares", "steps", "writer"]

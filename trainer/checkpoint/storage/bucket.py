@@ -42,7 +42,7 @@ from __future__ import annotations
 import base64
 import os
 from concurrent import futures
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from trainer.checkpoint.storage import checksums
 from trainer.runtime import gcs
@@ -52,6 +52,12 @@ COMMIT_FILE = "commit_success.txt"  # orbax's commit marker on GCS (atomicity_ty
 METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax's step metadata (metrics, timestamps)
 PARALLEL = 8  # objects sent or fetched at once (the HTTP pool holds 10 connections)
 METRICS_ITEM = "metrics"  # orbax's item of a step's metrics (best-N ranks by them)
+
+
+def local_sizes(local: str) -> dict[str, int]:
+    """``{file relative to the directory local: size}`` of every file under it."""
+    return {os.path.relpath(os.path.join(root, n), local): os.path.getsize(os.path.join(root, n))
+            for root, _, names in os.walk(local) for n in names}
 
 
 def _crc_b64(crc: int) -> str:
@@ -109,23 +115,36 @@ class BucketDirectory:
         return sorted(s for s, files in steps.items() if COMMIT_FILE not in files)
 
     # ------------------------------------------------------------ writing
-    def upload(self, step: int, local: str) -> int:
-        """Uploads the staged step directory ``local`` as ``step`` and commits it (the
-        marker last); returns the bytes sent. Raises the storage's error, or
-        :class:`UploadMismatch` naming an object whose reported size or CRC32C differs from
-        the local file's (the step is then not committed)."""
-        files = sorted(os.path.relpath(os.path.join(root, n), local)
-                       for root, _, names in os.walk(local) for n in names)
-        data = [f for f in files if f != COMMIT_FILE]
-        sent = self._send(step, local, data)
+    def upload(self, step: int, local: str, skip: Iterable[str] = (),
+               before_commit: Callable[[], None] = lambda: None) -> int:
+        """Uploads the staged step directory ``local`` as ``step`` (but the files
+        ``skip``, relative to it: other workers' shares), calls ``before_commit`` (which
+        raises to leave the step uncommitted) and commits it (the marker last); returns
+        the bytes sent. Raises the storage's error, or :class:`UploadMismatch` naming an
+        object whose reported size or CRC32C differs from the local file's (the step is
+        then not committed)."""
+        skip = set(skip)
+        data = [f for f in sorted(local_sizes(local)) if f != COMMIT_FILE and f not in skip]
+        sent = self.send(step, local, data)
+        before_commit()
         marker = os.path.join(local, COMMIT_FILE)
         if not os.path.exists(marker):
             with open(marker, "w") as f:
                 f.write(f"Checkpoint commit was successful to {self.url}/{step}")
-        self._send(step, local, [COMMIT_FILE])
+        self.send(step, local, [COMMIT_FILE])
         return sent
 
-    def _send(self, step: int, local: str, files: list[str]) -> int:
+    def put(self, step: int, rel: str, text: str) -> None:
+        """Writes the small object ``rel`` of ``step`` holding ``text`` (one request)."""
+        self.bucket.blob(self._name(step, rel)).upload_from_string(
+            text, retry=gcs.default_retry())
+
+    def read_text(self, step: int, rel: str) -> str:
+        """The text of the small object ``rel`` of ``step`` (one request)."""
+        return self.bucket.blob(self._name(step, rel)).download_as_text(
+            retry=gcs.default_retry())
+
+    def send(self, step: int, local: str, files: list[str]) -> int:
         """Uploads ``files`` (relative to ``local``) of ``step`` in parallel; returns
         their bytes. The CRC32C of each comes from its item's checksums, written when
         orbax finalised the item (:mod:`~trainer.checkpoint.storage.checksums`; only the files
@@ -176,17 +195,17 @@ class BucketDirectory:
             pass  # already gone (another cleaner, or a retry of a delete that went through)
 
     # ------------------------------------------------------------ reading data
-    def download(self, step: int, local: str, listing: dict[str, int] | None = None
-                 ) -> list[str]:
-        """Copies the objects of ``step`` into the directory ``local`` (made), in
-        parallel; returns their names relative to the step. ``listing``: a
-        :meth:`listing` of the directory already made (the step's objects are not
-        listed again)."""
+    def download(self, step: int, local: str, listing: dict[str, int] | None = None,
+                 only: Callable[[str], bool] = lambda name: True) -> list[str]:
+        """Copies the objects of ``step`` (those whose name relative to the step
+        ``only`` accepts) into the directory ``local`` (made), in parallel; returns
+        their names relative to the step. ``listing``: a :meth:`listing` of the
+        directory already made (the step's objects are not listed again)."""
         from google.cloud.storage import transfer_manager
 
         listed = self.listing(step) if listing is None else listing
         names = [n[len(f"{step}/"):] for n in listed if n.startswith(f"{step}/")]
-        names = [n for n in names if n and not n.endswith("/")]
+        names = [n for n in names if n and not n.endswith("/") and only(n)]
         pairs = []
         for rel in names:
             path = os.path.join(local, rel)

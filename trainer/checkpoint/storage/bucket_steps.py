@@ -12,9 +12,13 @@ commit, in a background thread (never after a ``wait`` save: a stop's save holds
 but its own write). When a manager opens, the staging directory is seeded with the
 bucket's committed steps, so retention sees them as it would in the bucket.
 
+On several workers (:meth:`BucketSteps.share_over`), every worker stages each step and
+uploads only its share of the array files (:mod:`~trainer.checkpoint.storage.shares`);
+the chief alone seeds, commits (once every worker's share marker is in) and deletes.
+
 Reading: one listing per checkpoint directory tells the committed steps (their marker is
 there) from the incomplete ones; a step is read from a local copy, listed and downloaded
-in parallel. The other side of :func:`trainer.checkpoint.storage.steps.steps_for` is
+in parallel (on several workers, each downloads its share: ``readable(path, only)``). The other side of :func:`trainer.checkpoint.storage.steps.steps_for` is
 :mod:`trainer.checkpoint.storage.local_steps`. Contexts: host; the writer's calls from
 one thread, the uploads and deletes in their own.
 """
@@ -26,11 +30,11 @@ import os
 import shutil
 import tempfile
 from concurrent import futures
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from absl import logging
 
-from trainer.checkpoint.storage import bucket
+from trainer.checkpoint.storage import bucket, checksums, shares
 from trainer.checkpoint.storage.handlers import short_error
 from trainer.checkpoint.storage.reader import KINDS, Unreadable, newest_first
 
@@ -52,6 +56,13 @@ class BucketSteps:
         self._threads: dict[str, futures.ThreadPoolExecutor] = {}
         self._cleanups: list[futures.Future] = []
         self._listings: dict[str, dict[str, int]] = {}  # the last listing of each directory
+        self.rank, self.workers = 0, 1  # who this process is among the workers that save
+
+    def share_over(self, rank: int, workers: int) -> None:
+        """Every one of ``workers`` workers saves each step, this one as ``rank`` (0: the
+        chief), and uploads only its share (:mod:`~trainer.checkpoint.storage.shares`);
+        the chief commits the step once every share is in."""
+        self.rank, self.workers = rank, workers
 
     def _in_bucket(self, kind: str) -> bucket.BucketDirectory:
         return bucket.BucketDirectory(os.path.join(self.workdir, kind))
@@ -88,18 +99,31 @@ class BucketSteps:
         """Steps with objects but no commit marker, newest first."""
         return self._listed(False)[1]
 
+    def objects(self, path: str) -> dict[str, int]:
+        """``{name relative to the step: size}`` of the objects of the step ``path``, from
+        the listing :meth:`candidates` made (else one listing of the step)."""
+        directory, step = os.path.split(path.rstrip("/"))
+        listed = (self._listings.get(directory)
+                  or bucket.BucketDirectory(directory).listing(int(step)))
+        return {n.partition("/")[2]: size for n, size in listed.items()
+                if n.partition("/")[0] == step and not n.endswith("/")}
+
     @contextlib.contextmanager
-    def readable(self, path: str) -> Iterator[str]:
-        """A local copy of the committed step ``path`` (downloaded in parallel, by the
-        listing :meth:`candidates` made, else listed first; removed afterwards), so
+    def readable(self, path: str, only: Callable[[str], bool] = lambda name: True,
+                 names: dict[str, int] | None = None) -> Iterator[str]:
+        """A local copy of the committed step ``path`` (of its objects ``only`` accepts,
+        by their name relative to the step: a worker's share; downloaded in parallel, by
+        ``names`` (:meth:`objects`, made on the chief) or the listing :meth:`candidates`
+        made, else listed first; removed afterwards), so
         reading and checking its files costs no further requests; :class:`Unreadable`
         when it cannot be downloaded."""
         local = tempfile.mkdtemp(prefix="tf-trainer-restore-")
         try:
             directory, step = os.path.split(path.rstrip("/"))
             try:
-                bucket.BucketDirectory(directory).download(int(step), local,
-                                                           self._listings.get(directory))
+                listed = (self._listings.get(directory) if names is None
+                          else {f"{step}/{n}": size for n, size in names.items()})
+                bucket.BucketDirectory(directory).download(int(step), local, listed, only)
             except (OSError, ValueError) as error:
                 raise Unreadable(f"its files cannot be downloaded ({short_error(error)})") from error
             yield local
@@ -118,7 +142,8 @@ class BucketSteps:
         committed steps (and a save cut before its commit is deleted from the bucket)."""
         directory = self.directory(kind)
         os.makedirs(directory, exist_ok=True)
-        self._committed[kind] = set(self._in_bucket(kind).seed(directory))
+        if self.rank == 0:  # the chief alone tells and deletes the bucket's steps
+            self._committed[kind] = set(self._in_bucket(kind).seed(directory))
 
     def committed(self, kind: str, step: int, manager: Any) -> bool:
         """Whether ``step`` of ``kind`` is committed: its upload ended with every object's
@@ -138,9 +163,26 @@ class BucketSteps:
         uploads and commits it in the bucket, keeps a stub of it locally, and (with
         ``retain``) has the steps orbax's retention removed deleted from the bucket in
         the background."""
+        if self.rank:
+            return self._upload_share(kind, step, manager)
         manager.wait_until_finished()
         local = os.path.join(self.directory(kind), str(step))
-        self._in_bucket(kind).upload(step, local)
+        steps, theirs, expected = self._in_bucket(kind), {}, {}
+        if self.workers > 1:
+            sizes, table = bucket.local_sizes(local), checksums.step_table(local)
+            for rank in range(1, self.workers):
+                theirs[rank] = shares.share_of(sizes, self.workers, rank)
+                expected[rank] = shares.digest(table, theirs[rank])
+
+        def shares_in() -> None:  # every worker's share, the chief's bytes
+            for rank in shares.await_shares(steps, step, expected) if expected else []:
+                logging.warning("Worker %d's array files of step %d differ from the chief's "
+                                "(a variable not the same on every worker?): the chief "
+                                "uploads them.", rank, step)
+                steps.send(step, local, theirs[rank])
+
+        steps.upload(step, local, skip=[f for files in theirs.values() for f in files],
+                     before_commit=shares_in)
         prune_to_stub(local)
         self._committed[kind].add(step)
         gone = self._committed[kind] - set(manager.all_steps())
@@ -148,6 +190,30 @@ class BucketSteps:
             self._committed[kind] -= gone
             self._cleanups.append(self._thread("cleanup").submit(
                 self._in_bucket(kind).delete, gone))
+
+    def _upload_share(self, kind: str, step: int, manager: Any) -> None:
+        """(The upload thread of a worker but the chief.) Uploads this worker's share of
+        ``step`` and its share marker; a failure is the marker's text (the chief fails
+        the save with it) and a warning here, never an error of this worker's save."""
+        steps = self._in_bucket(kind)
+        local = os.path.join(self.directory(kind), str(step))
+        try:
+            manager.wait_until_finished()
+            mine = shares.share_of(bucket.local_sizes(local), self.workers, self.rank)
+            steps.send(step, local, mine)
+            done = shares.digest(checksums.step_table(local), mine)
+        except Exception as error:  # noqa: BLE001 - reported to the chief, which fails the save
+            self.failed_share(kind, step, short_error(error))
+            return
+        steps.put(step, shares.marker(self.rank, done), "")
+        prune_to_stub(local)
+
+    def failed_share(self, kind: str, step: int, reason: str) -> None:
+        """This worker's share of ``step`` could not be written: its share marker says
+        ``reason`` (the chief fails the save with it)."""
+        logging.warning("This worker's share of the checkpoint of step %d could not be "
+                        "written (%s); the chief fails that save.", step, reason)
+        self._in_bucket(kind).put(step, shares.marker(self.rank, shares.FAILED), reason)
 
     def writing(self, kind: str, manager: Any) -> bool:
         """Whether the upload of ``kind``'s last step still runs."""

@@ -178,7 +178,7 @@ def has_checksums(step_dir: str) -> bool:
 
 
 def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambda p: None,
-           read: bool = True) -> bool:
+           read: bool = True, only: Callable[[str], bool] = lambda rel: True) -> bool:
     """Checks every covered file of a committed step directory against its checksums.
 
     ``known(path)`` may give ``(size, crc)`` of a file computed from the bytes a
@@ -186,7 +186,9 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
     again, and what is checked is what was restored. Other files are read; with
     ``read=False`` none is: only each file's presence and size are checked (one stat
     per file: what a just-committed save is checked by, see
-    :meth:`trainer.checkpoint.storage.writer.CheckpointWriter.committed`).
+    :meth:`trainer.checkpoint.storage.writer.CheckpointWriter.committed`). ``only``: the
+    files (relative to the step directory) to check; the others are not looked at (a
+    worker's share of a step, :mod:`trainer.checkpoint.storage.shares`).
 
     Returns True when verified, False when the step has no checksums at all (written
     before them: unverified). Raises :class:`ChecksumMismatch` naming the first file that is
@@ -204,6 +206,8 @@ def verify(step_dir: str, known: Callable[[str], tuple[int, int] | None] = lambd
             raise ChecksumMismatch(f"{item}/{FILE}", f"is missing or unreadable "
                            f"({type(error).__name__})") from error
         for rel, (size, crc) in sorted(table.items()):
+            if not only(f"{item}/{rel}"):
+                continue
             path = os.path.join(directory, rel)
             if not tf.io.gfile.exists(path):
                 raise ChecksumMismatch(f"{item}/{rel}", "is missing")

@@ -39,15 +39,17 @@ def newest_first(found: list[tuple[int, int, str]]) -> list[tuple[int, str]]:
     return [(step, path) for step, _, path in sorted(found, key=lambda f: (-f[0], f[1]))]
 
 
-def verify(path: str, known: Known = lambda p: None) -> bool:
+def verify(path: str, known: Known = lambda p: None,
+           only: Callable[[str], bool] = lambda rel: True) -> bool:
     """Checks the files of the committed step directory ``path`` against the checksums
     written with them (:mod:`trainer.checkpoint.storage.checksums`): True when they match, False
     when the step has none (written before checksums: unverified, still readable).
     ``known``: the checksums of files already read (:func:`read_state`), not read
-    again. Raises :class:`Unreadable` naming the file that does not match (and its
-    variable, for an array file of ours)."""
+    again; ``only``: the files checked (relative to ``path``; default all). Raises
+    :class:`Unreadable` naming the file that does not match (and its variable, for an
+    array file of ours)."""
     try:
-        return checksums.verify(path, known)
+        return checksums.verify(path, known, only=only)
     except checksums.ChecksumMismatch as error:
         variable = _variable_of(path, error.file)
         raise Unreadable(f"cannot read variable '{variable}' ({error})" if variable

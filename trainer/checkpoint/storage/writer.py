@@ -8,7 +8,8 @@ workdir's storage gives (:func:`trainer.checkpoint.storage.steps.steps_for`:
 staging directory, from which each step is uploaded and committed). Reading is
 :mod:`trainer.checkpoint.storage.reader`'s.
 
-Contexts: host only; the chief.
+Contexts: host only; the chief (and, when a bucket's steps are saved in shares
+(:meth:`CheckpointWriter.share_over`), every worker).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from concurrent import futures
 from typing import Any
 
-from trainer.checkpoint.storage.handlers import orbax, saving_registry
+from trainer.checkpoint.storage.handlers import orbax, saving_registry, short_error
 from trainer.checkpoint.storage.reader import BEST_DIR
 from trainer.checkpoint.storage.steps import steps_for
 
@@ -44,6 +45,24 @@ class CheckpointWriter:
         self.steps = steps_for(workdir, cfg.staging_dir)
         self._managers: dict[str, Any] = {}
         self._pending: dict[str, int] = {}
+        self.shared = False  # every worker writes its share of each step (share_over)
+
+    def share_over(self, rank: int, workers: int) -> bool:
+        """Whether every worker writes each step, this one as ``rank`` of ``workers``
+        (0: the chief), each uploading its share of the array files: on several workers
+        with a workdir in a bucket and ``fast_io`` (each array one ``.npy`` file); else
+        the chief writes alone, as on one worker."""
+        if not (self.staged and self.cfg.fast_io and workers > 1):
+            return False
+        self.steps.share_over(rank, workers)
+        self.shared = True
+        return True
+
+    def failed_share(self, kind: str, step: int, error: Exception) -> None:
+        """This worker (not the chief) could not write its share of ``step``: the manager
+        of ``kind`` is dropped and the chief told (its share marker says why)."""
+        self.discard(kind)
+        self.steps.failed_share(kind, step, short_error(error))
 
     @property
     def staged(self) -> bool:
