@@ -11,9 +11,12 @@ step that cannot be read is skipped with a warning and the previous one is tried
 A restore checks a step's files against their checksums (:func:`load`; a damaged step
 is skipped like an unreadable one).
 
-Multi-worker: only the chief (``distribute.is_chief``) reads; every worker takes part
-in a restore, which the chief performs and broadcasts to the others over TF
-collectives (the other workers need no access to the chief's files).
+Multi-worker: one worker reads; every worker takes part in a restore, which the reader
+performs and broadcasts to the others over TF collectives (the other workers need no
+access to its files). With the local tier (``checkpoint.local_every_steps``,
+:mod:`trainer.checkpoint.storage.local_tier`) every worker names the newest local step it
+holds and the chief the workdir's newest committed step; the newest wins (a local one
+at a tie: no bucket read), so a host with an empty disk gets the state from a peer.
 
 Contexts: host, eager, cross-replica, between ``tf.function`` calls.
 """
@@ -31,6 +34,7 @@ from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage.reader import Unreadable
 from trainer.checkpoint.storage.reader import read_manifest, read_state, verify
+from trainer.checkpoint.storage.local_tier import LocalTier, local_dir
 from trainer.checkpoint.storage.steps import Steps, readable, steps_for
 from trainer.data import resume as data_resume
 from trainer.distribution import host_collectives
@@ -106,8 +110,9 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     Builds the model and optimizer variables if need be (``run.ensure_built``). Sets the
     variables, and the step and input resume position (``run.resumed``); returns the
     step, or None when there is no checkpoint (``step=None`` only). Call it on every
-    worker: the chief reads, the others receive the state over collectives. Raises
-    :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
+    worker: one reads (the chief from the workdir, or the holder of the newest local
+    step: :func:`_restore_local`), the others receive the state over collectives.
+    Raises :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
     unreadable or does not fit the model.
     """
     started = time.monotonic()
@@ -130,49 +135,104 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         newest = host_collectives.from_chief(strategy, newest)
     if newest == _FAILED:
         raise failure or CheckpointError(_CHIEF_FAILED)
-    if newest == _NONE:
+    local = _local_steps(run) if step is None else []
+    offers = _offers(strategy, local)
+    if newest == _NONE and max(offers) == _NONE:
         return None
     run.ensure_built()  # the variables a checkpoint fills must exist
     groups = checkpoint_state.state_variables(run, optional=True)
-    state, manifest, failure = None, None, None
-    if chief:
-        try:
-            state, manifest = _load_first_readable(steps, run.workdir, found, groups, step)
-        except CheckpointError as error:
-            failure = error
+    state, manifest, source = _restore_local(run, groups, local, offers, newest)
+    if source is None:
+        state, manifest = _restore_durable(run, groups, steps, found, step)
     if multi:
-        status = host_collectives.from_chief(strategy, manifest["step"] if manifest else _FAILED)
-        if status == _FAILED:
-            raise failure or CheckpointError(_CHIEF_FAILED)
-        flat = host_collectives.broadcast_arrays(
-            strategy, [a for g in groups for a in state[g]] if chief else None,
-            checkpoint_state.like(groups))
-        state, i = {}, 0
-        for group, entries in groups.items():
-            state[group], i = flat[i:i + len(entries)], i + len(entries)
-        restored = status
-        words = host_collectives.sum_over_workers(
-            strategy, _input_words(manifest) if chief else np.zeros(4, np.int32))
-    else:
-        if failure:
-            raise failure
-        restored = manifest["step"]
-        words = _input_words(manifest)
+        state = _broadcast_state(strategy, groups, state, source)
+        manifest = host_collectives.json_from_chief(
+            strategy, {k: v for k, v in manifest.items() if k != "groups"}
+            if manifest else None, source)
+    restored, words = manifest["step"], _input_words(manifest)
     workers = host_collectives.num_workers(strategy)
-    services = host_collectives.json_from_chief(
-        strategy, manifest.get("services", {}) if chief else None)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
                                   data_resume.InputLayout.from_words(words[1:]),
-                                  manifest.get("plan") if chief else None, services,
-                                  time.monotonic() - started)
+                                  manifest.get("plan") if chief else None,
+                                  manifest.get("services", {}), time.monotonic() - started)
     checkpoint_state.assign(groups, state)
     run.resumed(resumed)  # the step, and the input layout the train input continues
     if chief:
         _warn_on_input_changes(run.config, manifest)
     logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, run.workdir if chief else "the chief's checkpoint, broadcast",
-                 resumed.from_workers, workers)
+                 restored, run.workdir if source is None else
+                 f"worker {source}'s local checkpoint", resumed.from_workers, workers)
     return restored
+
+
+def _local_steps(run: RunContext) -> list[tuple[int, str]]:
+    """This worker's committed local steps, newest first ([]: the tier is off)."""
+    cfg = run.config.checkpoint
+    if not cfg.local_every_steps:
+        return []
+    worker = host_collectives.worker_index(run.strategy)
+    return LocalTier(local_dir(run.workdir, worker, cfg.local_dir), cfg).candidates()
+
+
+def _offers(strategy, local: list[tuple[int, str]]) -> list[int]:
+    """Every worker's newest local step not yet tried, by worker index (-1: none)."""
+    return host_collectives.gather_ints(strategy, local[0][0] if local else _NONE)
+
+
+def _restore_local(run: RunContext, groups: dict, local: list[tuple[int, str]],
+                   offers: list[int], newest: int) -> tuple[dict | None, dict | None,
+                                                            int | None]:
+    """The newest local step any worker holds, when it is at least the workdir's
+    ``newest`` (a tie reads no bucket): its holder (the lowest worker index among
+    equals) reads and checks it; one that does not load is skipped with one warning
+    and the next newest (another worker's, or this one's older step) is tried, until the
+    workdir's step is newer. Returns ``(state, manifest, holder)`` (state and manifest
+    on the holder only; the others' None), or ``(None, None, None)``: the workdir's
+    step serves. Exact on another worker count too: every worker's input position is
+    the step, and the input layout is in the manifest, as in the workdir's save."""
+    me = host_collectives.worker_index(run.strategy)
+    while max(offers) != _NONE and max(offers) >= newest:
+        source = offers.index(max(offers))
+        state, manifest = None, None
+        if me == source:
+            _, path = local.pop(0)
+            try:
+                state, manifest = load(path, groups)
+            except (Unreadable, CheckpointError) as error:
+                logging.warning("Skipping the local checkpoint %s: %s; trying an older one "
+                                "(a peer's, this worker's or the workdir's).", path, error)
+        if host_collectives.gather_ints(run.strategy, int(manifest is not None))[source]:
+            return state, manifest, source
+        offers = _offers(run.strategy, local)
+    return None, None, None
+
+
+def _restore_durable(run: RunContext, groups: dict, steps: Steps, found: list,
+                     step: int | None) -> tuple[dict | None, dict | None]:
+    """The chief reads the newest readable workdir step (others: ``(None, None)``);
+    every worker learns whether it could, and raises its error if not."""
+    state, manifest, failure = None, None, None
+    if host_collectives.is_chief(run.strategy):
+        try:
+            state, manifest = _load_first_readable(steps, run.workdir, found, groups, step)
+        except CheckpointError as error:
+            failure = error
+    status = host_collectives.from_chief(run.strategy, manifest["step"] if manifest else _FAILED)
+    if status == _FAILED:
+        raise failure or CheckpointError(_CHIEF_FAILED)
+    return state, manifest
+
+
+def _broadcast_state(strategy, groups: dict, state: dict | None, source: int | None
+                     ) -> dict:
+    """``source``'s state (None: the chief's) on every worker, by group."""
+    flat = host_collectives.broadcast_arrays(
+        strategy, [a for g in groups for a in state[g]] if state is not None else None,
+        checkpoint_state.like(groups), source)
+    shared, i = {}, 0
+    for group, entries in groups.items():
+        shared[group], i = flat[i:i + len(entries)], i + len(entries)
+    return shared
 
 
 def _input_words(manifest: dict) -> np.ndarray:

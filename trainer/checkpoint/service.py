@@ -44,6 +44,7 @@ from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.deferral import SaveDeferral
 from trainer.checkpoint.resume import load
 from trainer.checkpoint.save_failures import SaveFailures
+from trainer.checkpoint.storage.local_tier import LocalTier, local_dir
 from trainer.checkpoint.storage.writer import CheckpointWriter, StillWriting
 from trainer.checkpoint.storage.reader import BEST_DIR, LATEST_DIR
 from trainer.config import ConfigError
@@ -78,6 +79,8 @@ class Checkpointer(Service):
         self.enabled = workdir is not None
         self.accum_steps = config.perf.grad_accum_steps
         self.every = cfg.every_steps
+        self.local_every = cfg.local_every_steps if self.enabled else 0
+        self._local: LocalTier | None = None  # made at the first local save
         self.total = config.train.steps
         self.chief = chief
         self.best_metric = cfg.best_metric
@@ -92,7 +95,8 @@ class Checkpointer(Service):
         self.blocking_s = 0.0  # seconds the loop waited in save() and wait(), this process
 
     def next_boundary(self, step: int) -> float:
-        return next_multiple(step, self.every if self.enabled else 0)
+        return min(next_multiple(step, self.every if self.enabled else 0),
+                   next_multiple(step, self.local_every))
 
     def save(self, run: RunContext, kind: str = LATEST_DIR,
              metrics: dict[str, float] | None = None, wait: bool = False,
@@ -273,6 +277,29 @@ class Checkpointer(Service):
             return
         if run.step >= self.total or (self.every and run.step % self.every == 0):
             self.save(run)  # the last step even inside an accumulation: the run ends
+        if self.local_every and run.step % self.local_every == 0 and run.step < self.total:
+            self.save_local(run)  # at a workdir's save too: a restart then reads no bucket
+
+    def save_local(self, run: RunContext) -> None:
+        """Writes this worker's copy of the state to the local tier
+        (:mod:`~trainer.checkpoint.storage.local_tier`; every worker), once its previous
+        local write is committed (waited for: a lost host then costs at most
+        ``local_every_steps`` steps); its time is added to :attr:`blocking_s`. Skipped,
+        with one info line, when the weights are not finite (the workdir's save says so)."""
+        started = time.monotonic()
+        if self._local is None:
+            directory = local_dir(run.workdir, host_collectives.worker_index(run.strategy),
+                                  run.config.checkpoint.local_dir)
+            self._local = LocalTier(directory, run.config.checkpoint)
+        self._local.wait()
+        if checkpoint_state.all_finite(run):
+            state, manifest = checkpoint_state.snapshot(run, self._host_state.get("local"))
+            self._host_state["local"] = state
+            self._local.save(run.step, state, manifest)
+        else:
+            logging.info("local checkpoint of step %d skipped: the weights are not finite.",
+                         run.step)
+        self.blocking_s += time.monotonic() - started
 
     def on_train_end(self, run: RunContext) -> None:
         """At ``train.steps`` (its save was the last loop's): every worker waits for the
@@ -298,6 +325,10 @@ class Checkpointer(Service):
             self._save_best(run, logs)
 
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+            self._host_state.pop("local", None)
         if not self.enabled or not self.chief:
             return
         self._commit_pending(final=True)
