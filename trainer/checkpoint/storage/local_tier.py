@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import types
 from typing import Any
@@ -79,11 +80,18 @@ class LocalTier:
 
     def save(self, step: int, state: dict, manifest: dict) -> None:
         """Writes ``step`` (async with ``checkpoint.async_save``); the caller keeps
-        ``state``'s arrays unchanged until :meth:`wait` returns. A storage fault is one
-        warning, and the run goes on."""
+        ``state``'s arrays unchanged until :meth:`wait` returns. The first save of this
+        tier removes the local steps from ``step`` on (another history's: a run that
+        restored an older step, or rolled back; kept, they would outrank this run's). A
+        storage fault is one warning, and the run goes on."""
         try:
             if self._writer is None:
                 self._writer = CheckpointWriter(self.directory, self._settings, "")
+                for later, path in self.candidates():
+                    if later >= step:
+                        logging.info("Removing the local checkpoint %s (another history's; "
+                                     "this run continues from step %d).", path, step)
+                        shutil.rmtree(path)
             self._writer.save(LATEST_DIR, step, state, manifest,
                               wait=not self._settings.async_save)
         except Exception as error:  # noqa: BLE001 - only storage faults are handled
