@@ -33,7 +33,7 @@ from tests.cluster.hosts import (DEFAULT_DIR, DEFAULT_NAME, DEFAULT_SUBNET, Clus
                                  SimulatedCluster, cluster_problem)
 from tests.cluster.slurm import SLURM_DAEMONS, SlurmCluster, SlurmError
 
-HOSTS = 2  # hosts of the session's cluster (plus the head node)
+HOSTS = 4  # hosts of the session's cluster (plus the head node)
 LOCK_WAIT_S = 1800  # how long a second session on the same cluster waits for the first
 
 

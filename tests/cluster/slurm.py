@@ -102,8 +102,12 @@ class Job:
         self.slurm.command(*args)
 
 
+NODES = 2  # the Slurm nodes: the first NODES hosts (start_multinode_slurm.sh's SLURM_NODES)
+
+
 class SlurmCluster:
-    """The multi-node Slurm of ``cluster``'s hosts (one node per host, not the head)."""
+    """The multi-node Slurm of ``cluster``'s first :data:`NODES` hosts (one node per host,
+    not the head; the other hosts stay outside Slurm)."""
 
     def __init__(self, cluster: SimulatedCluster):
         self.cluster = cluster
@@ -113,7 +117,7 @@ class SlurmCluster:
 
     @property
     def nodes(self) -> list[str]:
-        return [host.name for host in self.cluster.hosts]
+        return [host.name for host in self.cluster.hosts[:NODES]]
 
     def _start_script(self, *args: str) -> None:
         result = subprocess.run([str(START_SCRIPT), *args], env=self.cluster.env(), text=True,
