@@ -15,7 +15,8 @@ The map (every module of the package is on it; ``trainer.checkpoint.`` is left o
   directory read and verified), ``storage.handlers`` (orbax and its item handlers),
   ``storage.bucket`` (a checkpoint directory's objects in a bucket),
   ``storage.array_files`` (the ``O_DIRECT`` ``.npy`` files), ``storage.orbax_logs``,
-  ``storage.checksums``;
+  ``storage.checksums``, ``storage.local_tier`` (every worker's own copy on its local
+  disk, never uploaded);
 * what guards the run from outside, imported by nothing else here: ``guards`` —
   ``guards.lease`` (one run per workdir), ``guards.shared_workdir`` (every task sees
   the chief's workdir), ``guards.preemption`` (SIGTERM becomes a stop).
@@ -32,6 +33,13 @@ with ``fast_io``; quieted by ``storage.orbax_logs``) and each item's
 thread then sends the step with ``storage.bucket`` (through ``trainer.runtime.gcs``)
 and commits it by its marker. A write that fails reaches ``save_failures``, which names
 the last good checkpoint from ``inventory``.
+
+Local tier. With ``checkpoint.local_every_steps`` the same hook (``service``'s
+``Checkpointer.on_loop_end``) has every worker, the chief too, copy the state to host
+memory (``state``) once its previous local write committed, and hand it to
+``storage.local_tier``, which writes it with a ``storage.writer`` of its own (keep 2,
+``storage.local_steps``, ``storage.handlers``, ``storage.checksums``) to its local
+directory. Nothing is uploaded: the workdir's saves stay the only durable copy.
 
 Stop's save. SIGTERM reaches ``guards.preemption``, which only sets a flag; at the next
 loop boundary every worker agrees to stop and the driver calls ``on_train_end``:
@@ -54,8 +62,11 @@ bucket, downloaded in parallel); ``storage.reader`` reads its manifest and array
 (orbax through ``storage.handlers``, quieted by ``storage.orbax_logs``;
 ``storage.array_files``) and checks them against
 ``storage.checksums``; ``state`` matches the arrays to the variables by name and
-assigns them (``inventory`` notes a step without checksums). With several workers the
-chief's state is broadcast over the cluster's collectives.
+assigns them (``inventory`` notes a step without checksums). With the local tier every
+worker names the newest step ``storage.local_tier`` holds for it; the newest of all
+(a local one at a tie) is read by its holder, through the same ``load``, skipping to
+the next newest when it does not verify. With several workers the reader's state is
+broadcast over the cluster's collectives.
 
 At start, ``guards.lease`` takes the workdir's lease and ``guards.shared_workdir``
 checks that every task sees the chief's workdir. A new checkpoint format is a change to
