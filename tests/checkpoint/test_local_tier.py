@@ -100,6 +100,10 @@ def test_the_killed_run_kept_two_checksummed_local_steps_beside_the_workdirs(run
         assert os.path.exists(os.path.join(path, "state", "crc32c.json"))
         assert os.path.exists(os.path.join(path, "manifest", "crc32c.json"))
     assert sorted(os.listdir(runs["root"] / "kill" / "checkpoints")) == ["20"]
+    # A run that reached train.steps leaves nothing on the local disk.
+    assert runs["first"]["ref"][0] == 0, runs["first"]["ref"][1][-4000:]
+    assert not os.path.exists(os.path.dirname(local_steps(runs["root"], "ref")))
+    assert not os.path.exists(os.path.dirname(local_steps(runs["root"], "intact")))
 
 
 @pytest.mark.parametrize("copy, step, source, skipped", [

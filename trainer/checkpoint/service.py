@@ -288,9 +288,7 @@ class Checkpointer(Service):
         with one info line, when the weights are not finite (the workdir's save says so)."""
         started = time.monotonic()
         if self._local is None:
-            directory = local_dir(run.workdir, host_collectives.worker_index(run.strategy),
-                                  run.config.checkpoint.local_dir)
-            self._local = LocalTier(directory, run.config.checkpoint)
+            self._local = self._local_tier(run)
         self._local.wait()
         if checkpoint_state.all_finite(run):
             state, manifest = checkpoint_state.snapshot(run, self._host_state.get("local"))
@@ -300,6 +298,23 @@ class Checkpointer(Service):
             logging.info("local checkpoint of step %d skipped: the weights are not finite.",
                          run.step)
         self.blocking_s += time.monotonic() - started
+
+    @staticmethod
+    def _local_tier(run: RunContext) -> LocalTier:
+        """This worker's local tier (its directory keyed by the workdir and the worker)."""
+        return LocalTier(local_dir(run.workdir, host_collectives.worker_index(run.strategy),
+                                   run.config.checkpoint.local_dir), run.config.checkpoint)
+
+    def _close_local(self, run: RunContext) -> None:
+        """Commits the last local write; a run that reached ``train.steps`` (its final
+        save is the workdir's) removes this worker's local steps: nothing is left behind
+        on the local disk."""
+        tier = self._local or self._local_tier(run)
+        tier.close()
+        if run.step >= self.total:
+            tier.remove()
+        self._local = None
+        self._host_state.pop("local", None)
 
     def on_train_end(self, run: RunContext) -> None:
         """At ``train.steps`` (its save was the last loop's): every worker waits for the
@@ -325,10 +340,8 @@ class Checkpointer(Service):
             self._save_best(run, logs)
 
     def on_fit_end(self, run: RunContext, logs: dict[str, float]) -> None:
-        if self._local is not None:
-            self._local.close()
-            self._local = None
-            self._host_state.pop("local", None)
+        if self.local_every:
+            self._close_local(run)
         if not self.enabled or not self.chief:
             return
         self._commit_pending(final=True)

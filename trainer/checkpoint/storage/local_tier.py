@@ -10,7 +10,8 @@ only durable copy: a local step lives as long as the host's disk (a Slurm requeu
 a fresh ``$TMPDIR`` wipes it; the peers' copies or the workdir then serve).
 
 :func:`local_dir` is keyed by the workdir and the worker, so a restarted process on the
-same host finds its steps. A local step is found by :meth:`LocalTier.candidates` and read
+same host finds its steps; a run that reaches ``train.steps`` removes it (the workdir
+holds its final step). A local step is found by :meth:`LocalTier.candidates` and read
 as any step directory (:func:`trainer.checkpoint.resume.load`); which copy a restart
 restores, and how a host with an empty disk gets it, is
 :mod:`trainer.checkpoint.resume`'s. A write to the local disk that fails is a warning,
@@ -106,6 +107,10 @@ class LocalTier:
         except Exception as error:  # noqa: BLE001 - only storage faults are handled
             self._fault(error, self._writer.pending(LATEST_DIR))
         self._writer = None
+
+    def remove(self) -> None:
+        """Removes this worker's local steps (its directory; after :meth:`close`)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def _fault(self, error: Exception, step: int | None) -> None:
         """A local write failed: re-raised unless a storage fault; else one warning and
