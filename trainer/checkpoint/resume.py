@@ -135,8 +135,9 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         newest = host_collectives.from_chief(strategy, newest)
     if newest == _FAILED:
         raise failure or CheckpointError(_CHIEF_FAILED)
-    local = _local_steps(run) if step is None else []
-    offers = _offers(strategy, local)
+    tiered = step is None and bool(run.config.checkpoint.local_every_steps)  # same everywhere
+    local = _local_steps(run) if tiered else []
+    offers = _offers(strategy, local) if tiered else [_NONE]
     if newest == _NONE and max(offers) == _NONE:
         return None
     run.ensure_built()  # the variables a checkpoint fills must exist
@@ -160,16 +161,15 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     if chief:
         _warn_on_input_changes(run.config, manifest)
     logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, run.workdir if source is None else
-                 f"worker {source}'s local checkpoint", resumed.from_workers, workers)
+                 restored, f"worker {source}'s local checkpoint" if source is not None
+                 else run.workdir if chief else "the chief's checkpoint, broadcast",
+                 resumed.from_workers, workers)
     return restored
 
 
 def _local_steps(run: RunContext) -> list[tuple[int, str]]:
-    """This worker's committed local steps, newest first ([]: the tier is off)."""
+    """This worker's committed local steps, newest first."""
     cfg = run.config.checkpoint
-    if not cfg.local_every_steps:
-        return []
     worker = host_collectives.worker_index(run.strategy)
     return LocalTier(local_dir(run.workdir, worker, cfg.local_dir), cfg).candidates()
 
