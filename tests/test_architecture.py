@@ -235,8 +235,8 @@ def test_the_loop_context_implements_every_member_the_run_context_documents():
 
 # The root of trainer/ is the public API and the entries (docs/architecture.md); every
 # other module lives in the package of its part.
-ROOT_MODULES = {"__init__", "trainer", "callbacks", "config", "errors", "run_context",
-                "service_order", "cli", "main", "manual", "precision", "optimizers"}
+ROOT_MODULES = {"__init__", "trainer", "callbacks", "config", "config_checkpoint", "errors",
+                "run_context", "service_order", "cli", "main", "manual", "precision", "optimizers"}
 
 
 def test_the_root_of_trainer_holds_only_the_public_api_and_the_entries():

@@ -90,9 +90,23 @@ def test_other_fields_are_checked():
                                   ("optimizer", "name", "adamm"),
                                   ("eval", "steps", 0),
                                   ("perf", "grad_accum_steps", 0),
-                                  ("checkpoint", "best_mode", "up")]:
+                                  ("checkpoint", "best_mode", "up"),
+                                  ("checkpoint", "local_every_steps", -5)]:
         with pytest.raises(ConfigError, match=rf"config\.{section}\.{field}"):
             config_lib.validate(config_with(section, field, value))
+
+
+def test_local_checkpoints_inside_an_accumulation_window_are_refused():
+    config = config_with("perf", "grad_accum_steps", 4)
+    config.checkpoint.local_every_steps = 6
+    with pytest.raises(ConfigError, match=r"checkpoint\.local_every_steps=6 is not a multiple "
+                                          r"of perf\.grad_accum_steps=4"):
+        config_lib.validate(config)
+    config.checkpoint.local_every_steps = 8
+    config_lib.validate(config)
+    config.checkpoint.local_dir_typo = "/x"  # the section's unknown keys stay refused
+    with pytest.raises(ConfigError, match=r"config\.checkpoint\.local_dir_typo is not a field"):
+        config_lib.validate(config)
 
 
 def test_main_rejects_bad_override_before_starting(tmp_path):

@@ -17,8 +17,9 @@ import importlib.util
 
 import ml_collections
 
+from trainer.config_checkpoint import checkpoint_section, validate_checkpoint
 from trainer.errors import ConfigError  # raised here; importers take it from trainer.config
-from trainer.errors import check_choice, check_known_fields, check_positive, check_seconds
+from trainer.errors import check_choice, check_known_fields, check_positive
 from trainer.errors import require, suggest
 
 STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu", "manual")
@@ -122,23 +123,7 @@ def get_config() -> ml_collections.ConfigDict:
             plan_cache="",  # "": $XDG_CACHE_HOME/tf-trainer/plans; a directory; "off"
         )
     )
-    config.checkpoint = ml_collections.ConfigDict(
-        dict(
-            every_steps=0,  # 0: only at the end of fit() (and on preemption)
-            max_to_keep=3,
-            best_metric="",  # e.g. "eval/accuracy": keep the best N as well
-            best_mode="max",  # "max" | "min"
-            async_save=True,
-            fast_io=False,  # True: O_DIRECT .npy files (trainer.checkpoint.storage.array_files)
-            # Multi-worker: each task waits this long for the chief's file (unshared: error).
-            shared_workdir_timeout_s=30.0,
-            # One run per workdir (trainer.checkpoint.guards.lease): a silent holder's lease is
-            # taken over after this long (a dead pid on this host at once). 0: off.
-            lease_s=30.0,
-            preemption_grace_s=30.0,  # after SIGTERM: records, a bucket's save, given up
-            staging_dir="",  # gs:// workdir: steps staged here before upload ("": $TMPDIR)
-        )
-    )
+    config.checkpoint = checkpoint_section()  # trainer.config_checkpoint
     config.telemetry = ml_collections.ConfigDict(
         dict(
             profile_steps="",  # "200:210" or "200:210,500:505": profiler windows
@@ -254,18 +239,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         check_positive(f"distribute.{field}", config.distribute[field], allow_zero=True)
     _check_fp16_compression(config)
     _check_perf(config)
-    check_positive("checkpoint.max_to_keep", config.checkpoint.max_to_keep)
-    cp = config.checkpoint
-    check_seconds("checkpoint.preemption_grace_s", cp.preemption_grace_s)
-    check_seconds("checkpoint.shared_workdir_timeout_s", cp.shared_workdir_timeout_s,
-                  "the shared-workdir check")
-    check_seconds("checkpoint.lease_s", cp.lease_s, "the workdir lease")
-    check_choice("checkpoint.best_mode", config.checkpoint.best_mode, ("max", "min"))
-    best = config.checkpoint.best_metric
-    if best and not (isinstance(best, str) and best.partition("/")[0] in ("train", "eval")
-                     and best.partition("/")[2]):
-        raise ConfigError(f"config.checkpoint.best_metric={best!r} must be '' or name a value "
-                          f"fit() reports: 'eval/NAME' or 'train/NAME', e.g. 'eval/accuracy'.")
+    validate_checkpoint(config)
     tel = config.telemetry
     check_choice("telemetry.progress", tel.progress, ("auto", "bar", "lines", "off"))
     parse_profile_steps(tel.profile_steps)

@@ -12,6 +12,7 @@ import ml_collections
 from trainer.checkpoint import inventory as checkpoint_inventory
 from trainer.checkpoint.guards.lease import WorkdirLease
 from trainer.checkpoint.guards.preemption import PreemptionWatcher
+from trainer.checkpoint.local_saves import LocalSaves
 from trainer.checkpoint.service import Checkpointer
 from trainer.checkpoint.stop_save import StopSave
 from trainer.precision import NonFinitePolicy
@@ -45,7 +46,8 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
     loggers = build_loggers(config)
     checkpointer = Checkpointer(config, workdir, chief, events)
     evaluation = PeriodicEvaluation(config, has_eval)
-    goodput = Goodput(workdir, chief, events, checkpointer, evaluation)
+    local_saves = LocalSaves(config, workdir)
+    goodput = Goodput(workdir, chief, events, [checkpointer, local_saves], evaluation)
     telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=[*loggers, goodput],
                           events=events)
 
@@ -90,6 +92,9 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
         # Saves after every service that changes the state or reports on it at this
         # boundary (rollback, evaluation); the final save follows the final evaluation.
         checkpointer,
+        # Each worker's local copy after the boundary's workdir save (a restart at a step
+        # both hold then reads no bucket).
+        local_saves,
         # The save of a stop before train.steps (and a preemption's outcome, reported as
         # its event) right after the boundary's other saves.
         StopSave(checkpointer, config, events),

@@ -4,7 +4,9 @@ Real ``launch.multiworker`` groups (MultiWorkerMirroredStrategy over loopback, o
 device per worker) run ``tests.launch_helpers.ids_trainer.IdsTrainer``: 192 example
 ids in 4 TFRecord files, a global batch of 16 (12 steps an epoch), 24 steps. Every
 task SIGTERMs itself during step 6 (a preemption: checkpoint at step 6, mid-epoch,
-exit 143); a group of the other size then resumes in the same workdir. The record of
+exit 143); a group of the other size then resumes in the same workdir (with file
+sharding from the local tier's copy of that step: a worker of the larger group holds
+none and gets it from worker 0). The record of
 the ids each step consumed, and the whole training state, are part of the run's state
 (see the helper's docstring). Scenarios run as two waves of parallel launches per
 sharding mode (one module fixture each).
@@ -29,6 +31,7 @@ RUN_S = 400  # generous: up to 7 TensorFlow processes share 2 cores per wave
 EXIT_PREEMPTED = 143
 STOP = 6  # the preemption lands at the end of the loop of steps 5-6
 EPOCH = NUM_IDS // 16
+LOCAL_TIER = ["--config.checkpoint.local_every_steps=2", "--config.checkpoint.async_save=False"]
 FP16 = ["--config.precision.policy=mixed_float16", "--config.precision.initial_loss_scale=8",
         "--config.precision.growth_interval=4"]
 
@@ -89,7 +92,10 @@ def batch_sharded(tmp_path_factory, id_files):
 
 @pytest.fixture(scope="module")
 def file_sharded(tmp_path_factory, id_files):
-    return elastic_runs(tmp_path_factory.mktemp("file"), id_files, "file", FP16)
+    # With the local tier: every worker's copy of step 6 (the last of its every-2 local
+    # saves) ties the workdir's, so the other worker count resumes from worker 0's.
+    return elastic_runs(tmp_path_factory.mktemp("file"), id_files, "file",
+                        [*FP16, *LOCAL_TIER])
 
 
 def consumed(record: np.ndarray) -> np.ndarray:
@@ -136,6 +142,8 @@ def test_file_sharded_resume_on_another_worker_count_reads_each_example_once_per
         file_sharded, name, before, after):
     first, second, workdir = file_sharded[name]
     assert_resumed_mid_epoch_on_the_other_count(first, second, workdir, before, after)
+    assert f"resumed from step {STOP} (worker 0's local checkpoint)" in second.output, (
+        second.output[-4000:])
     ids = consumed(state(workdir)["record"])
     for epoch in range(ids.shape[0] // EPOCH):
         seen = np.sort(ids[epoch * EPOCH:(epoch + 1) * EPOCH].ravel())

@@ -18,7 +18,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
 from tests.cluster.hosts import ClusterError, Host, SimulatedCluster
 from tests.support.helpers import REPO
@@ -102,8 +102,12 @@ class Job:
         self.slurm.command(*args)
 
 
+NODES = 2  # the Slurm nodes: the first NODES hosts (start_multinode_slurm.sh's SLURM_NODES)
+
+
 class SlurmCluster:
-    """The multi-node Slurm of ``cluster``'s hosts (one node per host, not the head)."""
+    """The multi-node Slurm of ``cluster``'s first :data:`NODES` hosts (one node per host,
+    not the head; the other hosts stay outside Slurm)."""
 
     def __init__(self, cluster: SimulatedCluster):
         self.cluster = cluster
@@ -113,7 +117,7 @@ class SlurmCluster:
 
     @property
     def nodes(self) -> list[str]:
-        return [host.name for host in self.cluster.hosts]
+        return [host.name for host in self.cluster.hosts[:NODES]]
 
     def _start_script(self, *args: str) -> None:
         result = subprocess.run([str(START_SCRIPT), *args], env=self.cluster.env(), text=True,
@@ -138,12 +142,6 @@ class SlurmCluster:
                                     env={"SLURM_CONF": str(self.conf), **(env or {})})
         except ClusterError as error:
             raise SlurmError(str(error)) from error
-
-    def confined_to(self, hosts: Sequence[Host]) -> tuple[str, ...]:
-        """``sbatch`` arguments keeping a job (and its requeues) on ``hosts``: the
-        other nodes excluded (a job that loses one of two hosts stays on the other)."""
-        others = [h.name for h in self.cluster.hosts if h not in hosts]
-        return (f"--exclude={','.join(others)}",) if others else ()
 
     def submit(self, script: str | Path, *sbatch_args: str, directory: Path,
                env: Mapping[str, str] | None = None) -> Job:

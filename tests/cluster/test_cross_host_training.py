@@ -165,19 +165,16 @@ def test_a_host_cut_off_ends_every_launcher_naming_it_and_the_rerun_resumes(clus
 # ---------------------------------------------------------------- multi-node Slurm
 
 def submit(slurm, cluster: SimulatedCluster, label: str, nodes: str,
-           flags: Sequence[str] = (), env: dict | None = None, workdir: str | None = None,
-           sbatch_args: Sequence[str] = ()):
-    """The emitted ``--nodes NODES --tasks_per_node 2`` script, submitted (with
-    ``sbatch_args``); returns the job and its workdir (default: ``run`` in the job's
-    shared directory)."""
+           flags: Sequence[str] = (), env: dict | None = None, workdir: str | None = None):
+    """The emitted ``--nodes NODES --tasks_per_node 2`` script, submitted; returns the job
+    and its workdir (default: ``run`` in the job's shared directory)."""
     directory = cluster.shared_dir(label)
     workdir, script = workdir or directory / "run", directory / "job.sbatch"
     code = multiworker.main(["--emit", "slurm", "--nodes", nodes, "--tasks_per_node", "2",
                              "--port", str(consecutive_ports(cluster, 2)), "--job_name", label,
                              "--output", str(script), CONFIG_FLAG, f"--workdir={workdir}", *flags])
     assert code == 0
-    return slurm.submit(script, *sbatch_args, directory=directory,
-                        env={"TZ": "UTC", **(env or {})}), workdir
+    return slurm.submit(script, directory=directory, env={"TZ": "UTC", **(env or {})}), workdir
 
 
 def seen(job, pattern: str, timeout: float = RUN_S) -> float:
@@ -220,8 +217,7 @@ def test_a_warning_signal_checkpoints_requeues_and_resumes_on_both_hosts(
 def test_a_host_lost_mid_job_requeues_it_onto_the_remaining_host(multinode_slurm, cluster,
                                                                   reference):
     kept, lost = cluster.hosts[:2]
-    job, workdir = submit(multinode_slurm, cluster, "slurm-lost", "1-2", [EVERY_5], env=SLOW,
-                          sbatch_args=multinode_slurm.confined_to((kept, lost)))
+    job, workdir = submit(multinode_slurm, cluster, "slurm-lost", "1-2", [EVERY_5], env=SLOW)
     job.wait_for_output(r"2 node\(s\) x 2 task\(s\) = 4 workers", RUN_S)
     job.wait_for_output(r"checkpoint of step \d+ ->", RUN_S)
     cluster.partition(lost)

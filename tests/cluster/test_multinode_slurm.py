@@ -78,7 +78,6 @@ def test_a_lost_host_is_marked_down_and_its_job_requeued(lose, multinode_slurm, 
 def test_a_min_max_job_finishes_on_the_remaining_host(multinode_slurm, cluster):
     kept, lost = cluster.hosts[:2]
     job = multinode_slurm.submit(UNTIL_REQUEUED, "--nodes=1-2", "--requeue",
-                                 *multinode_slurm.confined_to((kept, lost)),
                                  directory=cluster.shared_dir("minmax"))
     job.wait_for_output(r"^run 0 on .* \(2 nodes\)$", timeout=JOB_S)
     for rank in (0, 1):

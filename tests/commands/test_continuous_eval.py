@@ -141,6 +141,9 @@ def test_superseded_steps_are_skipped_a_timeout_ends_it_and_a_restart_repeats_no
 def test_an_evaluator_task_refuses_to_train_and_evaluates_on_one_device(monkeypatch):
     config = eval_config(**{"distribute.strategy": "mirrored"})
     assert continuous_eval.evaluation_config(config) is config  # no cluster: as configured
+    tiered = eval_config(**{"checkpoint.local_every_steps": 5})  # reads the workdir only
+    assert continuous_eval.evaluation_config(tiered).checkpoint.local_every_steps == 0
+    assert tiered.checkpoint.local_every_steps == 5
     monkeypatch.setenv("TF_CONFIG", json.dumps({
         "cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
         "task": {"type": "evaluator", "index": 0}}))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A Slurm cluster on the simulated hosts of tests/cluster/netns_hosts.sh: slurmctld on
-# the head node, one slurmd per host (NodeName = host name, NodeAddr = its address).
+# the head node, one slurmd on each of the first SLURM_NODES hosts (default 2; NodeName =
+# host name, NodeAddr = its address).
 #
-#   sudo tests/cluster/netns_hosts.sh up 2          # first: the hosts
+#   sudo tests/cluster/netns_hosts.sh up 4          # first: the hosts
 #   sudo tests/slurm/start_multinode_slurm.sh       # idempotent; `--stop` stops the daemons
 #   sudo tests/cluster/netns_hosts.sh exec tfsim-head env SLURM_CONF=/tmp/tfsim-cluster/slurm/slurm.conf sinfo
 #
@@ -43,8 +44,10 @@ die() { echo "[start_multinode_slurm] error: $*" >&2; exit 1; }
 . "$(dirname "$0")/slurm_common.sh"
 
 [ "$(id -u)" = 0 ] || die "run this as root (it installs packages and starts daemons): sudo $0"
-[ -f "$DIR/hosts.tsv" ] || die "the simulated hosts are not up ($DIR/hosts.tsv is missing); run: sudo $HOSTS_SH up 2"
-HOSTS=$(awk -F '\t' -v head="$HEAD" '$1 != head {print $1}' "$DIR/hosts.tsv")
+[ -f "$DIR/hosts.tsv" ] || die "the simulated hosts are not up ($DIR/hosts.tsv is missing); run: sudo $HOSTS_SH up 4"
+# The Slurm nodes: the first SLURM_NODES hosts (default 2; the other hosts stay outside
+# Slurm, for tests that start their processes themselves).
+HOSTS=$(awk -F '\t' -v head="$HEAD" '$1 != head {print $1}' "$DIR/hosts.tsv" | head -n "${SLURM_NODES:-2}")
 address_of() { awk -F '\t' -v h="$1" '$1 == h {print $2}' "$DIR/hosts.tsv"; }
 on() { local host=$1; shift; SLURM_CONF=$CONF "$HOSTS_SH" exec "$host" "$@"; }
 ctld_pid=$SLURM_DIR/run/slurmctld.pid

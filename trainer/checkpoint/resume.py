@@ -11,10 +11,15 @@ step that cannot be read is skipped with a warning and the previous one is tried
 A restore checks a step's files against their checksums (:func:`load`; a damaged step
 is skipped like an unreadable one).
 
-Multi-worker: every worker takes part in a restore. The chief (``distribute.is_chief``)
-chooses the step. From a bucket, each worker reads its share of the step's array files
-and the owner of each array sends it to the others over TF collectives
-(:func:`_load_in_shares`, :mod:`~trainer.checkpoint.storage.shares`); otherwise the chief reads the step and
+Multi-worker: every worker takes part in a restore. With the local tier
+(``checkpoint.local_every_steps``, :mod:`trainer.checkpoint.storage.local_tier`) every
+worker names the newest local step it holds and the chief the workdir's newest committed
+step; the newest wins (a local one at a tie: no bucket read), its holder reads it and
+broadcasts it, so a host with an empty disk gets the state from a peer. Otherwise the
+chief (``distribute.is_chief``) chooses the workdir's step. From a bucket, each worker
+reads its share of the step's array files and the owner of each array sends it to the
+others over TF collectives (:func:`_load_in_shares`,
+:mod:`~trainer.checkpoint.storage.shares`); otherwise the chief reads the step and
 broadcasts it (the other workers need no access to the chief's files).
 
 Contexts: host, eager, cross-replica, between ``tf.function`` calls.
@@ -33,6 +38,7 @@ from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage import shares
+from trainer.checkpoint.storage.local_tier import LocalTier, local_dir
 from trainer.checkpoint.storage.reader import Unreadable
 from trainer.checkpoint.storage.reader import read_manifest, read_state, verify
 from trainer.checkpoint.storage.steps import Steps, readable, steps_for
@@ -42,6 +48,7 @@ from trainer.run_context import RunContext
 
 _NONE, _FAILED = -1, -2
 _CHIEF_FAILED = "The chief could not restore the checkpoint; its log has the reason."
+
 
 def load(path: str, groups: checkpoint_state.Groups, steps: Steps | None = None
          ) -> tuple[dict, dict]:
@@ -167,7 +174,7 @@ def _read_shares(run: RunContext, steps: Steps, plan: dict, groups: dict
     worker, or ``(None, why)`` when a worker could not read its share (each says its own
     reason in its log; the chief's reason names the workers)."""
     strategy = run.strategy
-    rank, workers = host_collectives.worker_rank(strategy), host_collectives.num_workers(strategy)
+    rank, workers = host_collectives.worker_index(strategy), host_collectives.num_workers(strategy)
     path, names, arrays, manifest, reason = plan["path"], plan["names"], None, None, None
     try:
         with steps.readable(path, shares.wanted(names, workers, rank), names) as local:
@@ -205,7 +212,9 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
     Builds the model and optimizer variables if need be (``run.ensure_built``). Sets the
     variables, and the step and input resume position (``run.resumed``); returns the
     step, or None when there is no checkpoint (``step=None`` only). Call it on every
-    worker: the chief reads, the others receive the state over collectives. Raises
+    worker: one reads (the holder of the newest local step: :func:`_restore_local`, or
+    the chief from the workdir; from a bucket, every worker its share), the others
+    receive the state over collectives. Raises
     :class:`CheckpointError` (naming the variable) when a checkpoint is missing,
     unreadable or does not fit the model.
     """
@@ -229,51 +238,105 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         newest = host_collectives.from_chief(strategy, newest)
     if newest == _FAILED:
         raise failure or CheckpointError(_CHIEF_FAILED)
-    if newest == _NONE:
+    tiered = step is None and bool(run.config.checkpoint.local_every_steps)  # same everywhere
+    local = _local_steps(run) if tiered else []
+    offers = _offers(strategy, local) if tiered else [_NONE]
+    if newest == _NONE and max(offers) == _NONE:
         return None
     run.ensure_built()  # the variables a checkpoint fills must exist
     groups = checkpoint_state.state_variables(run, optional=True)
-    state, manifest, failure = None, None, None
-    if chief and not (multi and steps.staged):
-        try:
-            state, manifest = _load_first_readable(steps, run.workdir, found, groups, step)
-        except CheckpointError as error:
-            failure = error
-    if multi and steps.staged:  # every worker reads its share (manifest everywhere)
+    state, manifest, source = _restore_local(run, groups, local, offers, newest)
+    if source is None and multi and steps.staged:  # every worker reads its share
         state, manifest = _load_in_shares(run, steps, found, groups, step)
-        restored, words = manifest["step"], _input_words(manifest)
-    elif multi:
-        status = host_collectives.from_chief(strategy, manifest["step"] if manifest else _FAILED)
-        if status == _FAILED:
-            raise failure or CheckpointError(_CHIEF_FAILED)
-        flat = host_collectives.broadcast_arrays(
-            strategy, [a for g in groups for a in state[g]] if chief else None,
-            checkpoint_state.like(groups))
-        state = _grouped(flat, {g: len(e) for g, e in groups.items()})
-        restored = status
-        words = host_collectives.sum_over_workers(
-            strategy, _input_words(manifest) if chief else np.zeros(4, np.int32))
     else:
-        if failure:
-            raise failure
-        restored = manifest["step"]
-        words = _input_words(manifest)
+        if source is None:
+            state, manifest = _restore_durable(run, groups, steps, found, step)
+        if multi:
+            state = _broadcast_state(strategy, groups, state, source)
+            manifest = host_collectives.json_from_chief(
+                strategy, {k: v for k, v in manifest.items() if k != "groups"}
+                if manifest else None, source)
+    restored, words = manifest["step"], _input_words(manifest)
     workers = host_collectives.num_workers(strategy)
-    services = host_collectives.json_from_chief(
-        strategy, manifest.get("services", {}) if chief else None)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
                                   data_resume.InputLayout.from_words(words[1:]),
-                                  manifest.get("plan") if chief else None, services,
-                                  time.monotonic() - started)
+                                  manifest.get("plan") if chief else None,
+                                  manifest.get("services", {}), time.monotonic() - started)
     checkpoint_state.assign(groups, state)
     run.resumed(resumed)  # the step, and the input layout the train input continues
     if chief:
         _warn_on_input_changes(run.config, manifest)
     logging.info("resumed from step %d (%s), written by %d worker(s), continued on %d",
-                 restored, run.workdir if chief or steps.staged
+                 restored, f"worker {source}'s local checkpoint" if source is not None
+                 else run.workdir if chief or steps.staged
                  else "the chief's checkpoint, broadcast",
                  resumed.from_workers, workers)
     return restored
+
+
+def _local_steps(run: RunContext) -> list[tuple[int, str]]:
+    """This worker's committed local steps, newest first."""
+    cfg = run.config.checkpoint
+    worker = host_collectives.worker_index(run.strategy)
+    return LocalTier(local_dir(run.workdir, worker, cfg.local_dir), cfg).candidates()
+
+
+def _offers(strategy, local: list[tuple[int, str]]) -> list[int]:
+    """Every worker's newest local step not yet tried, by worker index (-1: none)."""
+    return host_collectives.gather_ints(strategy, local[0][0] if local else _NONE)
+
+
+def _restore_local(run: RunContext, groups: dict, local: list[tuple[int, str]],
+                   offers: list[int], newest: int) -> tuple[dict | None, dict | None,
+                                                            int | None]:
+    """The newest local step any worker holds, when it is at least the workdir's
+    ``newest`` (a tie reads no bucket): its holder (the lowest worker index among
+    equals) reads and checks it; one that does not load is skipped with one warning
+    and the next newest (another worker's, or this one's older step) is tried, until the
+    workdir's step is newer. Returns ``(state, manifest, holder)`` (state and manifest
+    on the holder only; the others' None), or ``(None, None, None)``: the workdir's
+    step serves. Exact on another worker count too: every worker's input position is
+    the step, and the input layout is in the manifest, as in the workdir's save."""
+    me = host_collectives.worker_index(run.strategy)
+    while max(offers) != _NONE and max(offers) >= newest:
+        source = offers.index(max(offers))
+        state, manifest = None, None
+        if me == source:
+            _, path = local.pop(0)
+            try:
+                state, manifest = load(path, groups)
+            except (Unreadable, CheckpointError) as error:
+                logging.warning("Skipping the local checkpoint %s: %s; trying an older one "
+                                "(a peer's, this worker's or the workdir's).", path, error)
+        if host_collectives.gather_ints(run.strategy, int(manifest is not None))[source]:
+            return state, manifest, source
+        offers = _offers(run.strategy, local)
+    return None, None, None
+
+
+def _restore_durable(run: RunContext, groups: dict, steps: Steps, found: list,
+                     step: int | None) -> tuple[dict | None, dict | None]:
+    """The chief reads the newest readable workdir step (others: ``(None, None)``);
+    every worker learns whether it could, and raises its error if not."""
+    state, manifest, failure = None, None, None
+    if host_collectives.is_chief(run.strategy):
+        try:
+            state, manifest = _load_first_readable(steps, run.workdir, found, groups, step)
+        except CheckpointError as error:
+            failure = error
+    status = host_collectives.from_chief(run.strategy, manifest["step"] if manifest else _FAILED)
+    if status == _FAILED:
+        raise failure or CheckpointError(_CHIEF_FAILED)
+    return state, manifest
+
+
+def _broadcast_state(strategy, groups: dict, state: dict | None, source: int | None
+                     ) -> dict:
+    """``source``'s state (None: the chief's) on every worker, by group."""
+    flat = host_collectives.broadcast_arrays(
+        strategy, [a for g in groups for a in state[g]] if state is not None else None,
+        checkpoint_state.like(groups), source)
+    return _grouped(flat, {g: len(e) for g, e in groups.items()})
 
 
 def _input_words(manifest: dict) -> np.ndarray:

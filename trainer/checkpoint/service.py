@@ -118,7 +118,7 @@ class Checkpointer(Service):
     def _shared(self, run: RunContext) -> bool:  # see CheckpointWriter.share_over
         if self._share is None:
             self._share = self.enabled and self.writer.share_over(
-                host_collectives.worker_rank(run.strategy),
+                host_collectives.worker_index(run.strategy),
                 host_collectives.num_workers(run.strategy))
         return self._share
 

@@ -92,10 +92,15 @@ def check_mode(mode: str, step: int | None = None) -> None:
 
 
 def evaluation_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """``config`` as an evaluator uses it, on ``one_device`` when the configured strategy
-    would join a multi-worker group (``multi_worker``, or ``auto`` with TF_CONFIG set)
-    and, in the process TF_CONFIG names the ``evaluator`` task, whatever it is (the
-    evaluator uses one device, leaving the others to the training tasks)."""
+    """``config`` as an evaluator uses it: without the local checkpoint tier (an
+    evaluator reads the workdir's checkpoints, never a training task's local copies),
+    on ``one_device`` when the configured strategy would join a multi-worker group
+    (``multi_worker``, or ``auto`` with TF_CONFIG set) and, in the process TF_CONFIG
+    names the ``evaluator`` task, whatever it is (the evaluator uses one device, leaving
+    the others to the training tasks)."""
+    if config.checkpoint.local_every_steps:
+        config = config.copy_and_resolve_references()
+        config.checkpoint.local_every_steps = 0
     name = strategies.resolve_strategy_name(config.distribute)
     evaluator_task = strategies.tf_config_task_type() == EVALUATOR_TASK
     if name == "one_device" or (name != "multi_worker" and not evaluator_task):

@@ -31,6 +31,27 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return bool(strategy.extended.should_checkpoint)
 
 
+def worker_index(strategy: tf.distribute.Strategy) -> int:
+    """This worker's index in ``0..num_workers-1``: the chief 0, then the ``worker`` tasks
+    in order (0 on a single worker)."""
+    if num_workers(strategy) == 1:
+        return 0
+    resolver = strategy.cluster_resolver
+    if resolver.task_type == "chief":
+        return 0
+    has_chief = bool(resolver.cluster_spec().as_dict().get("chief"))
+    return int(resolver.task_id) + (1 if has_chief else 0)
+
+
+def gather_ints(strategy: tf.distribute.Strategy, value: int) -> list[int]:
+    """Every worker's ``value``, by :func:`worker_index` (one all-reduce of a vector
+    holding each worker's value in its slot, zeros elsewhere). Every worker must call it
+    at the same point."""
+    words = np.zeros(num_workers(strategy), np.int32)
+    words[worker_index(strategy)] = value
+    return [int(v) for v in sum_over_workers(strategy, words)]
+
+
 def mean_over_workers(strategy: tf.distribute.Strategy, seconds: float) -> float:
     """A host number (e.g. a window's seconds) averaged over workers, so logs agree
     everywhere. Every worker must call it at the same point."""
@@ -73,18 +94,24 @@ def words_from_chief(strategy: tf.distribute.Strategy, words: np.ndarray) -> np.
     return sum_over_workers(strategy, words if is_chief(strategy) else np.zeros_like(words))
 
 
-def json_from_chief(strategy: tf.distribute.Strategy, value: Any) -> Any:
-    """The chief's JSON-able ``value`` on every worker (the others' is ignored), as
-    ``json`` reads it back; no communication on one worker. Every worker must call it
-    at the same point."""
+def _sends(strategy: tf.distribute.Strategy, source: int | None) -> bool:
+    """Whether this worker is ``source`` (None: the chief)."""
+    return is_chief(strategy) if source is None else worker_index(strategy) == source
+
+
+def json_from_chief(strategy: tf.distribute.Strategy, value: Any,
+                    source: int | None = None) -> Any:
+    """The chief's JSON-able ``value`` (or worker ``source``'s, by :func:`worker_index`)
+    on every worker (the others' is ignored), as ``json`` reads it back; no
+    communication on one worker. Every worker must call it at the same point."""
     if num_workers(strategy) == 1:
         return value
-    chief = is_chief(strategy)
-    raw = json.dumps(value).encode() if chief else b""
-    size = from_chief(strategy, len(raw))
-    words = (np.frombuffer(raw.ljust(size + -size % 4, b"\0"), np.int32).copy() if chief
+    sends = _sends(strategy, source)
+    raw = json.dumps(value).encode() if sends else b""
+    size = int(sum_over_workers(strategy, np.array([len(raw)], np.int32))[0])
+    words = (np.frombuffer(raw.ljust(size + -size % 4, b"\0"), np.int32).copy() if sends
              else np.zeros((size + 3) // 4, np.int32))
-    return json.loads(words_from_chief(strategy, words).tobytes()[:size])
+    return json.loads(sum_over_workers(strategy, words).tobytes()[:size])
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:
@@ -110,14 +137,16 @@ def _unpack(words: np.ndarray, like: list[tuple[list, str]]) -> list[np.ndarray]
 
 
 def broadcast_arrays(strategy: tf.distribute.Strategy, arrays: list[np.ndarray] | None,
-                     like: list[tuple[list, str]]) -> list[np.ndarray]:
-    """The chief's ``arrays`` on every worker, bit for bit.
+                     like: list[tuple[list, str]], source: int | None = None
+                     ) -> list[np.ndarray]:
+    """The chief's ``arrays`` (or worker ``source``'s, by :func:`worker_index`) on every
+    worker, bit for bit.
 
     ``like``: ``(shape, dtype name)`` of each array, known on every worker; ``arrays``
-    is ignored (may be None) off the chief. The bytes travel as int32 words summed with
+    is ignored (may be None) off the source. The bytes travel as int32 words summed with
     zeros, so any dtype arrives unchanged.
     """
-    return gather_owned(strategy, arrays if is_chief(strategy) else [None] * len(like), like)
+    return gather_owned(strategy, arrays if _sends(strategy, source) else [None] * len(like), like)
 
 
 def gather_owned(strategy: tf.distribute.Strategy, arrays: list[np.ndarray | None],
@@ -135,13 +164,3 @@ def gather_owned(strategy: tf.distribute.Strategy, arrays: list[np.ndarray | Non
              for array, (shape, dtype) in zip(arrays, like)]
     return _unpack(sum_over_workers(strategy, _pack(parts)), like)
 
-
-def worker_rank(strategy: tf.distribute.Strategy) -> int:
-    """This worker's place among :func:`num_workers`: the chief 0, then the workers by
-    task index (0 on one worker)."""
-    if num_workers(strategy) == 1:
-        return 0
-    resolver = strategy.cluster_resolver
-    if resolver.task_type == "chief":
-        return 0
-    return int(resolver.task_id) + len(resolver.cluster_spec().as_dict().get("chief", []))

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psutil
 from absl import logging
@@ -109,12 +109,13 @@ class Goodput(Service):
     Args:
       workdir, chief: the run's; inactive without a workdir or off the chief.
       events: the run's events (the ``goodput`` event is reported there).
-      saves: the checkpoint service (its ``blocking_s``).
+      saves: the services that save (the checkpoint service, the local tier's): their
+        ``blocking_s``, summed.
       evaluation: the evaluation service (its ``seconds``).
     """
 
-    def __init__(self, workdir: str | None, chief: bool, events: RunEvents, saves: Any,
-                 evaluation: Any):
+    def __init__(self, workdir: str | None, chief: bool, events: RunEvents,
+                 saves: Sequence[Any], evaluation: Any):
         self.enabled = bool(workdir) and chief
         self.events, self.saves, self.evaluation = events, saves, evaluation
         self.start = process_start()
@@ -217,10 +218,11 @@ class Goodput(Service):
         (saves, evaluations, restores), the loop calls, and the rest in the phase (the
         preparation until a fit's first loop, "other" after)."""
         now = time.time()
-        parts = {"checkpoint_save": self.saves.blocking_s - self._seen["save"],
+        saved_s = sum(s.blocking_s for s in self.saves)
+        parts = {"checkpoint_save": saved_s - self._seen["save"],
                  "evaluation": self.evaluation.seconds - self._seen["eval"],
                  "checkpoint_restore": 0.0}
-        self._seen = {"save": self.saves.blocking_s, "eval": self.evaluation.seconds}
+        self._seen = {"save": saved_s, "eval": self.evaluation.seconds}
         if run.last_resume is not None and run.last_resume is not self._resume:
             self._resume = run.last_resume
             parts["checkpoint_restore"] = run.last_resume.seconds

@@ -19,7 +19,9 @@
 * :mod:`~trainer.checkpoint.storage.array_files` — the opt-in ``O_DIRECT`` ``.npy`` files.
 * :mod:`~trainer.checkpoint.storage.orbax_logs` — orbax's log noise kept off the output.
 * :mod:`~trainer.checkpoint.storage.checksums` — a CRC32C of every file of a step.
+* :mod:`~trainer.checkpoint.storage.local_tier` — every worker's own copy of the state on
+  its local disk (``checkpoint.local_every_steps``), keep 2, never uploaded.
 """
 
 __all__ = ["array_files", "bucket", "bucket_steps", "checksums", "handlers", "local_steps",
-           "orbax_logs", "reader", "shares", "steps", "writer"]
+           "local_tier", "orbax_logs", "reader", "shares", "steps", "writer"]
