@@ -75,9 +75,12 @@ def test_batch_search_on_cpu_stops_at_the_memory_budget():
 
 
 def test_cli_reports_the_sections_as_json_on_two_replicas():
-    """The batch search (4) is covered in-process above; the rest through the CLI."""
+    """The batch search (4) is covered in-process above; the rest through the CLI. The
+    budget is generous: every section must be measured on a loaded machine too (the
+    default budget's statement: tests/doctor/test_doctor_agrees_with_itself.py)."""
     cmd = [sys.executable, "-m", "trainer.doctor", f"--config={REPO}/models/configs/digits.py",
            "--steps=20", "--json", "--sections=baseline,input,compute,jit,communication,layers",
+           "--time_budget_s=600",
            "--config.distribute.strategy=mirrored", "--config.distribute.virtual_devices=2"]
     proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                           timeout=900)
@@ -85,7 +88,7 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     # The budget is stated first; the phases say what they do (stderr), never an ETA.
     said = [line for line in proc.stderr.splitlines() if line.startswith("doctor: ")]
     assert said[0].startswith("doctor: measuring baseline, input, compute, jit, "
-                              "communication, layers within a time budget of 60 s"), said
+                              "communication, layers within a time budget of 600 s"), said
     assert "doctor: (6) one replica vs all ..." in "\n".join(said)
     assert said[-1].startswith("doctor: done in") and "ETA" not in proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -94,7 +97,7 @@ def test_cli_reports_the_sections_as_json_on_two_replicas():
     assert set(doctor.SECTIONS) - {"batch", "plan", "threads"} | {"config", "verdict"} <= set(report)
     assert report["config"]["replicas"] == 2
     comm = report["communication"]
-    assert comm["applicable"] and comm["per_replica_batch"] == 32
+    assert comm["applicable"] and comm["per_replica_batch"] == 32, comm
     assert comm["one_replica_step_ms"] > 0 and 0 <= comm["communication_share"] <= 1
     assert not report["jit"]["applicable"]  # XLA is not applied with 2 replicas
     assert {r["layer"] for r in report["layers"]["top"]} >= {"dense", "dense_1"}
