@@ -46,7 +46,7 @@ def build_services(config: ml_collections.ConfigDict, workdir: str | None, chief
     loggers = build_loggers(config)
     checkpointer = Checkpointer(config, workdir, chief, events)
     evaluation = PeriodicEvaluation(config, has_eval)
-    local_saves = LocalSaves(config, workdir)
+    local_saves = LocalSaves(config, workdir, chief)
     goodput = Goodput(workdir, chief, events, [checkpointer, local_saves], evaluation)
     telemetry = Telemetry(config, sources=[FlopsMeter(config)], sinks=[*loggers, goodput],
                           events=events)

@@ -72,11 +72,14 @@ def runs(tmp_path_factory) -> dict:
     for copy in ("intact", "newest_corrupt", "all_corrupt"):
         shutil.copytree(root / "kill", root / copy)
         shutil.copytree(local_steps(root, "kill"), local_steps(root, copy))
+    # A workdir deleted and made afresh at the same path: the killed run's local steps
+    # are still on the disk.
+    shutil.copytree(local_steps(root, "kill"), local_steps(root, "fresh"))
     corrupt(os.path.join(local_steps(root, "newest_corrupt"), "30"))
     for step in ("25", "30"):
         corrupt(os.path.join(local_steps(root, "all_corrupt"), step))
     second = finish(root, {copy: start(root, copy)
-                           for copy in ("intact", "newest_corrupt", "all_corrupt")})
+                           for copy in ("intact", "newest_corrupt", "all_corrupt", "fresh")})
     return {"root": root, "first": first, "second": second, "held": held}
 
 
@@ -118,6 +121,18 @@ def test_a_restart_resumes_from_the_newest_step_that_verifies_and_ends_bit_equal
     assert output.count("Skipping the local checkpoint") == skipped, output[-4000:]
     reference, got = state(runs["root"], "ref"), state(runs["root"], copy)
     assert int(got["step"]) == 40 and got.keys() == reference.keys()
+    assert not [k for k in reference if not np.array_equal(got[k], reference[k])]
+
+
+def test_a_workdir_made_afresh_ignores_the_local_steps_left_at_its_path(runs):
+    """Another run's local steps are never restored into a new run: the workdir is
+    not marked (local_tier.json), so they are removed (one line) and the run starts from
+    step 0."""
+    code, output = runs["second"]["fresh"]
+    assert code == 0, output[-4000:]
+    assert "resumed from step" not in output
+    assert output.count("so they are another run's") == 1, output[-4000:]
+    reference, got = state(runs["root"], "ref"), state(runs["root"], "fresh")
     assert not [k for k in reference if not np.array_equal(got[k], reference[k])]
 
 

@@ -4,7 +4,8 @@
 a local step holds and where it goes): it ends a train loop at each multiple of
 ``checkpoint.local_every_steps`` and writes this worker's copy of the state there, after
 the checkpoint service's save of the same boundary (a restart at a step both hold then
-reads no bucket). Which copy a restart restores is :mod:`trainer.checkpoint.resume`'s.
+reads no bucket). Before a run's first local save the chief marks the workdir
+(:func:`~trainer.checkpoint.storage.local_tier.mark`). Which copy a restart restores is :mod:`trainer.checkpoint.resume`'s.
 Inactive without a workdir or with ``local_every_steps`` 0. Contexts: host, every worker.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 from absl import logging
 
 from trainer.checkpoint import state as checkpoint_state
+from trainer.checkpoint.storage import local_tier
 from trainer.checkpoint.storage.local_tier import LocalTier, local_dir
 from trainer.distribution import host_collectives
 from trainer.run_context import RunContext, Service, next_multiple
@@ -28,8 +30,9 @@ class LocalSaves(Service):
     and the previous local write's commit); goodput counts them as checkpoint saves.
     """
 
-    def __init__(self, config, workdir: str | None):
+    def __init__(self, config, workdir: str | None, chief: bool):
         self.every = config.checkpoint.local_every_steps if workdir is not None else 0
+        self.chief = chief
         self.total = config.train.steps
         self.blocking_s = 0.0
         self._tier: LocalTier | None = None  # made at the first local save
@@ -49,6 +52,8 @@ class LocalSaves(Service):
         with one info line, when the weights are not finite (the workdir's save says so)."""
         started = time.monotonic()
         if self._tier is None:
+            if self.chief:  # before any worker's local step of this run (see mark)
+                local_tier.mark(run.workdir)
             self._tier = _tier_of(run)
         self._tier.wait()
         if checkpoint_state.all_finite(run):

@@ -38,7 +38,7 @@ from trainer.checkpoint import inventory
 from trainer.checkpoint import state as checkpoint_state
 from trainer.checkpoint.state import CheckpointError
 from trainer.checkpoint.storage import shares
-from trainer.checkpoint.storage.local_tier import LocalTier, local_dir
+from trainer.checkpoint.storage.local_tier import MARKER, LocalTier, local_dir, marked
 from trainer.checkpoint.storage.reader import Unreadable
 from trainer.checkpoint.storage.reader import read_manifest, read_state, verify
 from trainer.checkpoint.storage.steps import Steps, readable, steps_for
@@ -275,10 +275,23 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
 
 
 def _local_steps(run: RunContext) -> list[tuple[int, str]]:
-    """This worker's committed local steps, newest first."""
+    """This worker's committed local steps, newest first. None when the workdir is not
+    marked (the chief looks: :func:`~trainer.checkpoint.storage.local_tier.marked`):
+    its local steps are then another run's, of a workdir deleted and made afresh at the
+    same path; they are removed with one line (restored, they would continue a run the
+    user threw away)."""
     cfg = run.config.checkpoint
     worker = host_collectives.worker_index(run.strategy)
-    return LocalTier(local_dir(run.workdir, worker, cfg.local_dir), cfg).candidates()
+    tier = LocalTier(local_dir(run.workdir, worker, cfg.local_dir), cfg)
+    chief = host_collectives.is_chief(run.strategy)
+    if host_collectives.from_chief(run.strategy, int(chief and marked(run.workdir))):
+        return tier.candidates()
+    if tier.candidates():
+        logging.info("Removing the local checkpoints in %s: the workdir %s was made afresh "
+                     "(it does not hold %s), so they are another run's.", tier.directory,
+                     run.workdir, MARKER)
+        tier.remove()
+    return []
 
 
 def _offers(strategy, local: list[tuple[int, str]]) -> list[int]:

@@ -11,7 +11,9 @@ a fresh ``$TMPDIR`` wipes it; the peers' copies or the workdir then serve).
 
 :func:`local_dir` is keyed by the workdir and the worker, so a restarted process on the
 same host finds its steps; a run that reaches ``train.steps`` removes it (the workdir
-holds its final step). A local step is found by :meth:`LocalTier.candidates` and read
+holds its final step). The key is a path, so the chief also marks the workdir
+(:func:`mark`): local steps under the key of an unmarked workdir (deleted and made
+afresh at the same path) are another run's, and are never restored. A local step is found by :meth:`LocalTier.candidates` and read
 as any step directory (:func:`trainer.checkpoint.resume.load`); which copy a restart
 restores, and how a host with an empty disk gets it, is
 :mod:`trainer.checkpoint.resume`'s. A write to the local disk that fails is a warning,
@@ -27,6 +29,7 @@ import tempfile
 import types
 from typing import Any
 
+import tensorflow as tf
 from absl import logging
 
 from trainer.checkpoint.storage.local_steps import LocalSteps
@@ -36,6 +39,25 @@ from trainer.errors import storage_fault
 
 KEEP = 2  # local steps kept per worker
 ROOT = "tf-trainer-local"  # under $TMPDIR when checkpoint.local_dir is ""
+#: The workdir's record that a run of its history wrote local steps (:func:`mark`).
+MARKER = "local_tier.json"
+
+
+def mark(workdir: str) -> None:
+    """Records in ``workdir`` (a directory or a bucket prefix; the chief, before its
+    first local save of a run) that its history writes local steps. A workdir without
+    it (deleted and made afresh at the same path) has no local steps of its own: those
+    found under its key are another run's (:func:`marked`)."""
+    path = os.path.join(workdir, MARKER)
+    if not tf.io.gfile.exists(path):
+        tf.io.gfile.makedirs(workdir)
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write('{"local_tier": true}\n')
+
+
+def marked(workdir: str) -> bool:
+    """Whether a run of ``workdir``'s history wrote local steps (:func:`mark`)."""
+    return tf.io.gfile.exists(os.path.join(workdir, MARKER))
 
 
 def local_dir(workdir: str, worker: int, configured: str = "") -> str:
