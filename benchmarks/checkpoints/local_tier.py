@@ -10,7 +10,8 @@ The ``transformer`` workload (``benchmarks.common.workloads``: encoder classifie
 its own Trainer with its own workdir and local dir (``checkpoint.local_every_steps``
 N; no workdir saves but the one at the end of each ``fit()``, the same in every mode);
 each round runs ``--steps`` more steps of every mode, in a rotating order. "blocked" is
-the checkpoint service's ``blocking_s`` (the part of a save the loop waits for: the
+the saving services' ``blocking_s`` (the checkpoint service's and the local tier's
+:class:`~trainer.checkpoint.local_saves.LocalSaves`: the part of a save the loop waits for: the
 host copy, a previous local write still running) per step, as a share of the step
 time: the cost the tier adds to the loop. The async write itself runs in orbax's
 threads, competing for the cores: the end-to-end ratio shows it, noisily on a shared
@@ -84,10 +85,13 @@ def run(rounds: int, steps: int, cadences: list[int]) -> dict:
 
 
 def _blocked(trainer) -> float:
-    """The seconds the trainer's checkpoint service held the loop so far."""
+    """The seconds the trainer's saving services (the checkpoint service, the local
+    tier's) held the loop so far."""
+    from trainer.checkpoint.local_saves import LocalSaves
     from trainer.checkpoint.service import Checkpointer
 
-    return sum(s.blocking_s for s in trainer.callbacks.services if isinstance(s, Checkpointer))
+    return sum(s.blocking_s for s in trainer.callbacks.services
+               if isinstance(s, (Checkpointer, LocalSaves)))
 
 
 def main() -> None:
