@@ -161,11 +161,7 @@ def _read_by_chief(run: RunContext, steps: Steps, path: str, groups: dict
             reason = str(error)
     if not host_collectives.from_chief(strategy, int(reason is None)):
         return None, reason or "the chief could not read it; its log says why"
-    flat = host_collectives.broadcast_arrays(
-        strategy, [a for g in groups for a in state[g]] if chief else None,
-        checkpoint_state.like(groups))
-    manifest = host_collectives.json_from_chief(strategy, manifest)
-    return (_grouped(flat, {g: len(e) for g, e in groups.items()}), manifest), None
+    return _broadcast(strategy, groups, state, manifest, None), None
 
 
 def _read_shares(run: RunContext, steps: Steps, plan: dict, groups: dict
@@ -186,11 +182,11 @@ def _read_shares(run: RunContext, steps: Steps, plan: dict, groups: dict
     except Unreadable as error:
         reason = str(error)
         logging.warning("This worker cannot read its share of checkpoint %s: %s", path, reason)
-    failed = host_collectives.sum_over_workers(
-        strategy, np.eye(workers, dtype=np.int32)[rank] * int(reason is not None))
-    if failed.any():
-        return None, reason or (f"worker(s) {', '.join(map(str, np.flatnonzero(failed)))} "
-                                f"could not read their share (their logs say why)")
+    failed = [w for w, no in enumerate(host_collectives.gather_ints(
+        strategy, int(reason is not None))) if no]
+    if failed:
+        return None, reason or (f"worker(s) {', '.join(map(str, failed))} could not read "
+                                f"their share (their logs say why)")
     entries = manifest["groups"]
     flat = host_collectives.gather_owned(
         strategy, arrays, [(shape, dtype) for e in entries.values() for _, shape, dtype in e])
@@ -252,10 +248,7 @@ def restore(run: RunContext, step: int | None = None) -> int | None:
         if source is None:
             state, manifest = _restore_durable(run, groups, steps, found, step)
         if multi:
-            state = _broadcast_state(strategy, groups, state, source)
-            manifest = host_collectives.json_from_chief(
-                strategy, {k: v for k, v in manifest.items() if k != "groups"}
-                if manifest else None, source)
+            state, manifest = _broadcast(strategy, groups, state, manifest, source)
     restored, words = manifest["step"], _input_words(manifest)
     workers = host_collectives.num_workers(strategy)
     resumed = data_resume.Resumed(restored, int(words[0]), workers,
@@ -343,13 +336,17 @@ def _restore_durable(run: RunContext, groups: dict, steps: Steps, found: list,
     return state, manifest
 
 
-def _broadcast_state(strategy, groups: dict, state: dict | None, source: int | None
-                     ) -> dict:
-    """``source``'s state (None: the chief's) on every worker, by group."""
+def _broadcast(strategy, groups: dict, state: dict | None, manifest: dict | None,
+               source: int | None) -> tuple[dict, dict]:
+    """``source``'s ``(state, manifest)`` (None: the chief's) on every worker: the state
+    by group, the manifest without its variable list (the groups say it)."""
     flat = host_collectives.broadcast_arrays(
         strategy, [a for g in groups for a in state[g]] if state is not None else None,
         checkpoint_state.like(groups), source)
-    return _grouped(flat, {g: len(e) for g, e in groups.items()})
+    manifest = host_collectives.json_from_chief(
+        strategy, {k: v for k, v in manifest.items() if k != "groups"} if manifest else None,
+        source)
+    return _grouped(flat, {g: len(e) for g, e in groups.items()}), manifest
 
 
 def _input_words(manifest: dict) -> np.ndarray:

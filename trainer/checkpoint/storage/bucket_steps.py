@@ -18,7 +18,8 @@ the chief alone seeds, commits (once every worker's share marker is in) and dele
 
 Reading: one listing per checkpoint directory tells the committed steps (their marker is
 there) from the incomplete ones; a step is read from a local copy, listed and downloaded
-in parallel (on several workers, each downloads its share: ``readable(path, only)``). The other side of :func:`trainer.checkpoint.storage.steps.steps_for` is
+in parallel (on several workers, each downloads its share: ``readable(path, only)``).
+The other side of :func:`trainer.checkpoint.storage.steps.steps_for` is
 :mod:`trainer.checkpoint.storage.local_steps`. Contexts: host; the writer's calls from
 one thread, the uploads and deletes in their own.
 """
